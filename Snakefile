@@ -1,0 +1,20 @@
+# filledfirst: what fills up first when an LLM server is pushed.
+#   snakemake --cores 1 all                               # the GPU study (config/config.yaml)
+#   snakemake --cores 1 all --configfile config/cpu.yaml  # the same study on a CPU
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/model.smk"
+include: "workflow/rules/trace.smk"
+include: "workflow/rules/experiment.smk"
+include: "workflow/rules/store.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "reports/report.html",

@@ -1,0 +1,5 @@
+import sys
+
+from filledfirst.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""The one command line: every Snakemake rule calls one of these sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from filledfirst.errors import UserError
+
+
+def _add_model(sub) -> None:
+    p = sub.add_parser("model", help="build or fetch the model a config serves")
+    msub = p.add_subparsers(dest="model_cmd", required=True)
+    t = msub.add_parser("tiny", help="build the deterministic tiny random-weight model offline")
+    t.add_argument("out_dir", type=Path)
+    t.set_defaults(func=_cmd_model_tiny)
+
+
+def _cmd_model_tiny(args) -> int:
+    from filledfirst.model.tiny import build_tiny_model
+
+    build_tiny_model(args.out_dir)
+    return 0
+
+
+def _add_trace(sub) -> None:
+    p = sub.add_parser("trace", help="fetch and subsample Azure-format traces")
+    tsub = p.add_subparsers(dest="trace_cmd", required=True)
+
+    f = tsub.add_parser("fetch", help="copy a trace from the mirror folder, or download it")
+    f.add_argument("--config", action="append", required=True, type=Path, dest="configs")
+    f.add_argument("--trace", required=True, help="name of the trace in the config's catalog")
+    f.add_argument("--out", required=True, type=Path)
+    f.set_defaults(func=_cmd_trace_fetch)
+
+    s = tsub.add_parser("subsample", help="a time window, then every K-th request")
+    s.add_argument("csv", type=Path)
+    s.add_argument("--start-offset", type=float, default=0.0, help="seconds after the first row")
+    s.add_argument("--minutes", type=float, required=True)
+    s.add_argument("--keep-every", type=int, default=1)
+    s.add_argument("--phase", type=int, default=0, help="keep rows phase, phase+K, ...")
+    s.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival gaps (0.5 = twice as fast)")
+    s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
+    s.add_argument("--role", default="trace")
+    s.add_argument("--out", required=True, type=Path)
+    s.set_defaults(func=_cmd_trace_subsample)
+
+
+def _cmd_trace_fetch(args) -> int:
+    from filledfirst.config import load_config
+    from filledfirst.trace.fetch import fetch_trace
+
+    cfg = load_config(args.configs)
+    fetch_trace(cfg["traces"][args.trace], args.out)
+    return 0
+
+
+def _cmd_trace_subsample(args) -> int:
+    from filledfirst.trace.subsample import subsample_to_parquet
+
+    subsample_to_parquet(
+        args.csv,
+        args.out,
+        start_offset_s=args.start_offset,
+        minutes=args.minutes,
+        keep_every=args.keep_every,
+        phase=args.phase,
+        time_scale=args.time_scale,
+        max_model_len=args.max_model_len,
+        role=args.role,
+    )
+    return 0
+
+
+def _add_workload(sub) -> None:
+    p = sub.add_parser("workload", help="deterministic synthetic workloads")
+    wsub = p.add_subparsers(dest="workload_cmd", required=True)
+    s = wsub.add_parser("synth", help="write the schedule of a synthetic workload in the config")
+    s.add_argument("--config", action="append", required=True, type=Path, dest="configs")
+    s.add_argument("--workload", required=True)
+    s.add_argument("--out", required=True, type=Path)
+    s.set_defaults(func=_cmd_workload_synth)
+
+
+def _cmd_workload_synth(args) -> int:
+    from filledfirst.config import load_config
+    from filledfirst.workloads.synthetic import write_synthetic_schedule
+
+    cfg = load_config(args.configs)
+    write_synthetic_schedule(cfg["workloads"][args.workload], args.out)
+    return 0
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="start vLLM for one experiment, replay its schedule, write a run folder")
+    p.add_argument("--config", action="append", required=True, type=Path, dest="configs")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--schedule", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args) -> int:
+    from filledfirst.config import load_config
+    from filledfirst.runner import run_experiment
+
+    cfg = load_config(args.configs)
+    status = run_experiment(
+        cfg, args.experiment, args.schedule, args.out, progress=not args.no_progress
+    )
+    return 0 if status != "failed" else 1
+
+
+def _add_ingest(sub) -> None:
+    p = sub.add_parser("ingest", help="load run folders into the DuckDB file (idempotent)")
+    p.add_argument("run_dirs", nargs="+", type=Path)
+    p.add_argument("--db", required=True, type=Path)
+    p.set_defaults(func=_cmd_ingest)
+
+
+def _cmd_ingest(args) -> int:
+    from filledfirst.store.ingest import ingest
+
+    ids = ingest(args.run_dirs, args.db)
+    logging.getLogger("filledfirst").info("ingested %d run(s) into %s", len(ids), args.db)
+    return 0
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="render reports/report.qmd against a DuckDB file")
+    p.add_argument("--db", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--source", type=Path, default=Path("reports/report.qmd"))
+    p.add_argument("--engine", choices=["auto", "quarto", "fallback"], default="auto")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    from filledfirst.report.render import render_report
+
+    render_report(args.source, args.db, args.out, engine=args.engine)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="filledfirst", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_ingest, _add_report):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"filledfirst: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

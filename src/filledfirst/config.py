@@ -1,0 +1,91 @@
+"""Load, merge and validate a study config (the same files Snakemake was given)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+from filledfirst.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Later files override earlier ones key by key, as Snakemake merges --configfile."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_config(paths: list[Path]) -> dict:
+    cfg: dict = {}
+    for path in paths:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise UserError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise UserError(f"config file {path} is not valid YAML: {exc}") from None
+        cfg = deep_merge(cfg, loaded)
+    validate_config(cfg)
+    return cfg
+
+
+def validate_config(cfg: dict) -> None:
+    """Schema (with defaults filled in, through Snakemake's validator) then cross-references."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(cfg, str(SCHEMA_PATH), set_default=True)
+    except WorkflowError as exc:
+        raise UserError(f"invalid config: {exc}") from None
+    problems = []
+    for name, wl in cfg["workloads"].items():
+        if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):
+            problems.append(f"workloads.{name}.trace: {wl['trace']!r} is not in traces ({sorted(cfg.get('traces', {}))})")
+    for name, exp in cfg["experiments"].items():
+        if exp["workload"] not in cfg["workloads"]:
+            problems.append(f"experiments.{name}.workload: {exp['workload']!r} is not in workloads ({sorted(cfg['workloads'])})")
+    ids = cfg["model"]["prompt_token_ids"]
+    if ids["low"] >= ids["high"]:
+        problems.append("model.prompt_token_ids: low must be below high")
+    if cfg["model"]["source"] in ("tiny", "path") and not cfg["model"].get("path"):
+        problems.append(f"model.path is required when model.source is {cfg['model']['source']}")
+    if problems:
+        raise UserError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def server_settings(cfg: dict, experiment: str) -> dict:
+    """The engine's defaults with the experiment's overrides on top."""
+    base = cfg["engine"].get("server", {})
+    return deep_merge(base, cfg["experiments"][experiment].get("server", {}))
+
+
+def experiment_spec(cfg: dict, experiment: str) -> dict:
+    """Everything that decides an experiment's outcome; its hash triggers re-runs."""
+    exp = cfg["experiments"][experiment]
+    return {
+        "experiment": experiment,
+        "description": exp.get("description", ""),
+        "workload_name": exp["workload"],
+        "workload": cfg["workloads"][exp["workload"]],
+        "server": server_settings(cfg, experiment),
+        "model": cfg["model"],
+        "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
+        "loadgen": cfg.get("loadgen", {}),
+        "scrape": cfg.get("scrape", {}),
+    }
+
+
+def fingerprint(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,129 @@
+"""Start one vLLM server, wait until it is healthy, and always stop it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+from filledfirst.engine.command import ServerCommand
+from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
+
+log = logging.getLogger(__name__)
+
+
+class ServerStartError(Exception):
+    """The server exited or never became healthy; the message carries its log tail."""
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except FileNotFoundError:
+        return "(no server log)"
+
+
+class VllmServer:
+    """Context manager: `with VllmServer(...) as s:` the server is healthy inside, gone after."""
+
+    def __init__(
+        self, cmd: ServerCommand, *, host: str, port: int, log_path: Path, startup_timeout_s: float, nice: int = 0
+    ):
+        self.cmd = cmd
+        self.nice = nice
+        self.base_url = f"http://{host}:{port}"
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._guardian: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def __enter__(self) -> "VllmServer":
+        try:
+            self.start()
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        log.info("starting vLLM: %s", " ".join(self.cmd.argv))
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                self.cmd.argv,
+                env={**os.environ, **self.cmd.env},
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, stopped as one
+                preexec_fn=server_preexec(self.nice),
+            )
+        self._guardian = start_guardian(self.proc.pid)
+        self._t_start = time.monotonic()
+
+    def wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = self._t_start + self.startup_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"vLLM exited with code {code} before it was healthy. Last lines of {self.log_path}:\n"
+                    + log_tail(self.log_path)
+                )
+            if self._get("/health", timeout=2.0) is not None:
+                self.startup_s = time.monotonic() - self._t_start
+                log.info("vLLM healthy at %s after %.1f s", self.base_url, self.startup_s)
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"vLLM was not healthy after {self.startup_timeout_s:.0f} s "
+                    f"(engine.startup_timeout_s). Last lines of {self.log_path}:\n" + log_tail(self.log_path)
+                )
+            time.sleep(0.5)
+
+    def version(self) -> str | None:
+        body = self._get("/version", timeout=5.0)
+        try:
+            return json.loads(body)["version"] if body else None
+        except (ValueError, KeyError):
+            return None
+
+    def _get(self, path: str, timeout: float) -> bytes | None:
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+                return resp.read() if resp.status == 200 else None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc.pid)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("vLLM (pid %d) did not exit after SIGKILL", self.proc.pid)
+            log.info("vLLM stopped (exit code %s)", self.proc.returncode)
+            self.proc = None
+        if self._guardian is not None:
+            self._guardian.stdin.close()  # the group is gone; the guardian exits at once
+            self._guardian.wait(timeout=30)
+            self._guardian = None

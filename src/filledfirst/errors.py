@@ -1,0 +1,2 @@
+class UserError(Exception):
+    """Something the user can fix (config, input, environment); shown without a traceback."""

@@ -1,0 +1,149 @@
+"""Open-loop replay: every request leaves at its scheduled time, whatever the server does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import Counter
+
+import aiohttp
+
+from filledfirst.loadgen.progress import show_progress
+from filledfirst.loadgen.prompts import completion_body
+from filledfirst.loadgen.stream import send_streamed
+from filledfirst.records import RequestRecord, ScheduledRequest, TokenRecord
+from filledfirst.scrape import Scraper
+
+log = logging.getLogger(__name__)
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Replay:
+    """Holds every record from the start, so whatever ends the run, nothing measured is lost."""
+
+    def __init__(
+        self,
+        schedule: list[ScheduledRequest],
+        *,
+        base_url: str,
+        model: str,
+        token_low: int,
+        token_high: int,
+        seed: int,
+        request_timeout_s: float,
+        drain_timeout_s: float,
+        scrape_interval_s: float,
+        progress: bool = True,
+    ):
+        self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
+        self.url = base_url + "/v1/completions"
+        # Bodies are built before the clock starts so building them never delays a send.
+        self.bodies = {
+            r.request_id: completion_body(r, model=model, low=token_low, high=token_high, seed=seed)
+            for r in self.schedule
+        }
+        self.requests = [
+            RequestRecord(r.request_id, r.role, r.prompt_tokens, r.output_tokens, r.t_offset_s, status="not_sent")
+            for r in self.schedule
+        ]
+        self.tokens: list[TokenRecord] = []
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self.drain_timeout_s = drain_timeout_s
+        self._t0 = 0.0
+        self.scraper = Scraper(base_url + "/metrics", scrape_interval_s, self.clock)
+        self.progress = progress
+        self.interrupted: str | None = None
+        self.t_end: float | None = None
+        self.client_cpu_s: float | None = None  # to tell a starved client from a slow server
+
+    def clock(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def status_line(self) -> str:
+        counts = Counter(r.status for r in self.requests if r.t_sent is not None)
+        sent = sum(counts.values())
+        in_flight = sum(1 for r in self.requests if r.t_sent is not None and r.t_done is None)
+        done = sent - in_flight
+        failed = done - sum(1 for r in self.requests if r.t_done is not None and r.status == "ok")
+        g = self.scraper.latest
+        server = (
+            f"running {g['running']:.0f}  waiting {g['waiting']:.0f}  KV {100 * g['kv']:.1f}%" if g else "server: no scrape yet"
+        )
+        return (
+            f"t={self.clock():6.1f}s  sent {sent}/{len(self.requests)}  done {done}  failed {failed}  "
+            f"in flight {in_flight}  |  {server}"
+        )
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            self.interrupted = self.interrupted or f"received {sig.name}"
+            stop.set()
+
+        for sig in _STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            await self._run(stop)
+        finally:
+            for sig in _STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        # Open loop: no client-side cap on concurrency. A fresh connection per request:
+        # reusing a keep-alive connection the server is closing fails the request
+        # ("Can not write request body"), an artefact of the client, not the server.
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            self._t0 = time.perf_counter()
+            cpu0 = time.process_time()
+            scrape_stop = asyncio.Event()
+            background = [asyncio.create_task(self.scraper.run(session, scrape_stop))]
+            if self.progress:
+                background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
+            tasks = await self._dispatch(session, stop)
+            await self._drain(tasks, stop)
+            still = [t for t in tasks if not t.done()]
+            for t in still:
+                t.cancel(self.interrupted or "drain timeout")
+            await asyncio.gather(*still, return_exceptions=True)
+            self.t_end = self.clock()
+            self.client_cpu_s = time.process_time() - cpu0
+            scrape_stop.set()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def _drain(self, tasks: list[asyncio.Task], stop: asyncio.Event) -> None:
+        """Wait for in-flight requests until all end, a stop signal, or the drain timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout_s
+        waiter = asyncio.create_task(stop.wait())
+        pending = {t for t in tasks if not t.done()}
+        while pending and not stop.is_set() and loop.time() < deadline:
+            _, pending = await asyncio.wait(
+                pending | {waiter}, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            pending.discard(waiter)
+        waiter.cancel()
+
+    async def _dispatch(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
+        tasks = []
+        for sched, rec in zip(self.schedule, self.requests):
+            delay = sched.t_offset_s - self.clock()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                except asyncio.TimeoutError:
+                    pass
+            if stop.is_set():
+                break
+            rec.status = "ok"
+            tasks.append(
+                asyncio.create_task(
+                    send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout)
+                )
+            )
+        return tasks

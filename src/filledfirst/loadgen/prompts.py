@@ -1,0 +1,25 @@
+"""Exact-size request bodies: prompts as token ids, so usage can be checked against what was asked."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from filledfirst.records import ScheduledRequest
+
+
+def completion_body(req: ScheduledRequest, *, model: str, low: int, high: int, seed: int) -> bytes:
+    # A per-request generator keeps every prompt the same whatever else the schedule holds.
+    rng = random.Random(f"{seed}:{req.request_id}")
+    ids = [rng.randrange(low, high) for _ in range(req.prompt_tokens)]
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": req.output_tokens,
+        "min_tokens": req.output_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body, separators=(",", ":")).encode()

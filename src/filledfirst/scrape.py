@@ -1,0 +1,84 @@
+"""Poll the server's /metrics on the run's clock and keep every vLLM sample."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from filledfirst.records import SampleRecord
+
+# The scraper's own health, stored beside the server's samples.
+SCRAPE_SECONDS = "filledfirst:scrape_duration_seconds"
+SCRAPE_ERROR = "filledfirst:scrape_error"
+
+# vLLM renamed the KV gauge; both mean the used fraction (0-1) of the KV cache.
+KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def parse_metrics(text: str, t: float) -> list[SampleRecord]:
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("vllm:"):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out.append(SampleRecord(t, s.name, labels, float(s.value)))
+    return out
+
+
+def latest_gauges(samples: list[SampleRecord]) -> dict[str, float]:
+    """running / waiting / kv from one scrape, summed over engines (kv: the fullest engine)."""
+    view = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+    for s in samples:
+        if s.metric == "vllm:num_requests_running":
+            view["running"] += s.value
+        elif s.metric == "vllm:num_requests_waiting":
+            view["waiting"] += s.value
+        elif s.metric in KV_USAGE_NAMES:
+            view["kv"] = max(view["kv"], s.value)
+    return view
+
+
+class Scraper:
+    def __init__(self, url: str, interval_s: float, clock: Callable[[], float]):
+        self.url = url
+        self.interval_s = interval_s
+        self.clock = clock
+        self.samples: list[SampleRecord] = []
+        self.latest: dict[str, float] = {}
+        self.errors = 0
+
+    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        t = self.clock()
+        started = time.perf_counter()
+        try:
+            async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=max(self.interval_s * 4, 2.0))) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text[:200])
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self.errors += 1
+            self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error={type(exc).__name__}", 1.0))
+            return
+        batch = parse_metrics(text, t)
+        self.samples.extend(batch)
+        self.samples.append(SampleRecord(t, SCRAPE_SECONDS, "", time.perf_counter() - started))
+        self.latest = latest_gauges(batch)
+
+    async def run(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        """Scrape on a fixed grid (no drift) until `stop`, then once more for the final counters."""
+        n = 0
+        start = self.clock()
+        while not stop.is_set():
+            await self.scrape_once(session)
+            n += 1
+            delay = start + n * self.interval_s - self.clock()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(delay, 0))
+            except asyncio.TimeoutError:
+                pass
+        await self.scrape_once(session)

@@ -1,0 +1,92 @@
+"""Load run folders into one DuckDB file. One writer; re-ingesting a run replaces it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from filledfirst import rundir
+from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
+
+_ARROW_TO_SQL = {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}
+
+
+def _columns(schema) -> str:
+    return ", ".join(f'"{f.name}" {_ARROW_TO_SQL[str(f.type)]}' for f in schema)
+
+
+DDL = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY,
+    experiment VARCHAR NOT NULL,
+    workload VARCHAR,
+    description VARCHAR,
+    status VARCHAR NOT NULL,
+    error VARCHAR,
+    started_at VARCHAR,
+    duration_s DOUBLE,
+    max_num_seqs BIGINT,
+    model VARCHAR,
+    vllm_version VARCHAR,
+    launcher VARCHAR,
+    meta JSON
+);
+CREATE TABLE IF NOT EXISTS requests (run_id VARCHAR NOT NULL, {_columns(REQUEST_SCHEMA)});
+CREATE TABLE IF NOT EXISTS tokens (run_id VARCHAR NOT NULL, {_columns(TOKEN_SCHEMA)});
+CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR NOT NULL, {_columns(SAMPLE_SCHEMA)});
+"""
+
+_TABLES = {"requests": rundir.REQUESTS, "tokens": rundir.TOKENS, "samples": rundir.SAMPLES}
+
+
+def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
+    """Ingest each folder in one transaction; returns the run ids written."""
+    metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db_path))
+    try:
+        con.execute(DDL)
+        con.execute("BEGIN")
+        for run_dir, meta in metas:
+            _ingest_one(con, run_dir, meta)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.close()
+    return [m["run_id"] for _, m in metas]
+
+
+def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict) -> None:
+    run_id = meta["run_id"]
+    for table in ("runs", *_TABLES):
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+    server = meta.get("server", {})
+    con.execute(
+        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            run_id,
+            meta["experiment"],
+            meta.get("workload"),
+            meta.get("description"),
+            meta["status"],
+            meta.get("error"),
+            meta.get("started_at"),
+            meta.get("duration_s"),
+            server.get("settings", {}).get("max_num_seqs"),
+            meta.get("model", {}).get("name"),
+            meta.get("versions", {}).get("vllm"),
+            server.get("launcher"),
+            json.dumps(meta),
+        ],
+    )
+    for table, filename in _TABLES.items():
+        path = run_dir / filename
+        if path.is_file():
+            con.execute(
+                f"INSERT INTO {table} SELECT ? AS run_id, * FROM read_parquet(?)",
+                [run_id, str(path)],
+            )

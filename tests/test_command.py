@@ -1,0 +1,74 @@
+"""The exact vLLM command lines the configs produce (the GPU config cannot run here)."""
+
+from pathlib import Path
+
+import pytest
+
+from filledfirst.config import experiment_spec, load_config
+from filledfirst.engine.command import build_command
+from filledfirst.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def command_for(config: str, experiment: str):
+    cfg = load_config([ROOT / "config" / config])
+    spec = experiment_spec(cfg, experiment)
+    return build_command(
+        launcher=spec["engine"]["launcher"], model=spec["model"], settings=spec["server"],
+        host="127.0.0.1", port=8123, seed=0, extra_env={},
+    )
+
+
+def test_gpu_config_runs_vllm_serve_with_the_seed_settings():
+    cmd = command_for("config.yaml", "reference")
+    assert cmd.argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]
+    flags = " ".join(cmd.argv)
+    assert "--dtype bfloat16" in flags
+    assert "--max-model-len 32768" in flags
+    assert "--max-num-seqs 256" in flags
+    assert "--no-enable-prefix-caching" in cmd.argv
+    assert "--host 127.0.0.1 --port 8123" in flags
+    assert "HF_HUB_OFFLINE" not in cmd.env  # a hub model may need to download
+
+
+def test_experiment_overrides_the_engine_default():
+    assert "--max-num-seqs 8" in " ".join(command_for("config.yaml", "seq_limit").argv)
+    assert "--max-num-seqs 8" in " ".join(command_for("cpu.yaml", "seq_limit").argv)
+
+
+def test_cpu_config_uses_the_module_launcher_and_kv_space():
+    cmd = command_for("cpu.yaml", "reference")
+    assert cmd.argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert cmd.env["HF_HUB_OFFLINE"] == "1"
+    assert "--dtype float32" in " ".join(cmd.argv)
+
+
+def test_dummy_load_format_is_passed(tmp_path):
+    cfg_text = (ROOT / "config" / "config.yaml").read_text().replace("load_format: auto", "load_format: dummy")
+    (tmp_path / "c.yaml").write_text(cfg_text)
+    cfg = load_config([tmp_path / "c.yaml"])
+    spec = experiment_spec(cfg, "reference")
+    cmd = build_command(launcher="gpu", model=spec["model"], settings=spec["server"], host="h", port=1, seed=0, extra_env={})
+    assert cmd.argv[cmd.argv.index("--load-format") + 1] == "dummy"
+
+
+def test_config_values_never_pass_through_a_shell():
+    # argv elements are handed to exec as-is: a hostile value stays one argument.
+    cmd = command_for("cpu.yaml", "reference")
+    assert all(isinstance(a, str) for a in cmd.argv)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda t: t.replace("max_num_seqs: 64", "max_num_seqs: 64\n    max_num_seq: 3"), "max_num_seq"),
+        (lambda t: t.replace("workload: decode_low", "workload: nope"), "experiments.reference.workload"),
+        (lambda t: t.replace("launcher: cpu", "launcher: tpu"), "tpu"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
+    (tmp_path / "c.yaml").write_text(mutate((ROOT / "config" / "cpu.yaml").read_text()))
+    with pytest.raises(UserError, match=message):
+        load_config([tmp_path / "c.yaml"])

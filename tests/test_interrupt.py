@@ -1,0 +1,69 @@
+"""Killing the pipeline while vLLM runs leaves no vLLM process behind."""
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO, snakemake_argv
+
+pytestmark = pytest.mark.engine
+
+
+def find_server(workdir, timeout_s=400):
+    """The api_server started for this workdir's model, once its replay has begun."""
+    log = workdir / "results" / "logs" / "run-long_run.log"
+    model = str(workdir / "data" / "models" / "tiny-qwen2")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.is_file() and "replaying" in log.read_text():
+            for p in psutil.process_iter(["cmdline"]):
+                cmd = p.info["cmdline"] or []
+                if "vllm.entrypoints.openai.api_server" in cmd and any(model in a for a in cmd):
+                    return p
+        time.sleep(0.5)
+    raise AssertionError(f"the server never started replaying; log:\n{log.read_text() if log.is_file() else '(none)'}")
+
+
+def group_members(pgid):
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return out
+
+
+@pytest.mark.parametrize("how", ["sigint_group", "sigkill_parent"])
+def test_no_vllm_survives_the_pipeline(tmp_path, pipeline_env, how):
+    pipeline = subprocess.Popen(
+        snakemake_argv(tmp_path, REPO / "tests" / "configs" / "long.yaml", "results/runs/long_run"),
+        env=pipeline_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # like a terminal's foreground job
+    )
+    try:
+        server = find_server(tmp_path)
+        pgid = os.getpgid(server.pid)
+        assert pgid == server.pid, "vLLM must lead its own process group"
+        assert len(group_members(pgid)) >= 2  # api server and its engine core
+        if how == "sigint_group":
+            os.killpg(pipeline.pid, signal.SIGINT)  # Ctrl-C in the terminal
+        else:
+            pipeline.kill()  # SIGKILL to Snakemake alone: nothing gets a chance to clean up
+        deadline = time.monotonic() + 10
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [" ".join(p.cmdline()) for p in group_members(pgid)]
+        assert not left, f"vLLM processes left 10 s after {how}: {left}"
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+        pipeline.wait()
+        for p in psutil.process_iter(["cmdline"]):  # never leak a server from a failed test
+            if any(str(tmp_path) in a for a in (p.info["cmdline"] or [])):
+                p.kill()

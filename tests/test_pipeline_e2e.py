@@ -1,0 +1,79 @@
+"""The whole pipeline on the real vLLM CPU engine: Snakemake -> run folders -> DuckDB -> report."""
+
+import json
+import subprocess
+
+import duckdb
+import pytest
+
+from conftest import REPO, snakemake_argv
+from filledfirst.analysis import signals
+
+pytestmark = pytest.mark.engine
+
+
+def run_pipeline(workdir, env):
+    cfg = REPO / "tests" / "configs" / "e2e.yaml"
+    proc = subprocess.run(snakemake_argv(workdir, cfg, "all"), env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return workdir
+
+
+def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
+    workdir = run_pipeline(tmp_path, pipeline_env)
+    db = workdir / "results" / "filledfirst.duckdb"
+    con = duckdb.connect(str(db), read_only=True)
+
+    runs = dict(con.execute("SELECT experiment, status FROM runs").fetchall())
+    assert runs == {"reference": "ok", "seq_limit": "ok", "azure_replay": "ok"}
+
+    # Every scheduled request is there, answered with exactly the sizes asked for.
+    for exp in runs:
+        sched = workdir / "results" / "runs" / exp / "schedule.parquet"
+        n_sched = con.execute("SELECT count(*) FROM read_parquet(?)", [str(sched)]).fetchone()[0]
+        n, n_ok, exact = con.execute(
+            """SELECT count(*), count(*) FILTER (status = 'ok'),
+                      count(*) FILTER (prompt_tokens_received = prompt_tokens
+                                       AND output_tokens_received = output_tokens)
+               FROM requests JOIN runs USING (run_id) WHERE experiment = ?""",
+            [exp],
+        ).fetchone()
+        assert n == n_sched > 0
+        assert n_ok == n, f"{exp}: {n - n_ok} failed requests"
+        assert exact == n
+        # one token row per streamed token, on the run's clock, after the request was sent
+        bad = con.execute(
+            """SELECT count(*) FROM tokens t JOIN requests r USING (run_id, request_id)
+               JOIN runs USING (run_id) WHERE experiment = ? AND t.t < r.t_sent""",
+            [exp],
+        ).fetchone()[0]
+        assert bad == 0
+
+    summary = {r["experiment"]: r for r in signals.run_summary(con).to_dicts()}
+    ref, lim = summary["reference"], summary["seq_limit"]
+    # The scheduler never ran more than the cap, and the cap was reached.
+    assert lim["max_num_seqs"] == 8 and lim["running_max"] == 8
+    assert lim["waiting_max"] > 0
+    assert ref["running_max"] < 8
+    assert lim["ttft_p50_ms"] > ref["ttft_p50_ms"]
+    # vLLM's own gauges were scraped on the run's clock
+    for exp in runs:
+        metrics = {m for (m,) in con.execute(
+            "SELECT DISTINCT metric FROM samples JOIN runs USING (run_id) WHERE experiment = ?", [exp]).fetchall()}
+        assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= metrics
+
+    meta = json.loads((workdir / "results" / "runs" / "seq_limit" / "run.json").read_text())
+    assert "--max-num-seqs" in meta["server"]["argv"] and meta["versions"]["vllm"]
+    assert (workdir / "results" / "runs" / "seq_limit" / "server.log").stat().st_size > 0
+
+    html = (workdir / "reports" / "report.html").read_text()
+    for exp in runs:
+        assert exp in html
+    assert "max_num_seqs 8" in html
+
+    # Nothing to do on a second run: every output is complete and up to date.
+    again = subprocess.run(
+        snakemake_argv(workdir, REPO / "tests" / "configs" / "e2e.yaml", "all", "-n"),
+        env=pipeline_env, capture_output=True, text=True, timeout=300,
+    )
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -1,0 +1,355 @@
+"""Signals computed by hand on small run folders, the report rendered by the fallback, and
+the charts drawn by a real headless browser with no network."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from filledfirst import atomic, rundir
+from filledfirst.analysis import signals
+from filledfirst.records import (
+    REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, SampleRecord, TokenRecord, to_table,
+)
+from filledfirst.report import render, tables
+from filledfirst.store.ingest import ingest
+
+REPO = Path(__file__).resolve().parents[1]
+QMD = REPO / "reports" / "report.qmd"
+CHROMIUM = Path("/usr/bin/chromium")
+
+RUN_A = "interference-0"
+RUN_LEGACY = "decode-legacy-0"
+RUN_FAILED = "kv-pressure-0"
+FAILED_RUN_ERROR = "server never became healthy: <script>alert(1)</script>"
+DISCONNECT_ERROR = "<b>connection reset</b> & gone"
+
+
+def _meta(run_id: str, experiment: str, status: str, max_num_seqs: int, started: int,
+          error: str | None = None) -> dict:
+    # The run.json shape the runner writes: ingest reads model/server/versions from it and
+    # the report's Setup section shows the rest.
+    return {
+        "run_id": run_id, "experiment": experiment, "workload": experiment.split("-")[0],
+        "description": f"{experiment} with max_num_seqs={max_num_seqs}", "status": status,
+        "error": error, "started_at": f"2025-01-01T0{started}:00:00Z", "duration_s": 3.0,
+        "model": {"name": "tiny-qwen2", "dtype": "float32", "max_model_len": 32768},
+        "server": {"launcher": "cpu",
+                   "argv": ["python", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs",
+                            str(max_num_seqs)],
+                   "settings": {"max_num_seqs": max_num_seqs, "enable_prefix_caching": False}},
+        "versions": {"vllm": "0.32.0", "python": "3.11"},
+        "hardware": {"cpu_count": 2, "memory_gib": 24, "gpu": None},
+        "timings": {"startup_s": 21.5},
+        "schedule": {"n_requests": 7, "span_s": 1.75},
+    }
+
+
+def _write_run(root: Path, meta: dict, requests=None, chunks=None, samples=None) -> Path:
+    d = root / meta["run_id"]
+    d.mkdir(parents=True)
+    if requests is not None:
+        atomic.write_parquet(to_table(requests, REQUEST_SCHEMA), d / rundir.REQUESTS)
+        atomic.write_parquet(to_table(chunks, TOKEN_SCHEMA), d / rundir.TOKENS)
+        atomic.write_parquet(to_table(samples, SAMPLE_SCHEMA), d / rundir.SAMPLES)
+    atomic.write_json(meta, d / rundir.RUN_JSON)
+    return d
+
+
+def _req(rid: int, role: str, t0: float, chunk_ts: list[tuple[float, int]], status: str = "ok",
+         error: str | None = None) -> tuple[RequestRecord, list[TokenRecord]]:
+    toks = [TokenRecord(rid, i, t, n) for i, (t, n) in enumerate(chunk_ts)]
+    first = chunk_ts[0][0] if chunk_ts else None
+    last = chunk_ts[-1][0] if chunk_ts else None
+    n_out = sum(n for _, n in chunk_ts)
+    rec = RequestRecord(
+        rid, role, 150, 4, t0, t_sent=t0 + 0.001, t_first_token=first, t_last_token=last,
+        t_done=last, prompt_tokens_received=150, output_tokens_received=n_out,
+        chunks=len(chunk_ts), status=status, http_status=200 if status == "ok" else None, error=error,
+    )
+    return rec, toks
+
+
+def _series(metric: str, per_engine: list[list[float]], ts: list[float]) -> list[SampleRecord]:
+    return [
+        SampleRecord(t, metric, f"engine={e},model_name=tiny-qwen2", v)
+        for e, values in enumerate(per_engine) for t, v in zip(ts, values)
+    ]
+
+
+def _run_a(root: Path) -> Path:
+    """Two roles, two engines, one disconnected request, counters and scraper rows."""
+    built = [
+        # decoding: TTFT 40/50/60 ms; gaps 10, 20/2 (a 2-token chunk), 12, 30, 100 ms; the
+        # trailing n=0 usage chunk carries no token and makes no gap.
+        _req(0, "decoding", 0.0, [(0.040, 1), (0.050, 1), (0.070, 2), (0.080, 0)]),
+        _req(1, "decoding", 0.0, [(0.050, 1), (0.062, 1), (0.092, 1)]),
+        _req(2, "decoding", 0.0, [(0.060, 1), (0.160, 1)]),
+        # probes: TTFT 110/200/800 ms; gaps 5, 8, 6 ms
+        _req(3, "probe", 1.00, [(1.110, 1), (1.115, 1)]),
+        _req(4, "probe", 1.25, [(1.450, 1), (1.458, 1)]),
+        _req(5, "probe", 1.50, [(2.300, 1), (2.306, 1)]),
+        # disconnected after streaming: its TTFT (50 ms) and gap (600 ms) must not count
+        _req(6, "probe", 1.75, [(1.800, 1), (2.400, 1)], status="disconnected", error=DISCONNECT_ERROR),
+    ]
+    ts = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    samples = (
+        _series("vllm:num_requests_running", [[0, 2, 3, 3, 2, 0], [0, 1, 1, 2, 1, 0]], ts)
+        + _series("vllm:num_requests_waiting", [[0, 0, 1, 2, 0, 0], [0, 0, 0, 1, 0, 0]], ts)
+        + _series("vllm:kv_cache_usage_perc",
+                  [[0.0, 0.1, 0.2, 0.3, 0.15, 0.0], [0.0, 0.05, 0.25, 0.2, 0.1, 0.0]], ts)
+        # counter already at 2 when the run started: only the delta counts
+        + _series("vllm:num_preemptions_total", [[2, 2, 3, 5, 5, 5], [0, 0, 0, 1, 1, 1]], ts)
+        + _series("vllm:num_preemptions_created", [[1.7e9] * 6], ts)
+        + [SampleRecord(t, "filledfirst:scrape_seconds", "", 0.004) for t in ts]
+    )
+    return _write_run(root, _meta(RUN_A, "interference", "ok", 8, started=1), [r for r, _ in built],
+                      [t for _, ts_ in built for t in ts_], samples)
+
+
+def _run_legacy(root: Path) -> Path:
+    """A cut-short run from an older vLLM: gpu_cache name, counter stored without _total."""
+    built = [_req(0, "decode", 0.0, [(0.1, 1), (0.2, 1)]), _req(1, "decode", 0.5, [(0.7, 1), (0.75, 1)])]
+    ts = [0.0, 1.0, 2.0]
+    samples = (
+        _series("vllm:num_requests_running", [[1, 2, 1]], ts)
+        + _series("vllm:num_requests_waiting", [[0, 0, 0]], ts)
+        + _series("vllm:gpu_cache_usage_perc", [[0.01, 0.02, 0.04]], ts)
+        + _series("vllm:num_preemptions", [[0, 0, 0]], ts)
+    )
+    meta = _meta(RUN_LEGACY, "decode-legacy", "partial", 64, started=2, error="server exited with code -9")
+    return _write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    dirs = [
+        _run_a(root),
+        _run_legacy(root),
+        _write_run(root, _meta(RUN_FAILED, "kv-pressure", "failed", 64, started=3, error=FAILED_RUN_ERROR)),
+    ]
+    path = root / "study.duckdb"
+    ingest(dirs, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def con(db):
+    c = duckdb.connect(str(db), read_only=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def report(db, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    render.render_report(QMD, db, out, engine="fallback")
+    return out
+
+
+# --- signals -------------------------------------------------------------------------------
+
+
+def _by_run(df) -> dict[str, dict]:
+    return {r["run_id"]: r for r in df.to_dicts()}
+
+
+def test_run_summary_by_hand(con):
+    summary = signals.run_summary(con)
+    assert summary["run_id"].to_list() == [RUN_A, RUN_LEGACY, RUN_FAILED]  # by start time
+    rows = _by_run(summary)
+    a = rows[RUN_A]
+    assert (a["n_requests"], a["n_ok"], a["n_failed"]) == (7, 6, 1)
+    # ok TTFTs sorted: 40 50 60 110 200 800 (linear interpolation, like numpy)
+    assert a["ttft_p50_ms"] == pytest.approx(85.0)  # (60 + 110) / 2
+    assert a["ttft_p90_ms"] == pytest.approx(500.0)  # 200 + 0.5 * 600
+    assert a["ttft_p99_ms"] == pytest.approx(770.0)  # 200 + 0.95 * 600
+    # ok gaps sorted: 5 6 8 10 10 12 30 100
+    assert a["itl_p50_ms"] == pytest.approx(10.0)
+    assert a["itl_p99_ms"] == pytest.approx(95.1)  # 30 + 0.93 * 70
+    # running summed over engines: 0 3 4 5 3 0; waiting: 0 0 1 3 0 0; KV max: 0 10 25 30 15 0
+    assert (a["running_median"], a["running_max"]) == (3, 5)
+    assert (a["waiting_median"], a["waiting_max"]) == (0, 3)
+    assert a["kv_median_pct"] == pytest.approx(12.5)
+    assert a["kv_max_pct"] == pytest.approx(30.0)
+    assert a["preemptions"] == 4  # (5 - 2) + (1 - 0); _created ignored
+    assert (a["max_num_seqs"], a["status"]) == (8, "ok")
+
+    legacy = rows[RUN_LEGACY]
+    assert legacy["kv_max_pct"] == pytest.approx(4.0)
+    assert legacy["kv_median_pct"] == pytest.approx(2.0)
+    assert legacy["preemptions"] == 0
+    assert legacy["itl_p50_ms"] == pytest.approx(75.0)  # gaps 100 and 50
+
+    failed = rows[RUN_FAILED]
+    assert (failed["status"], failed["error"]) == ("failed", FAILED_RUN_ERROR)
+    assert (failed["n_requests"], failed["n_failed"]) == (0, 0)
+    assert failed["ttft_p50_ms"] is None and failed["running_max"] is None
+
+
+def test_role_summary_by_hand(con):
+    rows = {(r["run_id"], r["role"]): r for r in signals.role_summary(con).to_dicts()}
+    dec, probe = rows[(RUN_A, "decoding")], rows[(RUN_A, "probe")]
+    assert (dec["n"], dec["n_failed"], probe["n"], probe["n_failed"]) == (3, 0, 4, 1)
+    assert (dec["ttft_p50_ms"], dec["ttft_p90_ms"]) == (pytest.approx(50.0), pytest.approx(58.0))
+    assert (probe["ttft_p50_ms"], probe["ttft_p90_ms"]) == (pytest.approx(200.0), pytest.approx(680.0))
+    assert dec["itl_p50_ms"] == pytest.approx(12.0)  # 10 10 12 30 100
+    assert dec["itl_p99_ms"] == pytest.approx(97.2)  # 30 + 0.96 * 70
+    assert probe["itl_p50_ms"] == pytest.approx(6.0)  # 5 6 8
+    roles_a = [r["role"] for r in signals.role_summary(con).to_dicts() if r["run_id"] == RUN_A]
+    assert roles_a == ["decoding", "probe"]  # in arrival order
+
+
+def test_timeseries_and_points(con):
+    ts = signals.timeseries(con, RUN_A)
+    running = ts.filter(ts["signal"] == "running")["value"].to_list()
+    assert running == [0, 3, 4, 5, 3, 0]
+    assert set(ts["signal"]) == {"running", "waiting", "kv_pct"}
+    pts = signals.request_points(con, RUN_A)
+    assert pts.height == 7
+    failed = pts.filter(pts["status"] != "ok").to_dicts()
+    assert [(f["request_id"], f["t_scheduled"], f["ttft_ms"]) for f in failed] == [(6, 1.75, None)]
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def test_parse_qmd_cells_and_options():
+    text = "---\ntitle: T\nexecute:\n  echo: false\n---\n\n# Hi\n\n```{python}\n#| include: false\nx = 1\n```\n\ntext\n"
+    front, cells = render.parse_qmd(text)
+    assert front == {"title": "T", "execute": {"echo": False}}
+    assert [c.kind for c in cells] == ["markdown", "code", "markdown"]
+    assert cells[1].options == {"include": False} and cells[1].source == "x = 1"
+    assert cells[1].line == 9
+
+
+def test_cell_error_fails_render(db, tmp_path):
+    src = tmp_path / "bad.qmd"
+    src.write_text("---\ntitle: bad\n---\n\n```{python}\nx = 1\n```\n\n```{python}\n1 / 0\n```\n")
+    out = tmp_path / "bad.html"
+    with pytest.raises(render.RenderError, match=r"cell 2 \(qmd line 9\).*ZeroDivisionError"):
+        render.render_report(src, db, out, engine="fallback")
+    assert not out.exists() and not list(tmp_path.glob(".bad.html*"))
+
+
+FAKE_QUARTO = """#!{python}
+import os, sys, pathlib
+args = sys.argv[1:]
+assert args[0] == "render" and args[2:4] == ["--to", "html"], args
+out = pathlib.Path(args[args.index("--output-dir") + 1]) / (pathlib.Path(args[1]).stem + ".html")
+out.write_text("<html><p>db=" + os.environ["FILLEDFIRST_DB"] + " py=" + os.environ["QUARTO_PYTHON"] + "</p></html>")
+"""
+
+
+def test_auto_uses_quarto_when_on_path(db, tmp_path, monkeypatch):
+    """Quarto is not installable here: a stand-in checks the arguments and environment."""
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "quarto"
+    fake.write_text(FAKE_QUARTO.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "out" / "report.html"
+    render.render_report(QMD, db, out)
+    assert out.read_text() == f"<html><p>db={db.resolve()} py={sys.executable}</p></html>"
+
+
+def test_remote_references():
+    assert render.remote_references('<script src="https://cdn/x.js"></script><a href="https://x">') == [
+        "https://cdn/x.js"
+    ]
+    assert render.remote_references('<link rel="stylesheet" href="//cdn/x.css">') == ["//cdn/x.css"]
+
+
+def test_report_html(report):
+    html = report.read_text()
+    assert "<title>What filled up first?</title>" in html
+    for run_id in (RUN_A, RUN_LEGACY, RUN_FAILED):
+        assert run_id in html
+    # per-run table, role table, side by side, setup
+    assert "TTFT p90" in html and "500 ms" in html and "85.0 ms" in html
+    assert "decoding" in html and "probe" in html and "680 ms" in html
+    assert "3 / 5 (max_num_seqs 8)" in html
+    assert "vllm.entrypoints.openai.api_server" in html and "0.32.0" in html
+    # the failed run's error, escaped; no data string became markup
+    assert tables.esc(FAILED_RUN_ERROR) in html
+    assert "<script>alert(1)" not in html and "<b>connection reset" not in html
+    assert html.count('class="ff-chart"') == 2  # the failed run has no chart
+    assert render.remote_references(html) == []
+    assert 'src=""' not in html
+    assert "Traceback" not in html
+
+
+# --- the browser -----------------------------------------------------------------------------
+
+
+def _chromium(*args: str, profile: Path, timeout: int = 120) -> str:
+    argv = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def screenshot(html: Path, png: Path, profile: Path, height: int = 5000) -> Path:
+    """A full-page PNG of the report, for a human to look at (never committed)."""
+    png.parent.mkdir(parents=True, exist_ok=True)
+    _chromium(f"--screenshot={png}", f"--window-size=1100,{height}", html.as_uri(), profile=profile)
+    return png
+
+
+class _ChartDivs(HTMLParser):
+    """For each `ff-chart` div: did an <svg> appear inside it? (Chromium's DOM dump has
+    balanced div tags, so a stack of open divs is enough.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charts: dict[str, bool] = {}
+        self._open: list[str | None] = []  # chart id for chart divs, else None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "div":
+            is_chart = "ff-chart" in (a.get("class") or "").split()
+            if is_chart:
+                self.charts.setdefault(a["id"], False)
+            self._open.append(a["id"] if is_chart else None)
+        elif tag == "svg":
+            for cid in filter(None, self._open):
+                self.charts[cid] = True
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self._open:
+            self._open.pop()
+
+
+@pytest.fixture
+def chromium():
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} missing in CI: apt-get install chromium")
+        pytest.skip(f"{CHROMIUM} not installed")
+    return CHROMIUM
+
+
+@pytest.mark.browser
+def test_charts_draw_offline(report, chromium, tmp_path):
+    dom = _chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    parser = _ChartDivs()
+    parser.feed(dom)
+    assert len(parser.charts) == 2, parser.charts
+    assert all(parser.charts.values()), f"charts without an <svg>: {parser.charts}"
+    if os.environ.get("FILLEDFIRST_SCREENSHOT"):  # e.g. =/tmp/report.png to look at it
+        png = Path(os.environ["FILLEDFIRST_SCREENSHOT"])
+        screenshot(report, png, tmp_path / "profile-shot")
+        shutil.copy(report, png.with_suffix(".html"))

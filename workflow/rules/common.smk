@@ -1,0 +1,83 @@
+import os
+import re
+import shlex
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from filledfirst.config import experiment_spec, fingerprint
+
+
+# Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
+# experiments into the one the user asked for.
+if not workflow.overwrite_configfiles:
+
+    configfile: f"{workflow.basedir}/config/config.yaml"
+
+
+if workflow.config_settings.config:
+    raise WorkflowError(
+        "--config overrides are not passed on to the experiments; put them in a config file "
+        "and give it with --configfile"
+    )
+
+validate(config, "../schemas/config.schema.yaml", set_default=True)
+
+CONFIGFILES = [str(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
+# The experiments re-read the same files through the package's validator.
+CONFIG_ARGS = " ".join(f"--config {shlex.quote(f)}" for f in CONFIGFILES)
+FILLEDFIRST = f"{shlex.quote(sys.executable)} -m filledfirst"
+
+# An experiment stops its server when this process (the Snakemake running the job,
+# here or on a cluster node) dies, even by SIGKILL. An environment variable, not a
+# param: a param would make every new pid look like a changed job.
+os.environ["FILLEDFIRST_WATCH_PID"] = str(os.getpid())
+
+EXPERIMENTS = sorted(config["experiments"])
+TRACE_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "trace")
+SYNTHETIC_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "synthetic")
+DB = "results/filledfirst.duckdb"
+# The report's source lives with the workflow, so --directory elsewhere still finds it.
+REPORT_SOURCE = f"{workflow.basedir}/reports/report.qmd"
+
+
+def one_of(names):
+    """A wildcard constraint matching exactly these names (none: matches nothing)."""
+    return "|".join(re.escape(n) for n in names) or "(?!)"
+
+
+wildcard_constraints:
+    exp=one_of(EXPERIMENTS),
+
+
+def model_inputs():
+    """The locally built model folder, when the config serves one."""
+    return [config["model"]["path"]] if config["model"]["source"] == "tiny" else []
+
+
+def schedule_of(wildcards):
+    return f"data/schedules/{config['experiments'][wildcards.exp]['workload']}.parquet"
+
+
+def trace_csv_of(wildcards):
+    return f"data/traces/{config['workloads'][wildcards.workload]['trace']}.csv"
+
+
+def subsample_args(wildcards):
+    w = config["workloads"][wildcards.workload]
+    return (
+        f"--start-offset {float(w.get('start_offset_s', 0))} --minutes {float(w['minutes'])} "
+        f"--keep-every {int(w.get('keep_every', 1))} --phase {int(w.get('phase', 0))} "
+        f"--time-scale {float(w.get('time_scale', 1))} "
+        f"--max-model-len {int(config['model']['max_model_len'])}"
+    )
+
+
+def experiment_fingerprint(wildcards):
+    """Changes whenever anything that decides the experiment's outcome changes."""
+    return fingerprint(experiment_spec(config, wildcards.exp))
+
+
+def workload_fingerprint(wildcards):
+    return fingerprint(config["workloads"][wildcards.workload])

@@ -1,0 +1,13 @@
+if config["model"]["source"] == "tiny":
+
+    rule tiny_model:
+        output:
+            directory(config["model"]["path"]),
+        log:
+            "results/logs/model.log",
+        conda:
+            "../../environment.yml"
+        params:
+            cli=FILLEDFIRST,
+        shell:
+            "{params.cli} model tiny {output} > {log} 2>&1"

@@ -1,0 +1,50 @@
+rule fetch_trace:
+    output:
+        "data/traces/{trace}.csv",
+    log:
+        "results/logs/fetch-{trace}.log",
+    conda:
+        "../../environment.yml"
+    params:
+        cli=FILLEDFIRST,
+        configs=CONFIG_ARGS,
+    shell:
+        "{params.cli} trace fetch {params.configs} --trace {wildcards.trace} --out {output} > {log} 2>&1"
+
+
+rule schedule_from_trace:
+    input:
+        trace_csv_of,
+    output:
+        schedule="data/schedules/{workload}.parquet",
+        stats="data/schedules/{workload}.parquet.stats.json",
+    wildcard_constraints:
+        workload=one_of(TRACE_WORKLOADS),
+    log:
+        "results/logs/schedule-{workload}.log",
+    conda:
+        "../../environment.yml"
+    params:
+        cli=FILLEDFIRST,
+        args=subsample_args,
+    shell:
+        "{params.cli} trace subsample {input} {params.args} --out {output.schedule} > {log} 2>&1"
+
+
+rule schedule_synthetic:
+    output:
+        schedule="data/schedules/{workload}.parquet",
+        stats="data/schedules/{workload}.parquet.stats.json",
+    wildcard_constraints:
+        workload=one_of(SYNTHETIC_WORKLOADS),
+    log:
+        "results/logs/schedule-{workload}.log",
+    conda:
+        "../../environment.yml"
+    params:
+        cli=FILLEDFIRST,
+        configs=CONFIG_ARGS,
+        spec=workload_fingerprint,
+    shell:
+        "{params.cli} workload synth {params.configs} --workload {wildcards.workload} "
+        "--out {output.schedule} > {log} 2>&1"
