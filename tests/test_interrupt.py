@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -14,15 +15,13 @@ pytestmark = pytest.mark.engine
 
 
 def find_server(workdir, timeout_s=400):
-    """The api_server started for this workdir's model, once its replay has begun."""
+    """The api_server started in this workdir, once its replay has begun."""
     log = workdir / "results" / "logs" / "run-long_run.log"
-    model = str(workdir / "data" / "models" / "tiny-qwen2")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if log.is_file() and "replaying" in log.read_text():
-            for p in psutil.process_iter(["cmdline"]):
-                cmd = p.info["cmdline"] or []
-                if "vllm.entrypoints.openai.api_server" in cmd and any(model in a for a in cmd):
+            for p in psutil.process_iter(["cmdline", "cwd"]):
+                if "vllm.entrypoints.openai.api_server" in (p.info["cmdline"] or []) and p.info["cwd"] == str(workdir):
                     return p
         time.sleep(0.5)
     raise AssertionError(f"the server never started replaying; log:\n{log.read_text() if log.is_file() else '(none)'}")
@@ -39,13 +38,20 @@ def group_members(pgid):
     return out
 
 
+def guardians_of(pgid):
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "filledfirst.engine.guardian" in (p.info["cmdline"] or []) and str(pgid) in p.info["cmdline"]]
+
+
 @pytest.mark.parametrize("how", ["sigint_group", "sigkill_parent"])
-def test_no_vllm_survives_the_pipeline(tmp_path, pipeline_env, how):
+def test_no_vllm_survives_the_pipeline(tmp_path, how):
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
     pipeline = subprocess.Popen(
         snakemake_argv(tmp_path, REPO / "tests" / "configs" / "long.yaml", "results/runs/long_run"),
-        env=pipeline_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # like a terminal's foreground job
     )
+    pgid = None
     try:
         server = find_server(tmp_path)
         pgid = os.getpgid(server.pid)
@@ -60,10 +66,14 @@ def test_no_vllm_survives_the_pipeline(tmp_path, pipeline_env, how):
             time.sleep(0.2)
         left = [" ".join(p.cmdline()) for p in group_members(pgid)]
         assert not left, f"vLLM processes left 10 s after {how}: {left}"
+        deadline = time.monotonic() + 5  # the run closes the guardian's pipe after the stop
+        while guardians_of(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not guardians_of(pgid), "the guardian must exit once the server is gone"
     finally:
         if pipeline.poll() is None:
             os.killpg(pipeline.pid, signal.SIGKILL)
         pipeline.wait()
-        for p in psutil.process_iter(["cmdline"]):  # never leak a server from a failed test
-            if any(str(tmp_path) in a for a in (p.info["cmdline"] or [])):
+        if pgid is not None:  # never leak a server from a failed test
+            for p in group_members(pgid):
                 p.kill()

@@ -21,6 +21,17 @@ def run_pipeline(workdir, env):
 
 def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
     workdir = run_pipeline(tmp_path, pipeline_env)
+    check_study(workdir)
+
+    # Nothing to do on a second run: every output is complete and up to date.
+    again = subprocess.run(
+        snakemake_argv(workdir, REPO / "tests" / "configs" / "e2e.yaml", "all", "-n"),
+        env=pipeline_env, capture_output=True, text=True, timeout=300,
+    )
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def check_study(workdir):
     db = workdir / "results" / "filledfirst.duckdb"
     con = duckdb.connect(str(db), read_only=True)
 
@@ -30,23 +41,32 @@ def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
     # Every scheduled request is there, answered with exactly the sizes asked for.
     for exp in runs:
         sched = workdir / "results" / "runs" / exp / "schedule.parquet"
-        n_sched = con.execute("SELECT count(*) FROM read_parquet(?)", [str(sched)]).fetchone()[0]
+        n_sched = con.execute("SELECT count(*) FROM read_parquet(?)", [str(sched)]).fetchall()[0][0]
         n, n_ok, exact = con.execute(
-            """SELECT count(*), count(*) FILTER (status = 'ok'),
+            """SELECT count(*), count(*) FILTER (r.status = 'ok'),
                       count(*) FILTER (prompt_tokens_received = prompt_tokens
                                        AND output_tokens_received = output_tokens)
-               FROM requests JOIN runs USING (run_id) WHERE experiment = ?""",
+               FROM requests r JOIN runs USING (run_id) WHERE experiment = ?""",
             [exp],
-        ).fetchone()
+        ).fetchall()[0]
         assert n == n_sched > 0
         assert n_ok == n, f"{exp}: {n - n_ok} failed requests"
         assert exact == n
-        # one token row per streamed token, on the run's clock, after the request was sent
+        # the chunks' token counts add up to what usage reported, for every request
+        mismatched = con.execute(
+            """SELECT count(*) FROM requests r JOIN runs USING (run_id)
+               LEFT JOIN (SELECT run_id, request_id, sum(n) AS n FROM tokens GROUP BY ALL) t
+               USING (run_id, request_id)
+               WHERE experiment = ? AND coalesce(t.n, 0) <> r.output_tokens_received""",
+            [exp],
+        ).fetchall()[0][0]
+        assert mismatched == 0
+        # every chunk on the run's clock, after its request was sent
         bad = con.execute(
             """SELECT count(*) FROM tokens t JOIN requests r USING (run_id, request_id)
                JOIN runs USING (run_id) WHERE experiment = ? AND t.t < r.t_sent""",
             [exp],
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         assert bad == 0
 
     summary = {r["experiment"]: r for r in signals.run_summary(con).to_dicts()}
@@ -70,10 +90,3 @@ def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
     for exp in runs:
         assert exp in html
     assert "max_num_seqs 8" in html
-
-    # Nothing to do on a second run: every output is complete and up to date.
-    again = subprocess.run(
-        snakemake_argv(workdir, REPO / "tests" / "configs" / "e2e.yaml", "all", "-n"),
-        env=pipeline_env, capture_output=True, text=True, timeout=300,
-    )
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -74,6 +74,11 @@ def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
 
 
 def publish_dir(tmp: Path, dest: Path) -> None:
+    """Swap `tmp` in as `dest`; an old `dest` is renamed aside first, never half-deleted."""
+    old = None
     if dest.exists():
-        shutil.rmtree(dest)
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
     os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

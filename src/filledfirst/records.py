@@ -6,6 +6,8 @@ Times are seconds on one monotonic clock whose zero is the start of the run.
 
 from __future__ import annotations
 
+import types
+import typing
 from dataclasses import dataclass, fields
 
 import pyarrow as pa
@@ -13,16 +15,6 @@ import pyarrow as pa
 # A request's fate. Failed ones stay in every table and every denominator; `not_sent`
 # marks requests a cut-short run never reached, so a partial run still shows its schedule.
 STATUSES = ("ok", "http_error", "timeout", "disconnected", "rejected", "not_sent")
-
-SCHEDULE_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.int64()),
-        ("t_offset_s", pa.float64()),
-        ("prompt_tokens", pa.int64()),
-        ("output_tokens", pa.int64()),
-        ("role", pa.string()),
-    ]
-)
 
 
 @dataclass(slots=True)
@@ -53,26 +45,6 @@ class RequestRecord:
     error: str | None = None
 
 
-REQUEST_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.int64()),
-        ("role", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("output_tokens", pa.int64()),
-        ("t_scheduled", pa.float64()),
-        ("t_sent", pa.float64()),
-        ("t_first_token", pa.float64()),
-        ("t_last_token", pa.float64()),
-        ("t_done", pa.float64()),
-        ("prompt_tokens_received", pa.int64()),
-        ("output_tokens_received", pa.int64()),
-        ("chunks", pa.int64()),
-        ("status", pa.string()),
-        ("http_status", pa.int64()),
-        ("error", pa.string()),
-    ]
-)
-
 
 @dataclass(slots=True)
 class TokenRecord:
@@ -83,10 +55,6 @@ class TokenRecord:
     t: float
     n: int
 
-
-TOKEN_SCHEMA = pa.schema(
-    [("request_id", pa.int64()), ("index", pa.int64()), ("t", pa.float64()), ("n", pa.int64())]
-)
 
 
 @dataclass(slots=True)
@@ -99,9 +67,24 @@ class SampleRecord:
     value: float
 
 
-SAMPLE_SCHEMA = pa.schema(
-    [("t", pa.float64()), ("metric", pa.string()), ("labels", pa.string()), ("value", pa.float64())]
-)
+
+_ARROW = {int: pa.int64(), float: pa.float64(), str: pa.string()}
+
+
+def arrow_schema(record_type: type) -> pa.Schema:
+    """The Arrow schema of a record dataclass: the one definition is the dataclass."""
+    out = []
+    for name, hint in typing.get_type_hints(record_type).items():
+        if isinstance(hint, types.UnionType):  # `int | None`: the column is nullable anyway
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        out.append((name, _ARROW[hint]))
+    return pa.schema(out)
+
+
+SCHEDULE_SCHEMA = arrow_schema(ScheduledRequest)
+REQUEST_SCHEMA = arrow_schema(RequestRecord)
+TOKEN_SCHEMA = arrow_schema(TokenRecord)
+SAMPLE_SCHEMA = arrow_schema(SampleRecord)
 
 
 def to_table(records: list, schema: pa.Schema) -> pa.Table:

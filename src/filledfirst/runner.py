@@ -16,7 +16,7 @@ from filledfirst import atomic, rundir
 from filledfirst.config import experiment_spec, fingerprint
 from filledfirst.engine.command import build_command
 from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
-from filledfirst.engine.server import ServerStartError, VllmServer, free_port
+from filledfirst.engine.server import ServerStartError, VllmServer, free_port, log_tail
 from filledfirst.loadgen.openloop import Replay
 from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
@@ -106,14 +106,17 @@ def run_experiment(cfg: dict, experiment: str, schedule_path: Path, out: Path, p
                 drain_timeout_s=loadgen.get("drain_timeout_s", 600),
                 scrape_interval_s=spec["scrape"].get("interval_s", 0.25),
                 progress=progress,
+                server_alive=lambda: server.proc is not None and server.proc.poll() is None,
             )
             log.info("replaying %d requests against %s", len(schedule), server.base_url)
             asyncio.run(replay.run())
-            install_interrupt_handlers()  # asyncio's loop removed ours
             meta["timings"]["replay_s"] = replay.t_end
             meta["timings"]["client_cpu_s"] = replay.client_cpu_s
-            if server.proc is None or server.proc.poll() is not None:
-                meta["status"], meta["error"] = "partial", "vLLM exited during the run"
+            if replay.server_died:
+                meta["status"] = "partial"
+                meta["error"] = "vLLM exited during the run. Last lines of server.log:\n" + log_tail(
+                    work / rundir.SERVER_LOG
+                )
             elif replay.interrupted:
                 meta["status"], meta["error"] = "partial", f"interrupted: {replay.interrupted}"
             else:
@@ -129,7 +132,7 @@ def run_experiment(cfg: dict, experiment: str, schedule_path: Path, out: Path, p
         meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
         _write_run_folder(work, out, meta, replay)
     log.info("run %s: %s -> %s", meta["run_id"], meta["status"], out)
-    if interrupt_reason() or (replay is not None and replay.interrupted):
+    if interrupt_reason():
         raise SystemExit(130)  # the pipeline must see an interrupted job as not done
     return meta["status"]
 

@@ -64,7 +64,12 @@ class Scraper:
             self.errors += 1
             self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error={type(exc).__name__}", 1.0))
             return
-        batch = parse_metrics(text, t)
+        try:
+            batch = parse_metrics(text, t)
+        except Exception as exc:  # a malformed exposition must not end the scraping
+            self.errors += 1
+            self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error=parse:{type(exc).__name__}", 1.0))
+            return
         self.samples.extend(batch)
         self.samples.append(SampleRecord(t, SCRAPE_SECONDS, "", time.perf_counter() - started))
         self.latest = latest_gauges(batch)

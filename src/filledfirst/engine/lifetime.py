@@ -25,6 +25,11 @@ import psutil
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# Loaded here, in the parent: dlopen after fork in a threaded process can deadlock.
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # not Linux: the guardian still covers it
+    _LIBC = None
 
 
 def server_preexec(nice: int):
@@ -48,14 +53,11 @@ def server_preexec(nice: int):
 
 def set_parent_death_signal() -> None:
     """Run in the child before exec: the kernel kills it when its parent dies."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except OSError:  # not Linux: the guardian still covers it
-        pass
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def stop_group(pgid: int, grace_s: float = 10.0) -> None:
+def stop_group(pgid: int, grace_s: float = 5.0) -> None:
     """SIGTERM the group, wait, then SIGKILL whatever is left."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
@@ -104,10 +106,29 @@ def interrupt_reason() -> str | None:
     return _interrupt_reason
 
 
+_watchdog_reason: str | None = None
+
+
+def signal_reason(signum: int) -> str:
+    """Why a stop signal came: the watchdog's finding when it sent it, else the signal."""
+    return _watchdog_reason or f"received {signal.Signals(signum).name}"
+
+
+def note_interrupt(reason: str) -> None:
+    """Record that the run is stopping; later signals then no longer interrupt cleanup."""
+    global _interrupt_reason
+    _interrupt_reason = _interrupt_reason or reason
+
+
 def install_interrupt_handlers() -> None:
     def handler(signum, _frame):
-        global _interrupt_reason
-        _interrupt_reason = _interrupt_reason or f"received {signal.Signals(signum).name}"
+        name = signal.Signals(signum).name
+        if _interrupt_reason is not None:
+            # Already stopping: a second Ctrl-C must not cut the cleanup short (the server
+            # stop and the run folder). The guardian covers a SIGKILL.
+            log.warning("received %s while stopping (%s); still cleaning up", name, _interrupt_reason)
+            return
+        note_interrupt(signal_reason(signum))
         raise Interrupted(_interrupt_reason)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -125,22 +146,36 @@ def watch_owners(interval_s: float = 1.0) -> threading.Thread:
     not stop a run that the pipeline still owns.
     """
     me = psutil.Process()
-    owners = [me.parent()]
+    parent_pid = os.getppid()
+    owners = {parent_pid: me.parent().name() if me.parent() else "parent"}
     pid = os.environ.get(WATCH_PID_ENV)
     if pid and pid.isdigit() and int(pid) in {p.pid for p in me.parents()}:
-        owners.append(psutil.Process(int(pid)))
-    owners = [p for p in owners if p is not None and p.pid > 1]
+        owners[int(pid)] = psutil.Process(int(pid)).name()
+    handles = {pid: psutil.Process(pid) for pid in owners if pid > 1}
+
+    def gone(pid: int) -> bool:
+        if pid == parent_pid and os.getppid() != parent_pid:
+            return True  # reparented: the parent died and was reaped
+        try:
+            # A killed owner whose own parent has not reaped it yet is a zombie: gone too.
+            return not handles[pid].is_running() or handles[pid].status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     def loop() -> None:
-        global _interrupt_reason
         while True:
             time.sleep(interval_s)
-            for p in owners:
-                if not p.is_running():  # also false if the pid was reused
-                    _interrupt_reason = f"process {p.pid} ({p.name()}) that owns this run exited"
-                    log.warning("%s: stopping", _interrupt_reason)
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    return
+            try:
+                dead = next((pid for pid in handles if gone(pid)), None)
+            except psutil.Error as exc:  # never let the watchdog die silently
+                log.warning("owner watchdog: %s", exc)
+                continue
+            if dead is not None:
+                global _watchdog_reason
+                _watchdog_reason = f"process {dead} ({owners[dead]}) that owns this run exited"
+                log.warning("%s: stopping", _watchdog_reason)
+                os.kill(os.getpid(), signal.SIGTERM)  # handled like any interruption
+                return
 
     thread = threading.Thread(target=loop, name="owner-watchdog", daemon=True)
     thread.start()

@@ -7,12 +7,14 @@ import logging
 import signal
 import time
 from collections import Counter
+from typing import Callable
 
 import aiohttp
 
+from filledfirst.engine.lifetime import note_interrupt, signal_reason
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body
-from filledfirst.loadgen.stream import send_streamed
+from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
 from filledfirst.records import RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
 
@@ -37,6 +39,7 @@ class Replay:
         drain_timeout_s: float,
         scrape_interval_s: float,
         progress: bool = True,
+        server_alive: Callable[[], bool] | None = None,
     ):
         self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
         self.url = base_url + "/v1/completions"
@@ -55,7 +58,9 @@ class Replay:
         self._t0 = 0.0
         self.scraper = Scraper(base_url + "/metrics", scrape_interval_s, self.clock)
         self.progress = progress
+        self.server_alive = server_alive
         self.interrupted: str | None = None
+        self.server_died = False
         self.t_end: float | None = None
         self.client_cpu_s: float | None = None  # to tell a starved client from a slow server
 
@@ -82,9 +87,12 @@ class Replay:
         stop = asyncio.Event()
 
         def on_signal(sig: signal.Signals) -> None:
-            self.interrupted = self.interrupted or f"received {sig.name}"
+            reason = signal_reason(sig)
+            note_interrupt(reason)
+            self.interrupted = self.interrupted or reason
             stop.set()
 
+        previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
         for sig in _STOP_SIGNALS:
             loop.add_signal_handler(sig, on_signal, sig)
         try:
@@ -92,6 +100,7 @@ class Replay:
         finally:
             for sig in _STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
+                signal.signal(sig, previous[sig])  # asyncio would leave the default action
 
     async def _run(self, stop: asyncio.Event) -> None:
         # Open loop: no client-side cap on concurrency. A fresh connection per request:
@@ -105,16 +114,33 @@ class Replay:
             background = [asyncio.create_task(self.scraper.run(session, scrape_stop))]
             if self.progress:
                 background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
+            if self.server_alive is not None:
+                background.append(asyncio.create_task(self._watch_server(stop, scrape_stop)))
             tasks = await self._dispatch(session, stop)
             await self._drain(tasks, stop)
             still = [t for t in tasks if not t.done()]
             for t in still:
-                t.cancel(self.interrupted or "drain timeout")
+                t.cancel(self.interrupted or DRAIN_TIMEOUT)
             await asyncio.gather(*still, return_exceptions=True)
             self.t_end = self.clock()
             self.client_cpu_s = time.process_time() - cpu0
             scrape_stop.set()
-            await asyncio.gather(*background, return_exceptions=True)
+            for result in await asyncio.gather(*background, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.error("a background task of the replay failed: %r", result)
+
+    async def _watch_server(self, stop: asyncio.Event, done: asyncio.Event) -> None:
+        """A dead server ends the run at once instead of after the whole schedule."""
+        while not done.is_set():
+            if not self.server_alive():
+                self.server_died = True
+                self.interrupted = self.interrupted or "vLLM exited during the run"
+                stop.set()
+                return
+            try:
+                await asyncio.wait_for(done.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
 
     async def _drain(self, tasks: list[asyncio.Task], stop: asyncio.Event) -> None:
         """Wait for in-flight requests until all end, a stop signal, or the drain timeout."""

@@ -20,6 +20,8 @@ def completion_body(req: ScheduledRequest, *, model: str, low: int, high: int, s
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # Usage on every chunk: vLLM merges several tokens into one chunk when the client
+        # lags, and the running completion count says how many each chunk carried.
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     return json.dumps(body, separators=(",", ":")).encode()

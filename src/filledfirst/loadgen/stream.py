@@ -11,6 +11,7 @@ import aiohttp
 from filledfirst.records import RequestRecord, TokenRecord
 
 _REJECT_STATUSES = {429, 503}
+DRAIN_TIMEOUT = "drain timeout"  # the cancel message of requests still open when the drain ends
 _ERROR_TEXT_MAX = 500
 
 
@@ -52,13 +53,16 @@ async def send_streamed(
                 if "error" in event:
                     rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
                     return
+                usage = event.get("usage")
                 if event.get("choices"):
                     if rec.t_first_token is None:
                         rec.t_first_token = t
                     rec.t_last_token = t
-                    tokens.append(TokenRecord(rec.request_id, rec.chunks, t, 1))
+                    # Without per-chunk usage (other servers) a chunk counts as one token.
+                    so_far = usage.get("completion_tokens") if usage else None
+                    n = so_far - (rec.output_tokens_received or 0) if so_far is not None else 1
+                    tokens.append(TokenRecord(rec.request_id, rec.chunks, t, n))
                     rec.chunks += 1
-                usage = event.get("usage")
                 if usage:
                     rec.prompt_tokens_received = usage.get("prompt_tokens")
                     rec.output_tokens_received = usage.get("completion_tokens")
@@ -70,7 +74,7 @@ async def send_streamed(
         rec.status, rec.error = "disconnected", f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
     except asyncio.CancelledError as exc:
         why = exc.args[0] if exc.args else "run interrupted"
-        rec.status = "timeout" if why == "drain timeout" else "disconnected"
+        rec.status = "timeout" if why == DRAIN_TIMEOUT else "disconnected"
         rec.error = f"{why} while the request was in flight"
         raise
     finally:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import duckdb
 
 from filledfirst import rundir
+from filledfirst.atomic import atomic_path
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
 
 _ARROW_TO_SQL = {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}
@@ -42,21 +44,22 @@ _TABLES = {"requests": rundir.REQUESTS, "tokens": rundir.TOKENS, "samples": rund
 
 
 def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
-    """Ingest each folder in one transaction; returns the run ids written."""
+    """Ingest the folders into a copy of the database and swap it in: readers and an
+    interrupted ingest never see a half-written file. Returns the run ids written."""
     metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
-    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db_path))
-    try:
-        con.execute(DDL)
-        con.execute("BEGIN")
-        for run_dir, meta in metas:
-            _ingest_one(con, run_dir, meta)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    finally:
-        con.close()
+    db_path = Path(db_path)
+    with atomic_path(db_path, ".duckdb") as tmp:
+        tmp.unlink()  # DuckDB wants a database file or none, not an empty one
+        if db_path.exists():
+            shutil.copyfile(db_path, tmp)
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute(DDL)
+            for run_dir, meta in metas:
+                _ingest_one(con, run_dir, meta)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
     return [m["run_id"] for _, m in metas]
 
 

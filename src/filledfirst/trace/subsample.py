@@ -223,58 +223,23 @@ def _subsample(
     return schedule, info
 
 
-def subsample(
-    source: str | Path | pl.DataFrame,
-    *,
-    start_offset_s: float = 0.0,
-    minutes: float,
-    keep_every: int = 1,
-    phase: int = 0,
-    time_scale: float = 1.0,
-    max_model_len: int | None = None,
-    role: str = "trace",
-) -> pl.DataFrame:
+def subsample(source: str | Path | pl.DataFrame, **spec) -> pl.DataFrame:
     """The schedule (SCHEDULE_SCHEMA columns) for a CSV path or an already-read frame.
 
+    `spec` takes _subsample's keywords (start_offset_s, minutes, keep_every, phase,
+    time_scale, max_model_len, role).
     Window: [first + start_offset_s, first + start_offset_s + minutes*60), by timestamp.
     Kept: the window's rows phase, phase+K, ... in time order. t_offset_s is measured
     from the window's start (not from the first kept row) and multiplied by time_scale.
     """
-    return _subsample(
-        source,
-        start_offset_s=start_offset_s,
-        minutes=minutes,
-        keep_every=keep_every,
-        phase=phase,
-        time_scale=time_scale,
-        max_model_len=max_model_len,
-        role=role,
-    )[0]
+    return _subsample(source, **spec)[0]
 
 
-def subsample_to_parquet(
-    csv: Path,
-    out: Path,
-    *,
-    start_offset_s: float,
-    minutes: float,
-    keep_every: int,
-    phase: int,
-    time_scale: float,
-    max_model_len: int | None,
-    role: str,
-) -> dict:
-    """Write the schedule to `out` and its stats to `<out>.stats.json`; return the stats."""
-    schedule, info = _subsample(
-        csv,
-        start_offset_s=start_offset_s,
-        minutes=minutes,
-        keep_every=keep_every,
-        phase=phase,
-        time_scale=time_scale,
-        max_model_len=max_model_len,
-        role=role,
-    )
+def subsample_to_parquet(csv: Path, out: Path, **spec) -> dict:
+    """Write the schedule to `out` and its stats to `<out>.stats.json`; return the stats.
+
+    `spec`: as for `subsample`."""
+    schedule, info = _subsample(csv, **spec)
     duration_s = info.pop("duration_s")
     stats = write_schedule(schedule, out, info, duration_s=duration_s)
     log.info(

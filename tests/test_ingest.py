@@ -1,0 +1,62 @@
+"""DuckDB ingestion of real run folders: idempotent, and a half-written folder is refused."""
+
+import duckdb
+import pytest
+
+from filledfirst import atomic, rundir
+from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, TokenRecord, to_table
+from filledfirst.store.ingest import ingest
+
+
+def make_run(path, run_id, status="ok"):
+    path.mkdir()
+    reqs = [RequestRecord(i, "decode", 10, 4, 0.1 * i, 0.1 * i, 0.1 * i + 0.05, 0.1 * i + 0.08, 0.1 * i + 0.09, 10, 4, 3)
+            for i in range(5)]
+    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / rundir.REQUESTS)
+    atomic.write_parquet(to_table([TokenRecord(0, 0, 0.05, 1)], TOKEN_SCHEMA), path / rundir.TOKENS)
+    atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / rundir.SAMPLES)
+    atomic.write_json({"run_id": run_id, "experiment": run_id.split("-")[0], "status": status}, path / rundir.RUN_JSON)
+    return path
+
+
+def counts(db):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in ("runs", "requests", "tokens")}
+    finally:
+        con.close()
+
+
+def test_ingesting_twice_leaves_one_copy(tmp_path):
+    a, b = make_run(tmp_path / "a", "ref-1"), make_run(tmp_path / "b", "lim-1")
+    db = tmp_path / "f.duckdb"
+    ingest([a, b], db)
+    ingest([a], db)
+    ingest([a, b], db)
+    assert counts(db) == {"runs": 2, "requests": 10, "tokens": 2}
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_half_written_folder_is_refused_before_anything_is_written(tmp_path):
+    good = make_run(tmp_path / "good", "ref-1")
+    half = make_run(tmp_path / "half", "lim-1")
+    (half / rundir.RUN_JSON).unlink()  # run.json is written last: without it the folder is unfinished
+    db = tmp_path / "f.duckdb"
+    with pytest.raises(rundir.IncompleteRunDir, match="did not finish"):
+        ingest([good, half], db)
+    assert not db.exists()
+
+    (good / rundir.TOKENS).unlink()
+    with pytest.raises(rundir.IncompleteRunDir, match="tokens.parquet missing"):
+        ingest([good], db)
+
+
+def test_failed_run_without_measurements_is_ingested(tmp_path):
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    atomic.write_json({"run_id": "bad-1", "experiment": "bad", "status": "failed", "error": "vLLM exited"},
+                      failed / rundir.RUN_JSON)
+    db = tmp_path / "f.duckdb"
+    ingest([failed], db)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT status, error FROM runs").fetchall() == [("failed", "vLLM exited")]
