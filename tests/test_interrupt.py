@@ -77,3 +77,51 @@ def test_no_vllm_survives_the_pipeline(tmp_path, how):
         if pgid is not None:  # never leak a server from a failed test
             for p in group_members(pgid):
                 p.kill()
+
+
+def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
+    """vLLM dies mid-replay: in-flight requests become failed rows, the rest `not_sent`,
+    the folder is complete and marked partial, and the run ends at once."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from filledfirst.model.tiny import build_tiny_model
+    from filledfirst.workloads.synthetic import write_synthetic_schedule
+    from filledfirst.config import load_config
+
+    cfg_path = REPO / "tests" / "configs" / "long.yaml"
+    build_tiny_model(tmp_path / "data" / "models" / "tiny-qwen2")
+    cfg = load_config([cfg_path])
+    write_synthetic_schedule(cfg["workloads"]["endless"], tmp_path / "s.parquet")
+    out = tmp_path / "results" / "runs" / "long_run"
+    (tmp_path / "results" / "logs").mkdir(parents=True)
+    log = open(tmp_path / "results" / "logs" / "run-long_run.log", "w")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "filledfirst", "run", "--config", str(cfg_path), "--experiment", "long_run",
+         "--schedule", str(tmp_path / "s.parquet"), "--out", str(out), "--no-progress"],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+    )
+    pgid = None
+    try:
+        server = find_server(tmp_path)
+        pgid = os.getpgid(server.pid)
+        time.sleep(3)  # some requests done, some in flight
+        os.killpg(pgid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        assert run.wait(timeout=60) == 0
+        assert time.monotonic() - t_kill < 15, "the run must end soon after the server died"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if pgid is not None:
+            for p in group_members(pgid):
+                p.kill()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "partial" and "vLLM exited during the run" in meta["error"]
+    reqs = pq.read_table(out / "requests.parquet").to_pylist()
+    statuses = {r["status"] for r in reqs}
+    assert len(reqs) == 3000  # every scheduled request has a row
+    assert "ok" in statuses and "not_sent" in statuses
+    assert statuses <= {"ok", "disconnected", "not_sent"}, statuses
+    assert pq.read_table(out / "samples.parquet").num_rows > 0

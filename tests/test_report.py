@@ -181,6 +181,8 @@ def test_run_summary_by_hand(con):
     assert a["kv_max_pct"] == pytest.approx(30.0)
     assert a["preemptions"] == 4  # (5 - 2) + (1 - 0); _created ignored
     assert (a["max_num_seqs"], a["status"]) == (8, "ok")
+    # every request was sent 1 ms after its scheduled time, the failed one included
+    assert a["lag_p50_ms"] == pytest.approx(1.0) and a["lag_p99_ms"] == pytest.approx(1.0)
 
     legacy = rows[RUN_LEGACY]
     assert legacy["kv_max_pct"] == pytest.approx(4.0)
@@ -353,3 +355,16 @@ def test_charts_draw_offline(report, chromium, tmp_path):
         png = Path(os.environ["FILLEDFIRST_SCREENSHOT"])
         screenshot(report, png, tmp_path / "profile-shot")
         shutil.copy(report, png.with_suffix(".html"))
+
+
+def test_schedule_sentence_in_the_seeds_words():
+    from filledfirst.report.tables import schedule_sentence
+
+    stats = {"requests": 114, "duration_s": 120.0, "keep_every": 10, "time_scale": 0.5, "clipped": 2,
+             "skipped": 0, "prompt_tokens": {"p50": 1029, "p90": 3612, "max": 9000},
+             "output_tokens": {"p50": 209, "p90": 429, "max": 652}}
+    text = schedule_sentence(stats)
+    assert "median prompt about 1,000 tokens, p90 around 3,600, median output about 209" in text
+    assert "Every 10th request" in text and "gaps scaled by 0.5" in text and "2 clipped" in text
+    assert "skipped" not in text
+    assert schedule_sentence(None) == "" and schedule_sentence({"requests": 0}) == ""

@@ -23,7 +23,7 @@ USAGE = sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3
 DONE = b"data: [DONE]\n\n"
 
 
-async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0):
+async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first_delay=0.0, first_token_timeout=None):
     """Serve `pieces` (written one by one, so events split across reads) and record the request."""
 
     async def handler(request):
@@ -31,6 +31,7 @@ async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0):
             return web.Response(status=status, text="overloaded")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        await asyncio.sleep(first_delay)
         for p in pieces:
             await resp.write(p)
             await asyncio.sleep(delay)
@@ -52,6 +53,7 @@ async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0):
             await send_streamed(
                 session, f"http://127.0.0.1:{port}/v1/completions", b"{}", rec, tokens,
                 lambda: loop.time() - t0, aiohttp.ClientTimeout(total=total_timeout),
+                first_token_timeout,
             )
     finally:
         await runner.cleanup()
@@ -98,6 +100,15 @@ def test_slow_stream_times_out():
     assert 0 < len(tokens) < 20  # what arrived before the timeout is kept
 
 
+def test_first_token_timeout():
+    rec, tokens = asyncio.run(run_against([token(), USAGE, DONE], first_delay=1.0, first_token_timeout=0.3))
+    assert rec.status == "timeout" and "first token within 0.3 s" in rec.error and not tokens
+    # once the first token is in, only the total timeout applies
+    rec, tokens = asyncio.run(run_against([token()] * 5 + [USAGE, DONE], delay=0.1, first_token_timeout=0.3))
+    assert rec.status == "ok", rec.error
+    assert len(tokens) == 5
+
+
 def test_unreachable_server_is_a_disconnect():
     async def go():
         rec = RequestRecord(0, "probe", 5, 3, 0.0)
@@ -107,3 +118,51 @@ def test_unreachable_server_is_a_disconnect():
 
     rec = asyncio.run(go())
     assert rec.status == "disconnected" and "Connect" in rec.error
+
+
+def test_closed_loop_workers_against_a_test_double():
+    """N workers: never more than N in flight, every request sent once, in order per worker."""
+    from filledfirst.loadgen.replay import Replay
+    from filledfirst.records import ScheduledRequest
+
+    async def go():
+        async def handler(request):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for _ in range(3):
+                await asyncio.sleep(0.01)
+                await resp.write(token())
+            await resp.write(USAGE + DONE)
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        async def metrics(request):
+            return web.Response(text="# no metrics\n")
+
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        sched = [ScheduledRequest(i, 999.0, 5, 3, "x") for i in range(15)]  # arrival times ignored
+        replay = Replay(sched, base_url=f"http://127.0.0.1:{port}", model="m", token_low=10, token_high=20,
+                        seed=0, request_timeout_s=5, drain_timeout_s=5, scrape_interval_s=0.5,
+                        progress=False, mode="closed", concurrency=3)
+        try:
+            await replay.run()
+        finally:
+            await runner.cleanup()
+        return replay
+
+    replay = asyncio.run(go())
+    reqs = replay.requests
+    assert [r.status for r in reqs] == ["ok"] * 15
+    events = sorted([(r.t_sent, 1) for r in reqs] + [(r.t_done, -1) for r in reqs])
+    level, peak = 0, 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    assert peak == 3
+    assert replay.t_end < 5  # it did not wait for the schedule's t=999 s

@@ -37,15 +37,25 @@ def _add_trace(sub) -> None:
 
     s = tsub.add_parser("subsample", help="a time window, then every K-th request")
     s.add_argument("csv", type=Path)
-    s.add_argument("--start-offset", type=float, default=0.0, help="seconds after the first row")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--start-offset", type=float, default=0.0, help="seconds after the first row")
+    where.add_argument("--start", default=None, metavar="TIMESTAMP",
+                       help="window start as a timestamp, e.g. '2024-05-12 13:00:00+00:00'")
     s.add_argument("--minutes", type=float, required=True)
     s.add_argument("--keep-every", type=int, default=1)
     s.add_argument("--phase", type=int, default=0, help="keep rows phase, phase+K, ...")
     s.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival gaps (0.5 = twice as fast)")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
     s.add_argument("--role", default="trace")
+    s.add_argument("--skip-bad", action="store_true",
+                   help="drop bad rows (unreadable, non-positive sizes, out of order) and count them")
     s.add_argument("--out", required=True, type=Path)
     s.set_defaults(func=_cmd_trace_subsample)
+
+    st = tsub.add_parser("stats", help="whole-trace figures, streamed (low memory)")
+    st.add_argument("csv", type=Path)
+    st.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
+    st.set_defaults(func=_cmd_trace_stats)
 
 
 def _cmd_trace_fetch(args) -> int:
@@ -64,13 +74,23 @@ def _cmd_trace_subsample(args) -> int:
         args.csv,
         args.out,
         start_offset_s=args.start_offset,
+        start=args.start,
         minutes=args.minutes,
         keep_every=args.keep_every,
         phase=args.phase,
         time_scale=args.time_scale,
         max_model_len=args.max_model_len,
         role=args.role,
+        skip_bad=args.skip_bad,
     )
+    return 0
+
+
+def _cmd_trace_stats(args) -> int:
+    from filledfirst.trace.stats import summary_text, trace_stats
+
+    stats = trace_stats(args.csv, args.out)
+    print(summary_text(stats))
     return 0
 
 
@@ -114,6 +134,45 @@ def _cmd_run(args) -> int:
     return 0 if status != "failed" else 1
 
 
+def _add_replay(sub) -> None:
+    p = sub.add_parser("replay", help="replay a schedule against a server already running (bring your own endpoint)")
+    p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000 (its /metrics is scraped)")
+    p.add_argument("--schedule", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--token-ids", nargs=2, type=int, metavar=("LOW", "HIGH"), required=True,
+                   help="prompt token ids are drawn from [LOW, HIGH), clear of special tokens")
+    p.add_argument("--name", default="replay", help="the run's name in the database and the report")
+    p.add_argument("--api-key-env", help="name of the environment variable holding the API key")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds for a whole request")
+    p.add_argument("--connect-timeout", type=float, default=None)
+    p.add_argument("--first-token-timeout", type=float, default=None)
+    p.add_argument("--drain-timeout", type=float, default=600.0)
+    p.add_argument("--scrape-interval", type=float, default=0.25)
+    p.add_argument("--closed", type=int, metavar="N", default=None,
+                   help="closed loop with N workers instead of the schedule's arrival times")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_replay)
+
+
+def _cmd_replay(args) -> int:
+    from filledfirst.runner import ReplaySettings, replay_endpoint
+
+    settings = ReplaySettings(
+        model=args.model, token_low=args.token_ids[0], token_high=args.token_ids[1], seed=args.seed,
+        request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
+        scrape_interval_s=args.scrape_interval,
+        mode="closed" if args.closed else "open", concurrency=args.closed,
+        connect_timeout_s=args.connect_timeout, first_token_timeout_s=args.first_token_timeout,
+    )
+    status = replay_endpoint(
+        args.url, args.schedule, args.out, settings,
+        name=args.name, api_key_env=args.api_key_env, progress=not args.no_progress,
+    )
+    return 0 if status != "failed" else 1
+
+
 def _add_ingest(sub) -> None:
     p = sub.add_parser("ingest", help="load run folders into the DuckDB file (idempotent)")
     p.add_argument("run_dirs", nargs="+", type=Path)
@@ -149,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="filledfirst", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_ingest, _add_report):
+    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_replay, _add_ingest, _add_report):
         add(sub)
     return parser
 

@@ -56,6 +56,10 @@ def validate_config(cfg: dict) -> None:
     for name, exp in cfg["experiments"].items():
         if exp["workload"] not in cfg["workloads"]:
             problems.append(f"experiments.{name}.workload: {exp['workload']!r} is not in workloads ({sorted(cfg['workloads'])})")
+    for name, exp in cfg["experiments"].items():
+        lg = deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {}))
+        if lg.get("mode") == "closed" and not lg.get("concurrency"):
+            problems.append(f"experiments.{name}.loadgen: mode closed needs concurrency")
     ids = cfg["model"]["prompt_token_ids"]
     if ids["low"] >= ids["high"]:
         problems.append("model.prompt_token_ids: low must be below high")
@@ -82,7 +86,7 @@ def experiment_spec(cfg: dict, experiment: str) -> dict:
         "server": server_settings(cfg, experiment),
         "model": cfg["model"],
         "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
-        "loadgen": cfg.get("loadgen", {}),
+        "loadgen": deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {})),
         "scrape": cfg.get("scrape", {}),
     }
 

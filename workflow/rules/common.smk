@@ -66,11 +66,18 @@ def trace_csv_of(wildcards):
 
 def subsample_args(wildcards):
     w = config["workloads"][wildcards.workload]
+    # `start` (a timestamp) or `start_offset_s` (seconds after the first row); the schema
+    # allows only one.
+    if "start" in w:
+        where = f"--start {shlex.quote(str(w['start']))}"
+    else:
+        where = f"--start-offset {float(w.get('start_offset_s', 0))}"
     return (
-        f"--start-offset {float(w.get('start_offset_s', 0))} --minutes {float(w['minutes'])} "
+        f"{where} --minutes {float(w['minutes'])} "
         f"--keep-every {int(w.get('keep_every', 1))} --phase {int(w.get('phase', 0))} "
         f"--time-scale {float(w.get('time_scale', 1))} "
         f"--max-model-len {int(config['model']['max_model_len'])}"
+        + (" --skip-bad" if w.get("skip_bad") else "")
     )
 
 

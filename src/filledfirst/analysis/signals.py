@@ -44,7 +44,10 @@ def _in_list(names: tuple[str, ...]) -> str:
 # Per-request TTFT in ms, NULL unless the request succeeded and produced a first token.
 _REQUEST_TTFT = f"""
 SELECT run_id, request_id, role, status, error, t_scheduled,
-       CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms
+       CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
+       -- dispatch lag: how late the client sent; large values mean the client, not the
+       -- server, was the limit (open loop; ~0 by construction in a closed loop)
+       (t_sent - t_scheduled) * 1000 AS lag_ms
 FROM requests
 """
 
@@ -108,7 +111,9 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                count(*) FILTER (WHERE status = '{OK}') AS n_ok,
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
-               quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms
+               quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms,
+               quantile_cont(lag_ms, 0.5) AS lag_p50_ms,
+               quantile_cont(lag_ms, 0.99) AS lag_p99_ms
         FROM ({_REQUEST_TTFT}) GROUP BY run_id
     ),
     itl AS (
@@ -135,6 +140,7 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            g.running_median, g.running_max, g.waiting_median, g.waiting_max,
            g.kv_median_pct, g.kv_max_pct,
            p.preemptions,
+           req.lag_p50_ms, req.lag_p99_ms,
            r.max_num_seqs, r.duration_s
     FROM runs r
     LEFT JOIN req USING (run_id)

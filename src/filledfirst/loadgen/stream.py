@@ -7,12 +7,35 @@ import json
 from typing import Callable
 
 import aiohttp
+import msgspec
 
 from filledfirst.records import RequestRecord, TokenRecord
+
+_decode = msgspec.json.Decoder().decode  # several times faster than json.loads per chunk
 
 _REJECT_STATUSES = {429, 503}
 DRAIN_TIMEOUT = "drain timeout"  # the cancel message of requests still open when the drain ends
 _ERROR_TEXT_MAX = 500
+
+
+class SSEData:
+    """Server-sent events to their `data:` payloads, whatever the byte boundaries.
+
+    Comments (`: keep-alive`), blank separators and other fields are skipped.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # an unfinished line waits for the next read
+        out = []
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                out.append(line[5:].strip())
+        return out
 
 
 async def send_streamed(
@@ -23,53 +46,71 @@ async def send_streamed(
     tokens: list[TokenRecord],
     clock: Callable[[], float],
     timeout: aiohttp.ClientTimeout,
+    first_token_timeout_s: float | None = None,
 ) -> None:
+    """`timeout.total` bounds the whole request, `timeout.sock_connect` the connection, and
+    `first_token_timeout_s` the wait for the first streamed token (queueing included)."""
     rec.t_sent = clock()
     done = False
+    # Lifted at the first token; the total timeout still bounds the rest.
+    first_token = asyncio.timeout(first_token_timeout_s)
     try:
-        async with session.post(
-            url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
+        async with first_token, session.post(
+            url, data=body, timeout=timeout,
+            # The id lets a server's own logs (vLLM uses it) be matched to our rows.
+            headers={"Content-Type": "application/json", "X-Request-Id": f"ff-{rec.request_id}"},
         ) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
                 rec.status = "rejected" if resp.status in _REJECT_STATUSES else "http_error"
                 rec.error = (await resp.text())[:_ERROR_TEXT_MAX]
                 return
-            # aiohttp's StreamReader yields whole lines however the bytes were split.
-            async for raw in resp.content:
+            # Whatever arrived in one read shares one timestamp; events split across reads
+            # are joined by the parser. Fewer awaits than line-by-line reading.
+            parser = SSEData()
+            async for raw in resp.content.iter_any():
                 t = clock()
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue  # SSE comments/keep-alives and blank separators
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
+                for data in parser.feed(raw):
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        event = _decode(data)
+                    except (ValueError, msgspec.DecodeError):
+                        rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
+                        return
+                    if not isinstance(event, dict):
+                        rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
+                        return
+                    if "error" in event:
+                        rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
+                        return
+                    usage = event.get("usage")
+                    if event.get("choices"):
+                        if rec.t_first_token is None:
+                            rec.t_first_token = t
+                            first_token.reschedule(None)
+                        rec.t_last_token = t
+                        # Without per-chunk usage (other servers) a chunk counts as one token.
+                        so_far = usage.get("completion_tokens") if usage else None
+                        n = so_far - (rec.output_tokens_received or 0) if so_far is not None else 1
+                        tokens.append(TokenRecord(rec.request_id, rec.chunks, t, n))
+                        rec.chunks += 1
+                    if usage:
+                        rec.prompt_tokens_received = usage.get("prompt_tokens")
+                        rec.output_tokens_received = usage.get("completion_tokens")
+                if done:
                     break
-                try:
-                    event = json.loads(data)
-                except ValueError:
-                    rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
-                    return
-                if "error" in event:
-                    rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
-                    return
-                usage = event.get("usage")
-                if event.get("choices"):
-                    if rec.t_first_token is None:
-                        rec.t_first_token = t
-                    rec.t_last_token = t
-                    # Without per-chunk usage (other servers) a chunk counts as one token.
-                    so_far = usage.get("completion_tokens") if usage else None
-                    n = so_far - (rec.output_tokens_received or 0) if so_far is not None else 1
-                    tokens.append(TokenRecord(rec.request_id, rec.chunks, t, n))
-                    rec.chunks += 1
-                if usage:
-                    rec.prompt_tokens_received = usage.get("prompt_tokens")
-                    rec.output_tokens_received = usage.get("completion_tokens")
             if not done:
                 rec.status, rec.error = "disconnected", "stream ended without [DONE]"
+    except aiohttp.ConnectionTimeoutError:
+        rec.status, rec.error = "timeout", f"could not connect within {timeout.sock_connect} s"
     except asyncio.TimeoutError:
-        rec.status, rec.error = "timeout", f"no complete answer within {timeout.total} s"
+        rec.status = "timeout"
+        if first_token.expired() and rec.t_first_token is None:
+            rec.error = f"no first token within {first_token_timeout_s} s"
+        else:
+            rec.error = f"no complete answer within {timeout.total} s"
     except aiohttp.ClientError as exc:
         rec.status, rec.error = "disconnected", f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
     except asyncio.CancelledError as exc:

@@ -63,6 +63,8 @@ def fmt_value(v: object) -> str:
         return "yes" if v else "no"
     if isinstance(v, list):
         return " ".join(shlex.quote(str(x)) for x in v)
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.1f}"  # timings, not 17 digits
     return str(v)
 
 
@@ -170,6 +172,7 @@ SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
      lambda r: f"{fmt_count(r['waiting_median'])} / {fmt_count(r['waiting_max'])}"),
     ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
     ("preemptions", lambda r: fmt_count(r["preemptions"])),
+    ("dispatch lag (p50 / p99)", lambda r: f"{fmt_ms(r['lag_p50_ms'])} / {fmt_ms(r['lag_p99_ms'])}"),
 ]
 
 
@@ -200,6 +203,35 @@ def runs_table(rows: Sequence[Mapping[str, Any]]) -> str:
         for r in rows
     )
     return html_table(["run", "experiment", "status", "requests", "failed", "duration", "error"], body)
+
+
+def _about(x: float) -> str:
+    """The seed's way of quoting a size: two significant digits ('about 880', '3,600')."""
+    if not x:
+        return "0"
+    digits = 2 if x >= 1000 else 3
+    return f"{float(f'{x:.{digits}g}'):,.0f}"
+
+
+def schedule_sentence(stats: Mapping[str, Any] | None) -> str:
+    """The workload in the seed's words, from the schedule's stats file."""
+    if not stats or not stats.get("requests"):
+        return ""
+    p, o = stats.get("prompt_tokens", {}), stats.get("output_tokens", {})
+    text = (
+        f"The workload: {stats['requests']:,} requests over {fmt_s(stats.get('duration_s'))}; "
+        f"median prompt about {_about(p.get('p50', 0))} tokens, p90 around {_about(p.get('p90', 0))}, "
+        f"median output about {_about(o.get('p50', 0))}."
+    )
+    if stats.get("keep_every"):
+        text += f" Every {stats['keep_every']}th request of the trace window"
+        if stats.get("time_scale", 1) != 1:
+            text += f", gaps scaled by {stats['time_scale']:g}"
+        text += "."
+    dropped = [f"{stats[k]:,} {k.replace('_', ' ')}" for k in ("clipped", "skipped") if stats.get(k)]
+    if dropped:
+        text += " Changed or dropped: " + ", ".join(dropped) + "."
+    return esc(text)
 
 
 def run_sentence(row: Mapping[str, Any]) -> str:

@@ -1,4 +1,8 @@
-"""Get a trace file: from a local mirror folder when there is one, else from its URL."""
+"""Get a trace file: from a local mirror folder when there is one, else from its URL.
+
+Downloads are streamed (a one-week trace is over a GB) with a progress bar on stderr,
+resumable (an interrupted run leaves `<out>.part`; the next one asks for the rest with
+an HTTP Range request) and checked (size, sha256) before the file gets its real name."""
 
 from __future__ import annotations
 
@@ -10,6 +14,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import BinaryIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from filledfirst.atomic import atomic_path
 from filledfirst.errors import UserError
@@ -49,17 +63,58 @@ def find_in_mirror(file: str) -> Path | None:
 
 
 def _download(entry: dict, out: Path) -> None:
+    """Stream `url` into `<out>.part`, resuming a `.part` left by an interrupted run with
+    an HTTP Range request; verify size and sha256, and only then rename it onto `out`."""
     url = entry["url"]
-    log.info("downloading %s to %s", url, out)
+    part = out.with_name(out.name + ".part")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if entry.get("size") is not None and have > entry["size"]:
+        log.warning("%s is longer than %s should be; starting again", part, entry["file"])
+        have = 0
+    digest = hashlib.sha256()
+    if have:
+        with part.open("rb") as fh:  # the kept bytes count in the checksum too
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+    log.info("downloading %s to %s%s", url, out, f" (resuming at byte {have:,})" if have else "")
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
-        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp:
-            _copy_checked(resp, out, entry, origin=url, total=_content_length(resp))
+        try:
+            resp = urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 416 or not have:  # 416: nothing after `have`, the .part is whole
+                raise
+            resp = None
+        if resp is not None:
+            with resp:
+                if have and getattr(resp, "status", None) != 206:
+                    log.warning("%s ignored the Range request; downloading all of it again", url)
+                    have, digest = 0, hashlib.sha256()
+                total = _content_length(resp)
+                with part.open("r+b" if have else "wb") as dst:
+                    dst.seek(have)
+                    dst.truncate()
+                    copied = _stream(resp, dst, digest, entry["file"], have, None if total is None else have + total)
+                if total is not None and copied < total:
+                    # urllib's read(n) ends quietly on a dropped connection; the length tells.
+                    raise ConnectionError(f"connection closed after {have + copied:,} of {have + total:,} bytes")
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        kept = part.stat().st_size if part.exists() else 0
+        resume = f" {kept:,} bytes are kept in {part}; run again to resume." if kept else ""
         raise UserError(
-            f"could not download trace {entry['file']} from {url}: {exc}. "
+            f"could not download trace {entry['file']} from {url}: {exc}.{resume} "
             f"On a machine without internet access, put {entry['file']} in a folder "
             f"(any depth) and set {MIRROR_ENV} to that folder."
         ) from None
+    size = part.stat().st_size
+    try:
+        _check(entry, url, size, digest.hexdigest())
+    except UserError:
+        part.unlink()  # wrong bytes: resuming from them could never give the right file
+        raise
+    os.replace(part, out)
+    log.info("%s: %d bytes, sha256 %s", out, size, digest.hexdigest())
 
 
 def _content_length(resp) -> int | None:
@@ -67,22 +122,28 @@ def _content_length(resp) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def _copy_checked(
-    src: BinaryIO, out: Path, entry: dict, *, origin: str, total: int | None = None
-) -> None:
+def _stream(src: BinaryIO, dst: BinaryIO, digest, label: str, done: int, total: int | None) -> int:
+    """Copy and hash in chunks, with a progress bar on stderr; returns the bytes copied."""
+    copied = 0
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=total, completed=done)
+        while chunk := src.read(_CHUNK):
+            dst.write(chunk)
+            digest.update(chunk)
+            copied += len(chunk)
+            bar.advance(task, len(chunk))
+    return copied
+
+
+def _copy_checked(src: BinaryIO, out: Path, entry: dict, *, origin: str) -> None:
     """Stream into a temp file beside `out`, hashing on the way; rename only if it checks."""
     digest = hashlib.sha256()
-    copied = 0
-    next_report = 0.1
     with atomic_path(out, ".partial") as tmp:
         with tmp.open("wb") as dst:
-            while chunk := src.read(_CHUNK):
-                dst.write(chunk)
-                digest.update(chunk)
-                copied += len(chunk)
-                if total and copied / total >= next_report:
-                    log.info("%s: %.0f%% of %.1f MB", entry["file"], 100 * copied / total, total / 1e6)
-                    next_report += 0.1
+            copied = _stream(src, dst, digest, entry["file"], 0, entry.get("size"))
         _check(entry, origin, copied, digest.hexdigest())
     log.info("%s: %d bytes, sha256 %s", out, copied, digest.hexdigest())
 
@@ -97,4 +158,3 @@ def _check(entry: dict, origin: str, size: int, sha256: str) -> None:
         raise UserError(
             f"size mismatch for {entry['file']} from {origin}: expected {entry['size']} bytes, got {size}"
         )
-

@@ -1,120 +1,46 @@
 """Turn an Azure-format trace (TIMESTAMP,ContextTokens,GeneratedTokens) into a schedule:
 a time window, then every K-th request in it, with arrival gaps optionally rescaled.
 
-Timestamps are parsed as text into integer nanoseconds, so the 2023 files' seven
-fractional digits and the 2024 files' mixed `.ffffff+00:00` / `+00:00` forms are exact;
-nothing is rounded until the final seconds column.
+Timestamps are parsed as text into integer nanoseconds (timestamps.py), so the 2023
+files' seven fractional digits and the 2024 files' mixed `.ffffff+00:00` / `+00:00` forms
+are exact; nothing is rounded until the final seconds column.
+
+A file is not read whole: the window is found by bisecting byte offsets (window.py),
+so a ten-minute window of a one-week trace costs about what it costs in a one-hour one.
+When the file is not in order where the bisect looks, the whole file is read instead
+(with a warning), and that read names the bad rows (rows.py). `scan="full"` forces it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 import polars as pl
 
 from filledfirst.errors import UserError
 from filledfirst.schedule import as_schedule, write_schedule
+from filledfirst.trace.rows import COLUMNS, Rows, Source, check_rows, read_csv, read_rows, read_trace
+from filledfirst.trace.timestamps import NS_PER_S as _NS_PER_S
+from filledfirst.trace.timestamps import format_ns, parse_one
+from filledfirst.trace.window import NotBisectable, open_sorted
+
+__all__ = ["COLUMNS", "read_trace", "subsample", "subsample_to_parquet"]
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-_NS_PER_S = 1_000_000_000
-_SHOWN = 5  # bad rows named in one error message
 
-_TIMESTAMP = (
-    r"^(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
-    r"(?:\.(?P<frac>\d{1,9}))?"
-    r"(?:(?P<z>Z)|(?P<sign>[+-])(?P<oh>\d{2}):?(?P<om>\d{2}))?$"
-)
-
-
-class _Source:
-    """Where rows came from, so errors can point at a line of the file."""
-
-    def __init__(self, name: str, first_line: int, unit: str) -> None:
-        self.name, self.first_line, self.unit = name, first_line, unit
-
-    def fail(self, what: str, df: pl.DataFrame, bad: pl.Series, column: str) -> NoReturn:
-        rows = df.filter(bad).head(_SHOWN)
-        where = ", ".join(
-            f"{self.unit} {i + self.first_line} ({v!r})" for i, v in rows.select("_row", column).iter_rows()
-        )
-        raise UserError(f"{self.name}: {int(bad.sum())} row(s) with {what}, e.g. {where}")
-
-
-def read_trace(source: str | Path | pl.DataFrame) -> tuple[pl.DataFrame, _Source]:
-    """Rows as `_row, t_ns, prompt, output` (Int64), in file order, validated."""
-    if isinstance(source, pl.DataFrame):
-        raw, src = source, _Source("trace frame", 0, "row")
-    else:
-        path = Path(source)
-        src = _Source(str(path), 2, "line")  # line 1 is the header
-        try:
-            raw = pl.read_csv(path, infer_schema=False)
-        except FileNotFoundError:
-            raise UserError(f"trace file {path} does not exist") from None
-        except pl.exceptions.NoDataError:
-            raise UserError(f"trace file {path} is empty") from None
-        except pl.exceptions.PolarsError as exc:
-            raise UserError(f"cannot read trace file {path} as CSV: {exc}") from None
-    missing = [c for c in COLUMNS if c not in raw.columns]
-    if missing:
-        raise UserError(
-            f"{src.name}: missing column(s) {missing}; expected {list(COLUMNS)}, found {raw.columns}"
-        )
-    if raw.height == 0:
-        raise UserError(f"{src.name}: no rows after the header")
-    df = raw.select(COLUMNS).with_row_index("_row").with_columns(pl.col("_row").cast(pl.Int64))
-    df = df.with_columns(
-        _timestamp_ns(df, src),
-        _tokens(df, "ContextTokens", src).alias("prompt"),
-        _tokens(df, "GeneratedTokens", src).alias("output"),
-    )
-    return df.select("_row", "t_ns", "prompt", "output"), src
-
-
-def _timestamp_ns(df: pl.DataFrame, src: _Source) -> pl.Series:
-    col = df["TIMESTAMP"]
-    if isinstance(col.dtype, pl.Datetime):  # a frame read elsewhere; naive means UTC here too
-        return col.dt.epoch("ns").alias("t_ns")
-    parts = col.cast(pl.String).str.strip_chars().str.extract_groups(_TIMESTAMP).struct.unnest()
-    num = {k: parts[k].cast(pl.Int64, strict=False) for k in ("h", "m", "s", "oh", "om")}
-    days = parts["date"].str.to_date("%Y-%m-%d", strict=False).cast(pl.Int32).cast(pl.Int64)
-    frac_ns = parts["frac"].fill_null("").str.pad_end(9, "0").cast(pl.Int64)
-    # A timestamp without a zone is taken as UTC, which is what the 2023 files mean.
-    sign = parts["sign"].replace_strict({"+": 1, "-": -1}, default=0, return_dtype=pl.Int64)
-    zone_s = sign * (num["oh"].fill_null(0) * 3600 + num["om"].fill_null(0) * 60)
-    t_ns = (
-        days * 86_400 * _NS_PER_S
-        + num["h"] * 3600 * _NS_PER_S
-        + num["m"] * 60 * _NS_PER_S
-        + num["s"] * _NS_PER_S
-        + frac_ns
-        - zone_s * _NS_PER_S
-    )
-    bad = t_ns.is_null() | (num["h"] > 23) | (num["m"] > 59) | (num["s"] > 60)
-    if bad.any():
-        src.fail("an unreadable TIMESTAMP (want e.g. 2023-11-16 18:15:46.6805900)", df, bad.fill_null(True), "TIMESTAMP")
-    return t_ns.alias("t_ns")
-
-
-def _tokens(df: pl.DataFrame, column: str, src: _Source) -> pl.Series:
-    col = df[column]
-    values = (col.str.strip_chars() if col.dtype == pl.String else col).cast(pl.Int64, strict=False)
-    bad = values.is_null() | (values < 0)
-    if bad.any():
-        src.fail(f"a {column} that is not a whole number >= 0", df, bad.fill_null(True), column)
-    return values
-
-
-def _check_params(start_offset_s, minutes, keep_every, phase, time_scale, max_model_len) -> None:
+def _check_params(start_offset_s, start, minutes, keep_every, phase, time_scale, max_model_len) -> None:
     problems = []
+    if start is not None and start_offset_s:
+        problems.append("give either start or start_offset_s, not both")
     if not (start_offset_s >= 0 and math.isfinite(start_offset_s)):
         problems.append(f"start_offset_s must be >= 0, got {start_offset_s}")
+    if start is not None and parse_one(start) is None:
+        problems.append(f"start {start!r} is not a timestamp like 2024-05-12 00:10:00+00:00")
     if not (minutes > 0 and math.isfinite(minutes)):
         problems.append(f"minutes must be > 0, got {minutes}")
     if keep_every < 1:
@@ -129,14 +55,92 @@ def _check_params(start_offset_s, minutes, keep_every, phase, time_scale, max_mo
         raise UserError("invalid subsample settings: " + "; ".join(problems))
 
 
+@dataclass(frozen=True)
+class _Spec:
+    """Where the window is: `start` (a timestamp) wins over `start_offset_s` (from the first row)."""
+
+    start_offset_s: float
+    start: str | None
+    minutes: float
+
+    def bounds(self, first_ns: int, last_ns: int, name: str) -> tuple[int, int]:
+        """[start_ns, end_ns) of the window; an error when it starts outside the trace."""
+        if self.start is not None:
+            start_ns = parse_one(self.start)
+            if start_ns < first_ns:
+                raise UserError(
+                    f"{name}: the window start {self.start} is {(first_ns - start_ns) / _NS_PER_S:.3f} s "
+                    f"before the first request ({format_ns(first_ns)})"
+                )
+        else:
+            start_ns = first_ns + round(self.start_offset_s * _NS_PER_S)
+        if start_ns > last_ns:
+            raise UserError(
+                f"{name}: the window starts {(start_ns - first_ns) / _NS_PER_S:.3f} s after the first "
+                f"request, but the trace spans only {(last_ns - first_ns) / _NS_PER_S:.3f} s"
+            )
+        return start_ns, start_ns + round(self.minutes * 60 * _NS_PER_S)
+
+
+@dataclass(frozen=True)
+class _Window:
+    rows: pl.DataFrame  # the window's good rows (_row, t_ns, prompt, output), in time order
+    source: Source
+    first_ns: int
+    last_ns: int
+    start_ns: int
+    end_ns: int
+    trace_requests: int | None  # known only when the whole file was read
+    skipped: dict[str, int]  # reason -> rows dropped (in what was read)
+    read: str  # "bisect" (header + the window's bytes) or "full"
+
+
+def _window_full(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool) -> _Window:
+    rows = read_rows(source, skip_bad=skip_bad)
+    df = rows.df
+    if df.height == 0:
+        raise UserError(f"{rows.source.name}: no usable rows ({rows.skipped_total} skipped as bad)")
+    first_ns, last_ns = int(df["t_ns"][0]), int(df["t_ns"][-1])
+    start_ns, end_ns = spec.bounds(first_ns, last_ns, rows.source.name)
+    window = df.filter((pl.col("t_ns") >= start_ns) & (pl.col("t_ns") < end_ns))
+    return _Window(window, rows.source, first_ns, last_ns, start_ns, end_ns, df.height, rows.skipped, "full")
+
+
+def _window_bisect(path: Path, spec: _Spec, skip_bad: bool) -> _Window:
+    fh, csv = open_sorted(path)
+    with fh:
+        start_ns, end_ns = spec.bounds(csv.first_ns, csv.last_ns, csv.name)
+        a, b, data = csv.window_bytes(start_ns, end_ns)
+        src = Source(csv.name, csv.line_counter(a))
+        if a == b:  # an empty window: nothing for polars to read
+            rows = Rows(pl.DataFrame(schema={c: pl.Int64 for c in ("_row", "t_ns", "prompt", "output")}), src)
+        else:
+            # Order is checked here, not in check_rows: out of order means "read it all".
+            rows = check_rows(read_csv(path, data), src, skip_bad=skip_bad, check_order=False)
+    t_ns = rows.df["t_ns"]
+    if not t_ns.is_sorted():
+        raise NotBisectable("the window's rows are not in time order")
+    if rows.df.height and (t_ns[0] < start_ns or t_ns[-1] >= end_ns):
+        raise NotBisectable("the window's rows reach outside it")
+    return _Window(rows.df, src, csv.first_ns, csv.last_ns, start_ns, end_ns, None, rows.skipped, "bisect")
+
+
+def _read_window(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool, scan: str) -> _Window:
+    """`scan`: "auto" bisects a file and falls back to reading it whole; "full" always reads it whole."""
+    if scan == "auto" and not isinstance(source, pl.DataFrame) and Path(source).is_file():
+        try:
+            return _window_bisect(Path(source), spec, skip_bad)
+        except NotBisectable as exc:
+            log.warning("%s: cannot bisect (%s); reading the whole file", source, exc)
+    return _window_full(source, spec, skip_bad)
+
+
 def _fit_sizes(df: pl.DataFrame, max_model_len: int | None) -> tuple[pl.DataFrame, dict]:
-    """At least one token each way (vLLM needs both); then prompt+output <= max_model_len,
-    shrinking the prompt first, because the output length is what a decode-bound run measures."""
-    counts = {
-        "zero_prompt": int((df["prompt"] == 0).sum()),
-        "zero_output": int((df["output"] == 0).sum()),
-    }
-    df = df.with_columns(pl.col("prompt").clip(lower_bound=1), pl.col("output").clip(lower_bound=1))
+    """At least one output token (vLLM needs one; see rows.py on zero outputs); then
+    prompt+output <= max_model_len, shrinking the prompt first, because the output length
+    is what a decode-bound run measures."""
+    counts = {"zero_output": int((df["output"] == 0).sum())}
+    df = df.with_columns(pl.col("output").clip(lower_bound=1))
     if max_model_len is None:
         return df, {**counts, "clipped": 0}
     over = (df["prompt"] + df["output"]) > max_model_len
@@ -160,55 +164,46 @@ def _subsample(
     source: str | Path | pl.DataFrame,
     *,
     start_offset_s: float = 0.0,
+    start: str | None = None,
     minutes: float,
     keep_every: int = 1,
     phase: int = 0,
     time_scale: float = 1.0,
     max_model_len: int | None = None,
     role: str = "trace",
+    skip_bad: bool = False,
+    scan: str = "auto",
 ) -> tuple[pl.DataFrame, dict]:
-    _check_params(start_offset_s, minutes, keep_every, phase, time_scale, max_model_len)
-    df, src = read_trace(source)
-    if not df["t_ns"].is_sorted():
-        # Replay needs arrivals in time order; a stable sort keeps file order among ties.
-        log.warning("%s: timestamps are not in order; sorting them (ties keep file order)", src.name)
-        df = df.sort("t_ns", maintain_order=True)
-    first_ns, last_ns = int(df["t_ns"][0]), int(df["t_ns"][-1])
-    start_ns = first_ns + round(start_offset_s * _NS_PER_S)
-    end_ns = start_ns + round(minutes * 60 * _NS_PER_S)
-    span_s = (last_ns - first_ns) / _NS_PER_S
-    if start_ns > last_ns:
-        raise UserError(
-            f"{src.name}: the window starts {start_offset_s} s after the first request, "
-            f"but the trace spans only {span_s:.3f} s"
-        )
-    if end_ns > last_ns:
-        log.warning(
-            "%s: the window runs %.1f s past the last request",
-            src.name, (end_ns - last_ns) / _NS_PER_S,
-        )
-    window = df.filter((pl.col("t_ns") >= start_ns) & (pl.col("t_ns") < end_ns))
+    _check_params(start_offset_s, start, minutes, keep_every, phase, time_scale, max_model_len)
+    w = _read_window(source, _Spec(start_offset_s, start, minutes), skip_bad, scan)
+    name = w.source.name
+    if w.end_ns > w.last_ns:
+        log.warning("%s: the window runs %.1f s past the last request", name, (w.end_ns - w.last_ns) / _NS_PER_S)
+    window = w.rows
     kept = window.gather_every(keep_every, offset=phase) if phase < window.height else window.clear()
     if kept.height == 0:
         raise UserError(
-            f"{src.name}: no request kept: the window [{start_offset_s}, "
-            f"{start_offset_s + minutes * 60}) s holds {window.height} request(s), phase {phase}, keep_every {keep_every}"
+            f"{name}: no request kept: the window [{format_ns(w.start_ns)}, {format_ns(w.end_ns)}) "
+            f"holds {window.height} request(s), phase {phase}, keep_every {keep_every}"
         )
     kept, fit = _fit_sizes(kept, max_model_len)
     schedule = as_schedule(
         kept.select(
-            _offset_seconds(kept["t_ns"] - start_ns, time_scale),
+            _offset_seconds(kept["t_ns"] - w.start_ns, time_scale),
             pl.col("prompt").alias("prompt_tokens"),
             pl.col("output").alias("output_tokens"),
             pl.lit(role, dtype=pl.String).alias("role"),
         )
     )
     info = {
-        "source": src.name,
-        "trace_requests": df.height,
-        "trace_span_s": span_s,
+        "source": name,
+        "read": w.read,
+        "trace_requests": w.trace_requests,
+        "trace_first": format_ns(w.first_ns),
+        "trace_span_s": (w.last_ns - w.first_ns) / _NS_PER_S,
         "window": {
-            "start_offset_s": start_offset_s,
+            "start": format_ns(w.start_ns),
+            "start_offset_s": (w.start_ns - w.first_ns) / _NS_PER_S,
             "minutes": minutes,
             "requests": window.height,
         },
@@ -216,9 +211,12 @@ def _subsample(
         "phase": phase,
         "time_scale": time_scale,
         "max_model_len": max_model_len,
+        # With read == "bisect" only the window was read, so only its bad rows are counted.
+        "skipped": sum(w.skipped.values()),
+        "skipped_by_reason": w.skipped,
         **fit,
         # What the arrivals are spread over: the window, cut short where the trace ends.
-        "duration_s": (min(end_ns, last_ns) - start_ns) / _NS_PER_S * time_scale,
+        "duration_s": (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S * time_scale,
     }
     return schedule, info
 
@@ -226,9 +224,10 @@ def _subsample(
 def subsample(source: str | Path | pl.DataFrame, **spec) -> pl.DataFrame:
     """The schedule (SCHEDULE_SCHEMA columns) for a CSV path or an already-read frame.
 
-    `spec` takes _subsample's keywords (start_offset_s, minutes, keep_every, phase,
-    time_scale, max_model_len, role).
-    Window: [first + start_offset_s, first + start_offset_s + minutes*60), by timestamp.
+    `spec` takes _subsample's keywords (start_offset_s or start, minutes, keep_every,
+    phase, time_scale, max_model_len, role, skip_bad).
+    Window: [first + start_offset_s, first + start_offset_s + minutes*60), by timestamp,
+    where first is the file's first row; or [start, start + minutes*60) for a timestamp.
     Kept: the window's rows phase, phase+K, ... in time order. t_offset_s is measured
     from the window's start (not from the first kept row) and multiplied by time_scale.
     """

@@ -1,4 +1,5 @@
-"""Open-loop replay: every request leaves at its scheduled time, whatever the server does."""
+"""Replay a schedule: open loop (each request leaves at its scheduled time, whatever the
+server does) or closed loop (N workers, each sends the next request when its last ends)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,16 @@ class Replay:
         scrape_interval_s: float,
         progress: bool = True,
         server_alive: Callable[[], bool] | None = None,
+        api_key: str | None = None,
+        mode: str = "open",
+        concurrency: int | None = None,
+        connect_timeout_s: float | None = None,
+        first_token_timeout_s: float | None = None,
     ):
+        if mode not in ("open", "closed") or (mode == "closed" and not concurrency):
+            raise ValueError(f"mode {mode!r} (closed needs a concurrency), got concurrency {concurrency!r}")
+        self.mode = mode
+        self.concurrency = concurrency
         self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
         self.url = base_url + "/v1/completions"
         # Bodies are built before the clock starts so building them never delays a send.
@@ -53,12 +63,14 @@ class Replay:
             for r in self.schedule
         ]
         self.tokens: list[TokenRecord] = []
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+        self.first_token_timeout_s = first_token_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self._t0 = 0.0
         self.scraper = Scraper(base_url + "/metrics", scrape_interval_s, self.clock)
         self.progress = progress
         self.server_alive = server_alive
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.interrupted: str | None = None
         self.server_died = False
         self.t_end: float | None = None
@@ -107,7 +119,7 @@ class Replay:
         # reusing a keep-alive connection the server is closing fails the request
         # ("Can not write request body"), an artefact of the client, not the server.
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with aiohttp.ClientSession(connector=connector, headers=self._headers) as session:
             self._t0 = time.perf_counter()
             cpu0 = time.process_time()
             scrape_stop = asyncio.Event()
@@ -116,8 +128,11 @@ class Replay:
                 background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
             if self.server_alive is not None:
                 background.append(asyncio.create_task(self._watch_server(stop, scrape_stop)))
-            tasks = await self._dispatch(session, stop)
-            await self._drain(tasks, stop)
+            if self.mode == "open":
+                tasks = await self._dispatch(session, stop)
+                await self._drain(tasks, stop)
+            else:
+                tasks = await self._closed_loop(session, stop)
             still = [t for t in tasks if not t.done()]
             for t in still:
                 t.cancel(self.interrupted or DRAIN_TIMEOUT)
@@ -155,6 +170,26 @@ class Replay:
             pending.discard(waiter)
         waiter.cancel()
 
+    async def _closed_loop(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
+        """Workers share one iterator over the schedule; a request's `t_scheduled` becomes
+        the moment a worker took it, as a closed loop has no arrival times of its own."""
+        pending = iter(self.requests)
+
+        async def worker() -> None:
+            for rec in pending:
+                if stop.is_set():
+                    return
+                rec.t_scheduled = self.clock()
+                rec.status = "ok"
+                await send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout,
+                                    self.first_token_timeout_s)
+
+        workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([asyncio.gather(*workers), waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        return workers
+
     async def _dispatch(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
         tasks = []
         for sched, rec in zip(self.schedule, self.requests):
@@ -169,7 +204,8 @@ class Replay:
             rec.status = "ok"
             tasks.append(
                 asyncio.create_task(
-                    send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout)
+                    send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout,
+                                    self.first_token_timeout_s)
                 )
             )
         return tasks

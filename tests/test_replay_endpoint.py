@@ -1,0 +1,123 @@
+"""`filledfirst replay` against a real vLLM CPU server the pipeline did not start."""
+
+import json
+import os
+import subprocess
+import sys
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from filledfirst.engine.command import build_command
+from filledfirst.engine.server import VllmServer, free_port
+from filledfirst.model.tiny import build_tiny_model
+from filledfirst.records import SCHEDULE_SCHEMA
+from filledfirst.store.ingest import ingest
+
+pytestmark = pytest.mark.engine
+
+KEY = "sk-planted-4f1e9a77c2"  # must never reach a file we write
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("external")
+    build_tiny_model(root / "model")
+    model = {"name": "tiny", "source": "tiny", "path": str(root / "model"), "dtype": "float32", "max_model_len": 2048}
+    port = free_port("127.0.0.1")
+    cmd = build_command(
+        launcher="cpu", model=model, host="127.0.0.1", port=port, seed=0, extra_env={},
+        settings={"max_num_seqs": 8, "enforce_eager": True, "kv_cache_space_gib": 1,
+                  "extra_args": ["--api-key", KEY]},
+    )
+    with VllmServer(cmd, host="127.0.0.1", port=port, log_path=root / "server.log", startup_timeout_s=400, nice=10) as s:
+        yield s
+
+
+def schedule(path, n=12):
+    pq.write_table(pa.table({
+        "request_id": list(range(n)), "t_offset_s": [0.2 * i for i in range(n)],
+        "prompt_tokens": [50] * n, "output_tokens": [16] * n, "role": ["probe"] * n,
+    }, schema=SCHEDULE_SCHEMA), path)
+    return path
+
+
+def replay(server, tmp_path, name, env_extra):
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "filledfirst", "replay", "--url", server.base_url,
+         "--schedule", str(schedule(tmp_path / "s.parquet")), "--out", str(out),
+         "--model", "tiny", "--token-ids", "10", "2050", "--name", name, "--api-key-env", "FF_TEST_KEY",
+         "--no-progress"],
+        env={**os.environ, **env_extra}, capture_output=True, text=True, timeout=300,
+    )
+    return proc, out
+
+
+def test_replay_against_an_external_endpoint(server, tmp_path):
+    proc, out = replay(server, tmp_path, "external", {"FF_TEST_KEY": KEY})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "ok" and meta["server"]["launcher"] == "external"
+    assert meta["request_status_counts"] == {"ok": 12}
+    db = tmp_path / "f.duckdb"
+    ingest([out], db)
+    con = duckdb.connect(str(db), read_only=True)
+    # the endpoint's own /metrics were scraped (vLLM serves them without the key)
+    assert con.execute("SELECT count(*) FROM samples WHERE metric = 'vllm:num_requests_running'").fetchall()[0][0] > 0
+    assert con.execute("SELECT sum(output_tokens_received) FROM requests").fetchall()[0][0] == 12 * 16
+    con.close()
+    # The key came from the environment and went nowhere else.
+    for path in [*out.iterdir(), db]:
+        assert KEY.encode() not in path.read_bytes(), f"API key leaked into {path.name}"
+    assert KEY not in proc.stderr + proc.stdout
+
+
+def test_wrong_key_is_recorded_as_failed_requests(server, tmp_path):
+    proc, out = replay(server, tmp_path, "badkey", {"FF_TEST_KEY": "not-the-key"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reqs = pq.read_table(out / "requests.parquet").to_pylist()
+    assert len(reqs) == 12
+    assert {(r["status"], r["http_status"]) for r in reqs} == {("http_error", 401)}
+
+
+def test_missing_key_variable_is_a_clear_error(server, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "FF_TEST_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "filledfirst", "replay", "--url", server.base_url,
+         "--schedule", str(schedule(tmp_path / "s.parquet")), "--out", str(tmp_path / "x"),
+         "--model", "tiny", "--token-ids", "10", "2050", "--api-key-env", "FF_TEST_KEY"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "FF_TEST_KEY" in proc.stderr and "not set" in proc.stderr
+
+
+def in_flight_max(reqs):
+    events = sorted([(r["t_sent"], 1) for r in reqs] + [(r["t_done"], -1) for r in reqs])
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+def test_closed_loop_keeps_exactly_n_in_flight(server, tmp_path):
+    out = tmp_path / "closed"
+    proc = subprocess.run(
+        [sys.executable, "-m", "filledfirst", "replay", "--url", server.base_url,
+         "--schedule", str(schedule(tmp_path / "s.parquet", n=20)), "--out", str(out),
+         "--model", "tiny", "--token-ids", "10", "2050", "--closed", "4", "--api-key-env", "FF_TEST_KEY",
+         "--no-progress"],
+        env={**os.environ, "FF_TEST_KEY": KEY}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reqs = pq.read_table(out / "requests.parquet").to_pylist()
+    assert [r["status"] for r in reqs] == ["ok"] * 20
+    assert in_flight_max(reqs) == 4
+    # a worker sends its next request right after its last one ended
+    assert all(r["t_sent"] - r["t_scheduled"] < 0.05 for r in reqs)
+    samples = pq.read_table(out / "samples.parquet").to_pylist()
+    running = [s["value"] for s in samples if s["metric"] == "vllm:num_requests_running"]
+    assert running and max(running) <= 4
