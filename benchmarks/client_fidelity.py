@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from filledfirst.loadgen.replay import Replay
+from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.records import ScheduledRequest
 from filledfirst.workloads.arrivals import arrival_times
 
@@ -41,9 +42,9 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
         n = int(rate * seconds)
         times = arrival_times(n, 0.5, 1.0 / rate, "poisson", seed=1)
         schedule = [ScheduledRequest(i, float(t), 8, tokens, "probe") for i, t in enumerate(times)]
-        replay = Replay(schedule, base_url=f"http://127.0.0.1:{port}", model="double", token_low=10,
-                        token_high=20, seed=0, request_timeout_s=60, drain_timeout_s=60,
-                        scrape_interval_s=0.25, progress=False)
+        settings = ReplaySettings(model="double", token_low=10, token_high=20, request_timeout_s=60,
+                                  drain_timeout_s=60)
+        replay = Replay(schedule, f"http://127.0.0.1:{port}", settings, progress=False)
         if use_uvloop:
             import uvloop
 

@@ -123,6 +123,7 @@ def test_unreachable_server_is_a_disconnect():
 def test_closed_loop_workers_against_a_test_double():
     """N workers: never more than N in flight, every request sent once, in order per worker."""
     from filledfirst.loadgen.replay import Replay
+    from filledfirst.loadgen.settings import ReplaySettings
     from filledfirst.records import ScheduledRequest
 
     async def go():
@@ -147,9 +148,9 @@ def test_closed_loop_workers_against_a_test_double():
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
         sched = [ScheduledRequest(i, 999.0, 5, 3, "x") for i in range(15)]  # arrival times ignored
-        replay = Replay(sched, base_url=f"http://127.0.0.1:{port}", model="m", token_low=10, token_high=20,
-                        seed=0, request_timeout_s=5, drain_timeout_s=5, scrape_interval_s=0.5,
-                        progress=False, mode="closed", concurrency=3)
+        settings = ReplaySettings(model="m", token_low=10, token_high=20, request_timeout_s=5,
+                                  drain_timeout_s=5, scrape_interval_s=0.5, mode="closed", concurrency=3)
+        replay = Replay(sched, f"http://127.0.0.1:{port}", settings, progress=False)
         try:
             await replay.run()
         finally:

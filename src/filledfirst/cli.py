@@ -157,7 +157,8 @@ def _add_replay(sub) -> None:
 
 
 def _cmd_replay(args) -> int:
-    from filledfirst.runner import ReplaySettings, replay_endpoint
+    from filledfirst.loadgen.settings import ReplaySettings
+    from filledfirst.runner import replay_endpoint
 
     settings = ReplaySettings(
         model=args.model, token_low=args.token_ids[0], token_high=args.token_ids[1], seed=args.seed,

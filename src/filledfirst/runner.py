@@ -14,7 +14,6 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,45 +26,11 @@ from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers,
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, log_tail
 from filledfirst.errors import UserError
 from filledfirst.loadgen.replay import Replay
+from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class ReplaySettings:
-    """How to talk to the server: everything the replay needs besides the schedule."""
-
-    model: str
-    token_low: int
-    token_high: int
-    seed: int = 0
-    request_timeout_s: float = 600.0
-    drain_timeout_s: float = 600.0
-    scrape_interval_s: float = 0.25
-    api_key: str | None = None  # from the environment only; never written anywhere
-    mode: str = "open"
-    concurrency: int | None = None
-    connect_timeout_s: float | None = None
-    first_token_timeout_s: float | None = None
-
-    @classmethod
-    def from_spec(cls, spec: dict) -> "ReplaySettings":
-        loadgen = spec["loadgen"]
-        return cls(
-            model=spec["model"]["name"],
-            token_low=spec["model"]["prompt_token_ids"]["low"],
-            token_high=spec["model"]["prompt_token_ids"]["high"],
-            seed=loadgen.get("seed", 0),
-            request_timeout_s=loadgen.get("request_timeout_s", 600),
-            drain_timeout_s=loadgen.get("drain_timeout_s", 600),
-            scrape_interval_s=spec["scrape"].get("interval_s", 0.25),
-            mode=loadgen.get("mode", "open"),
-            concurrency=loadgen.get("concurrency"),
-            connect_timeout_s=loadgen.get("connect_timeout_s"),
-            first_token_timeout_s=loadgen.get("first_token_timeout_s"),
-        )
 
 
 def read_schedule(path: Path) -> list[ScheduledRequest]:
@@ -102,24 +67,7 @@ class _Run:
     def replay_against(
         self, base_url: str, settings: ReplaySettings, progress: bool, server_alive: Callable[[], bool] | None
     ) -> None:
-        self.replay = Replay(
-            self.schedule,
-            base_url=base_url,
-            model=settings.model,
-            token_low=settings.token_low,
-            token_high=settings.token_high,
-            seed=settings.seed,
-            request_timeout_s=settings.request_timeout_s,
-            drain_timeout_s=settings.drain_timeout_s,
-            scrape_interval_s=settings.scrape_interval_s,
-            progress=progress,
-            server_alive=server_alive,
-            api_key=settings.api_key,
-            mode=settings.mode,
-            concurrency=settings.concurrency,
-            connect_timeout_s=settings.connect_timeout_s,
-            first_token_timeout_s=settings.first_token_timeout_s,
-        )
+        self.replay = Replay(self.schedule, base_url, settings, progress=progress, server_alive=server_alive)
         log.info("replaying %d requests against %s", len(self.schedule), base_url)
         asyncio.run(self.replay.run())
         self.meta["timings"]["replay_s"] = self.replay.t_end

@@ -15,6 +15,7 @@ import aiohttp
 from filledfirst.engine.lifetime import note_interrupt, signal_reason
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body
+from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
 from filledfirst.records import RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
@@ -30,32 +31,23 @@ class Replay:
     def __init__(
         self,
         schedule: list[ScheduledRequest],
-        *,
         base_url: str,
-        model: str,
-        token_low: int,
-        token_high: int,
-        seed: int,
-        request_timeout_s: float,
-        drain_timeout_s: float,
-        scrape_interval_s: float,
+        settings: ReplaySettings,
+        *,
         progress: bool = True,
         server_alive: Callable[[], bool] | None = None,
-        api_key: str | None = None,
-        mode: str = "open",
-        concurrency: int | None = None,
-        connect_timeout_s: float | None = None,
-        first_token_timeout_s: float | None = None,
     ):
-        if mode not in ("open", "closed") or (mode == "closed" and not concurrency):
-            raise ValueError(f"mode {mode!r} (closed needs a concurrency), got concurrency {concurrency!r}")
-        self.mode = mode
-        self.concurrency = concurrency
+        if settings.mode not in ("open", "closed") or (settings.mode == "closed" and not settings.concurrency):
+            raise ValueError(f"mode {settings.mode!r} (closed needs a concurrency), got {settings.concurrency!r}")
+        self.mode = settings.mode
+        self.concurrency = settings.concurrency
         self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
         self.url = base_url + "/v1/completions"
         # Bodies are built before the clock starts so building them never delays a send.
         self.bodies = {
-            r.request_id: completion_body(r, model=model, low=token_low, high=token_high, seed=seed)
+            r.request_id: completion_body(
+                r, model=settings.model, low=settings.token_low, high=settings.token_high, seed=settings.seed
+            )
             for r in self.schedule
         }
         self.requests = [
@@ -63,14 +55,14 @@ class Replay:
             for r in self.schedule
         ]
         self.tokens: list[TokenRecord] = []
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-        self.first_token_timeout_s = first_token_timeout_s
-        self.drain_timeout_s = drain_timeout_s
+        self.timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
+        self.first_token_timeout_s = settings.first_token_timeout_s
+        self.drain_timeout_s = settings.drain_timeout_s
         self._t0 = 0.0
-        self.scraper = Scraper(base_url + "/metrics", scrape_interval_s, self.clock)
+        self.scraper = Scraper(base_url + "/metrics", settings.scrape_interval_s, self.clock)
         self.progress = progress
         self.server_alive = server_alive
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self.interrupted: str | None = None
         self.server_died = False
         self.t_end: float | None = None
