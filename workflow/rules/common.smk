@@ -32,7 +32,7 @@ FILLEDFIRST = f"{shlex.quote(sys.executable)} -m filledfirst"
 # An experiment stops its server when this process (the Snakemake running the job,
 # here or on a cluster node) dies, even by SIGKILL. An environment variable, not a
 # param: a param would make every new pid look like a changed job.
-os.environ["FILLEDFIRST_WATCH_PID"] = str(os.getpid())
+os.environ.update(FILLEDFIRST_WATCH_PID=str(os.getpid()))
 
 EXPERIMENTS = sorted(config["experiments"])
 TRACE_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "trace")
