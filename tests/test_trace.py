@@ -235,6 +235,26 @@ def test_property_time_scale_multiplies_every_gap(offsets, scale):
     assert all(math.isclose(b, a * scale, rel_tol=1e-12) for a, b in zip(base, scaled))
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 40_000), st.integers(0, 5_000)), min_size=1, max_size=60),
+    st.integers(2, 33_000),
+)
+def test_property_clipping_never_exceeds_max_model_len(sizes, max_model_len):
+    frame = pl.DataFrame({
+        "TIMESTAMP": [ts2024(i * 1000) for i in range(len(sizes))],
+        "ContextTokens": [str(p) for p, _ in sizes],
+        "GeneratedTokens": [str(o) for _, o in sizes],
+    })
+    df = subsample(frame, minutes=60, max_model_len=max_model_len)
+    assert df.height == len(sizes)  # clipped, never dropped
+    assert ((df["prompt_tokens"] + df["output_tokens"]) <= max_model_len).all()
+    assert (df["prompt_tokens"] >= 1).all() and (df["output_tokens"] >= 1).all()
+    for (p, o), (p2, o2) in zip(sizes, zip(df["prompt_tokens"], df["output_tokens"])):
+        if p + max(o, 1) <= max_model_len:
+            assert (p2, o2) == (p, max(o, 1))  # what fits is left alone
+
+
 # --- bad input ----------------------------------------------------------------------
 
 
