@@ -1,6 +1,7 @@
 """Our SSE client against a loopback test double (the thing under test is the client)."""
 
 import asyncio
+import contextlib
 import json
 
 import aiohttp
@@ -23,6 +24,19 @@ USAGE = sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3
 DONE = b"data: [DONE]\n\n"
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application):
+    """The test double on a free loopback port; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()
+
+
 async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first_delay=0.0, first_token_timeout=None):
     """Serve `pieces` (written one by one, so events split across reads) and record the request."""
 
@@ -39,24 +53,16 @@ async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first
 
     app = web.Application()
     app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
     rec = RequestRecord(0, "probe", 5, 3, 0.0)
     tokens = []
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    try:
-        async with aiohttp.ClientSession() as session:
-            await send_streamed(
-                session, f"http://127.0.0.1:{port}/v1/completions", b"{}", rec, tokens,
-                lambda: loop.time() - t0, aiohttp.ClientTimeout(total=total_timeout),
-                first_token_timeout,
-            )
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base, aiohttp.ClientSession() as session:
+        await send_streamed(
+            session, f"{base}/v1/completions", b"{}", rec, tokens,
+            lambda: loop.time() - t0, aiohttp.ClientTimeout(total=total_timeout),
+            first_token_timeout,
+        )
     return rec, tokens
 
 
@@ -136,25 +142,18 @@ def test_closed_loop_workers_against_a_test_double():
             await resp.write(USAGE + DONE)
             return resp
 
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
         async def metrics(request):
             return web.Response(text="# no metrics\n")
 
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
         sched = [ScheduledRequest(i, 999.0, 5, 3, "x") for i in range(15)]  # arrival times ignored
         settings = ReplaySettings(model="m", token_low=10, token_high=20, request_timeout_s=5,
                                   drain_timeout_s=5, scrape_interval_s=0.5, mode="closed", concurrency=3)
-        replay = Replay(sched, f"http://127.0.0.1:{port}", settings, progress=False)
-        try:
+        async with serving(app) as base:
+            replay = Replay(sched, base, settings, progress=False)
             await replay.run()
-        finally:
-            await runner.cleanup()
         return replay
 
     replay = asyncio.run(go())
