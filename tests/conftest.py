@@ -28,6 +28,16 @@ def snakemake_argv(workdir: Path, configfile: Path, *targets: str) -> list[str]:
     ]
 
 
+@pytest.fixture(scope="session")
+def conv_trace() -> Path:
+    """The real 2023 Azure conversation trace, from the mirror (never committed)."""
+    mirror = trace_mirror()
+    hits = sorted(mirror.rglob("AzureLLMInferenceTrace_conv.csv")) if mirror else []
+    if not hits:
+        pytest.skip("AzureLLMInferenceTrace_conv.csv not found under $FILLEDFIRST_TRACE_MIRROR or ../shared/data")
+    return hits[0]
+
+
 @pytest.fixture
 def pipeline_env() -> dict:
     env = dict(os.environ)

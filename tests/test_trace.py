@@ -7,7 +7,6 @@ import csv
 import hashlib
 import json
 import math
-import os
 import random
 import re
 from datetime import datetime, timedelta, timezone
@@ -32,16 +31,6 @@ CONV_SHA256 = "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"
 CONV_SIZE = 719_188
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 DAY0 = datetime(2024, 5, 12, tzinfo=timezone.utc)
-
-
-@pytest.fixture(scope="module")
-def conv_trace() -> Path:
-    for root in (os.environ.get(MIRROR_ENV), REPO.parent / "shared" / "data"):
-        if root and Path(root).is_dir():
-            hits = sorted(Path(root).rglob(CONV))
-            if hits:
-                return hits[0]
-    pytest.skip(f"{CONV} not found under ${MIRROR_ENV} or ../shared/data")
 
 
 def oracle_ns(ts: str) -> int:

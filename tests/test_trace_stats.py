@@ -9,7 +9,7 @@ import pytest
 from filledfirst.errors import UserError
 from filledfirst.trace.stats import summary_text, trace_stats
 from filledfirst.trace.subsample import read_trace
-from test_trace import HEADER, conv_trace, ts2024, write_csv  # noqa: F401 (conv_trace is a fixture)
+from test_trace import HEADER, ts2024, write_csv
 
 
 def test_real_trace_figures(conv_trace, tmp_path):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from filledfirst.errors import UserError
 from filledfirst.trace.subsample import _subsample, subsample
 from filledfirst.trace.timestamps import _regex_ns, fast_ns, parse_ns
-from test_trace import HEADER, conv_trace, ts2024, write_csv  # noqa: F401 (conv_trace is a fixture)
+from test_trace import HEADER, ts2024, write_csv
 
 # Fields that differ by design: the bisect reads only the window, so it cannot count rows.
 _BY_DESIGN = {"read", "trace_requests"}

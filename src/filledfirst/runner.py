@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -96,10 +97,7 @@ class _Run:
             atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / rundir.REQUESTS)
             atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / rundir.TOKENS)
             atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / rundir.SAMPLES)
-            counts: dict[str, int] = {}
-            for rec in r.requests:
-                counts[rec.status] = counts.get(rec.status, 0) + 1
-            meta["request_status_counts"] = counts
+            meta["request_status_counts"] = dict(Counter(rec.status for rec in r.requests))
             meta["scrape_errors"] = r.scraper.errors
         # run.json last: its presence is what marks the folder complete.
         atomic.write_json(meta, self.work / rundir.RUN_JSON)

@@ -61,18 +61,19 @@ class Scraper:
                 if resp.status != 200:
                     raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text[:200])
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            self.errors += 1
-            self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error={type(exc).__name__}", 1.0))
-            return
+            return self._failed(t, type(exc).__name__)
         try:
             batch = parse_metrics(text, t)
         except Exception as exc:  # a malformed exposition must not end the scraping
-            self.errors += 1
-            self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error=parse:{type(exc).__name__}", 1.0))
-            return
+            return self._failed(t, f"parse:{type(exc).__name__}")
         self.samples.extend(batch)
         self.samples.append(SampleRecord(t, SCRAPE_SECONDS, "", time.perf_counter() - started))
         self.latest = latest_gauges(batch)
+
+    def _failed(self, t: float, what: str) -> None:
+        """A failed scrape is a sample too, so gaps in the server's series are explained."""
+        self.errors += 1
+        self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error={what}", 1.0))
 
     async def run(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
         """Scrape on a fixed grid (no drift) until `stop`, then once more for the final counters."""

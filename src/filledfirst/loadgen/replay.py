@@ -7,7 +7,6 @@ import asyncio
 import logging
 import signal
 import time
-from collections import Counter
 from typing import Callable
 
 import aiohttp
@@ -72,8 +71,7 @@ class Replay:
         return time.perf_counter() - self._t0
 
     def status_line(self) -> str:
-        counts = Counter(r.status for r in self.requests if r.t_sent is not None)
-        sent = sum(counts.values())
+        sent = sum(1 for r in self.requests if r.t_sent is not None)
         in_flight = sum(1 for r in self.requests if r.t_sent is not None and r.t_done is None)
         done = sent - in_flight
         failed = done - sum(1 for r in self.requests if r.t_done is not None and r.status == "ok")
