@@ -44,12 +44,12 @@ def schedule(path, n=12):
     return path
 
 
-def replay(server, tmp_path, name, env_extra):
+def replay(server, tmp_path, name, env_extra, prompt_args=("--token-ids", "10", "2050")):
     out = tmp_path / name
     proc = subprocess.run(
         [sys.executable, "-m", "filledfirst", "replay", "--url", server.base_url,
          "--schedule", str(schedule(tmp_path / "s.parquet")), "--out", str(out),
-         "--model", "tiny", "--token-ids", "10", "2050", "--name", name, "--api-key-env", "FF_TEST_KEY",
+         "--model", "tiny", *prompt_args, "--name", name, "--api-key-env", "FF_TEST_KEY",
          "--no-progress"],
         env={**os.environ, **env_extra}, capture_output=True, text=True, timeout=300,
     )
@@ -121,3 +121,20 @@ def test_closed_loop_keeps_exactly_n_in_flight(server, tmp_path):
     samples = pq.read_table(out / "samples.parquet").to_pylist()
     running = [s["value"] for s in samples if s["metric"] == "vllm:num_requests_running"]
     assert running and max(running) <= 4
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_text_prompts_for_servers_that_refuse_token_ids(server, tmp_path, api):
+    """Text mode is approximate in prompt size (the usage is recorded), exact in output size;
+    chat's opening role-only chunk must not count as the first token."""
+    proc, out = replay(server, tmp_path, f"text-{api}", {"FF_TEST_KEY": KEY},
+                       prompt_args=("--prompt", "text", "--api", api))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reqs = pq.read_table(out / "requests.parquet").to_pylist()
+    assert len(reqs) == 12 and all(r["status"] == "ok" for r in reqs), reqs[0]
+    for r in reqs:
+        assert r["output_tokens_received"] == 16 and r["reasoning_tokens"] == 0
+        assert r["prompt_tokens_received"] >= 50  # one or more tokens per word
+        assert r["t_first_content"] == r["t_first_token"] > r["t_sent"]
+    toks = pq.read_table(out / "tokens.parquet").to_pylist()
+    assert sum(t["n"] for t in toks) == 12 * 16

@@ -166,3 +166,43 @@ def test_closed_loop_workers_against_a_test_double():
         peak = max(peak, level)
     assert peak == 3
     assert replay.t_end < 5  # it did not wait for the schedule's t=999 s
+
+
+def chat(delta: dict, completion_tokens: int | None) -> bytes:
+    usage = {"prompt_tokens": 5, "completion_tokens": completion_tokens} if completion_tokens is not None else None
+    return sse({"choices": [{"index": 0, "delta": delta}], "usage": usage})
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_chat_reasoning_counted_apart_from_content(field):
+    """vLLM's chat stream: a role-only opening chunk (no token), reasoning deltas, then content."""
+    pieces = [
+        chat({"role": "assistant", "content": ""}, 0),
+        chat({field: "let me"}, 2),  # two tokens merged into one chunk
+        chat({field: " see"}, 3),
+        chat({"content": "Yes"}, 4),
+        chat({"content": "."}, 5),
+        sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 5}}),
+        DONE,
+    ]
+    rec, tokens = asyncio.run(run_against(pieces, delay=0.01))
+    assert rec.status == "ok", rec.error
+    assert rec.reasoning_tokens == 3 and rec.output_tokens_received == 5
+    assert [t.n for t in tokens] == [0, 2, 1, 1, 1]
+    # TTFT of any kind starts at the first reasoning chunk, not at the role chunk
+    assert tokens[1].t == rec.t_first_token < rec.t_first_content == tokens[3].t
+
+
+def test_chunks_without_usage_count_one_token_each_if_they_carry_text():
+    pieces = [chat({"role": "assistant", "content": ""}, None), chat({"content": "a"}, None),
+              chat({"reasoning": "b"}, None), chat({"content": "c"}, None), DONE]
+    rec, tokens = asyncio.run(run_against(pieces, delay=0.01))
+    assert rec.status == "ok", rec.error
+    assert [t.n for t in tokens] == [0, 1, 1, 1]
+    assert rec.reasoning_tokens == 1
+    assert rec.t_first_token == rec.t_first_content == tokens[1].t
+
+
+def test_completions_first_content_is_first_token():
+    rec, _ = asyncio.run(run_against([token() + token() + USAGE + DONE]))
+    assert rec.t_first_content == rec.t_first_token is not None and rec.reasoning_tokens == 0

@@ -140,8 +140,13 @@ def _add_replay(sub) -> None:
     p.add_argument("--schedule", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--model", required=True, help="the served model name")
-    p.add_argument("--token-ids", nargs=2, type=int, metavar=("LOW", "HIGH"), required=True,
-                   help="prompt token ids are drawn from [LOW, HIGH), clear of special tokens")
+    p.add_argument("--token-ids", nargs=2, type=int, metavar=("LOW", "HIGH"),
+                   help="prompt token ids are drawn from [LOW, HIGH), clear of special tokens "
+                   "(required unless --prompt text)")
+    p.add_argument("--api", choices=("completions", "chat"), default="completions",
+                   help="chat counts reasoning deltas apart from content (needs --prompt text)")
+    p.add_argument("--prompt", choices=("token_ids", "text"), default="token_ids",
+                   help="text: about one token per word, for servers that refuse token ids")
     p.add_argument("--name", default="replay", help="the run's name in the database and the report")
     p.add_argument("--api-key-env", help="name of the environment variable holding the API key")
     p.add_argument("--seed", type=int, default=0)
@@ -160,8 +165,13 @@ def _cmd_replay(args) -> int:
     from filledfirst.loadgen.settings import ReplaySettings
     from filledfirst.runner import replay_endpoint
 
+    if args.prompt == "token_ids" and not args.token_ids:
+        raise UserError("--token-ids LOW HIGH is required with token-id prompts (or give --prompt text)")
+    if args.api == "chat" and args.prompt != "text":
+        raise UserError("--api chat takes text prompts only: add --prompt text")
+    low, high = args.token_ids or (0, 1)
     settings = ReplaySettings(
-        model=args.model, token_low=args.token_ids[0], token_high=args.token_ids[1], seed=args.seed,
+        model=args.model, token_low=low, token_high=high, seed=args.seed, api=args.api, prompt=args.prompt,
         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
         scrape_interval_s=args.scrape_interval,
         mode="closed" if args.closed else "open", concurrency=args.closed,

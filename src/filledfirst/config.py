@@ -60,6 +60,8 @@ def validate_config(cfg: dict) -> None:
         lg = deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {}))
         if lg.get("mode") == "closed" and not lg.get("concurrency"):
             problems.append(f"experiments.{name}.loadgen: mode closed needs concurrency")
+        if lg.get("api") == "chat" and lg.get("prompt") != "text":
+            problems.append(f"experiments.{name}.loadgen: api chat takes text prompts only (prompt: text)")
     ids = cfg["model"]["prompt_token_ids"]
     if ids["low"] >= ids["high"]:
         problems.append("model.prompt_token_ids: low must be below high")

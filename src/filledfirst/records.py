@@ -34,12 +34,15 @@ class RequestRecord:
     output_tokens: int
     t_scheduled: float
     t_sent: float | None = None
+    # First token of any kind; then the first content token (later when the model reasons first).
     t_first_token: float | None = None
+    t_first_content: float | None = None
     t_last_token: float | None = None
     t_done: float | None = None
     prompt_tokens_received: int | None = None
     output_tokens_received: int | None = None
     chunks: int = 0
+    reasoning_tokens: int = 0  # counted apart from content: real cost the user never sees
     status: str = "ok"
     http_status: int | None = None
     error: str | None = None

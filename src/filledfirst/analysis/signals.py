@@ -14,6 +14,9 @@ Definitions (times are seconds on the run's one monotonic clock):
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
   engines, as a percentage. Preemptions: counter max - min over the run, per label set,
   summed over label sets.
+- Server histograms (vLLM's TTFT, queue time, ...): bucket counts at the run's last scrape
+  minus its first, so a server shared by several runs is measured per run; quantiles are
+  interpolated linearly inside a bucket, as Prometheus' histogram_quantile does.
 - Whole run for now: no warm-up or drain window is cut.
 """
 
@@ -47,7 +50,15 @@ SELECT run_id, request_id, role, status, error, t_scheduled,
        CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
        -- dispatch lag: how late the client sent; large values mean the client, not the
        -- server, was the limit (open loop; ~0 by construction in a closed loop)
-       (t_sent - t_scheduled) * 1000 AS lag_ms
+       (t_sent - t_scheduled) * 1000 AS lag_ms,
+       -- from the moment the request left: what the server's own TTFT histogram can see
+       CASE WHEN status = '{OK}' THEN (t_first_token - t_sent) * 1000 END AS ttft_from_send_ms,
+       -- first content token: later than the first token when a model reasons first
+       CASE WHEN status = '{OK}' THEN (t_first_content - t_scheduled) * 1000 END AS ttft_content_ms,
+       reasoning_tokens,
+       -- usage against what was asked: token-id prompts must match exactly
+       status = '{OK}' AND (prompt_tokens_received IS DISTINCT FROM prompt_tokens
+                            OR output_tokens_received IS DISTINCT FROM output_tokens) AS usage_mismatch
 FROM requests
 """
 
@@ -112,8 +123,11 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms,
+               quantile_cont(ttft_content_ms, 0.5) AS ttft_content_p50_ms,
                quantile_cont(lag_ms, 0.5) AS lag_p50_ms,
-               quantile_cont(lag_ms, 0.99) AS lag_p99_ms
+               quantile_cont(lag_ms, 0.99) AS lag_p99_ms,
+               CAST(coalesce(sum(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens,
+               count(*) FILTER (WHERE usage_mismatch) AS n_usage_mismatch
         FROM ({_REQUEST_TTFT}) GROUP BY run_id
     ),
     itl AS (
@@ -135,12 +149,12 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            coalesce(req.n_requests, 0) AS n_requests,
            coalesce(req.n_ok, 0) AS n_ok,
            coalesce(req.n_requests - req.n_ok, 0) AS n_failed,
-           req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms,
+           req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, req.ttft_content_p50_ms,
            itl.itl_p50_ms, itl.itl_p99_ms,
            g.running_median, g.running_max, g.waiting_median, g.waiting_max,
            g.kv_median_pct, g.kv_max_pct,
            p.preemptions,
-           req.lag_p50_ms, req.lag_p99_ms,
+           req.lag_p50_ms, req.lag_p99_ms, req.reasoning_tokens, req.n_usage_mismatch,
            r.max_num_seqs, r.duration_s
     FROM runs r
     LEFT JOIN req USING (run_id)
@@ -198,3 +212,62 @@ def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
         "SELECT run_id, meta FROM runs ORDER BY started_at NULLS LAST, run_id"
     ).fetchall()
     return {run_id: json.loads(meta) if meta else {} for run_id, meta in rows}
+
+
+# Per run and bucket bound: how many observations the server added during the run.
+_HISTOGRAM_DELTAS = """
+WITH b AS (
+    SELECT run_id, t, value,
+           regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
+           regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
+    FROM samples WHERE metric = ?
+),
+per_series AS (
+    SELECT run_id, series, le, arg_max(value, t) - arg_min(value, t) AS delta
+    FROM b GROUP BY run_id, series, le
+)
+SELECT run_id, CAST(le AS DOUBLE) AS le, sum(delta) AS cum
+FROM per_series GROUP BY run_id, le ORDER BY run_id, CAST(le AS DOUBLE)
+"""
+
+
+def histogram_quantile(con: duckdb.DuckDBPyConnection, histogram: str, q: float) -> pl.DataFrame:
+    """Per run: the q-quantile of a server histogram (e.g. `vllm:time_to_first_token_seconds`)
+    over the run, with the bucket it fell in and the number of observations."""
+    deltas = _pl(con, _HISTOGRAM_DELTAS, [histogram + "_bucket"])
+    rows = []
+    for (run_id,), g in deltas.group_by(["run_id"], maintain_order=True):
+        les, cums = g["le"].to_list(), g["cum"].to_list()
+        total = cums[-1]  # the +Inf bucket
+        value = lo = hi = None
+        if total > 0:
+            rank = q * total
+            prev_le, prev_cum = 0.0, 0.0
+            for le, cum in zip(les, cums):
+                if cum >= rank:
+                    lo, hi = prev_le, le
+                    # Above the last finite bound nothing is known: report that bound.
+                    value = prev_le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_cum) / max(cum - prev_cum, 1e-12)
+                    break
+                prev_le, prev_cum = le, cum
+        rows.append({"run_id": run_id, "value": value, "bucket_lo": lo, "bucket_hi": hi, "n": total})
+    schema = {"run_id": pl.String, "value": pl.Float64, "bucket_lo": pl.Float64, "bucket_hi": pl.Float64, "n": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def ttft_against_server(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Our TTFT p50 (from send, as the server sees it) beside the median of vLLM's own TTFT
+    histogram for the same run: a check of the client, and of what HTTP adds."""
+    ours = _pl(con, f"""
+        SELECT run_id, quantile_cont(ttft_from_send_ms, 0.5) AS client_ttft_p50_ms,
+               count(ttft_from_send_ms) AS n_client
+        FROM ({_REQUEST_TTFT}) GROUP BY run_id""")
+    server = histogram_quantile(con, "vllm:time_to_first_token_seconds", 0.5).select(
+        "run_id",
+        (pl.col("value") * 1000).alias("server_ttft_p50_ms"),
+        (pl.col("bucket_lo") * 1000).alias("bucket_lo_ms"),
+        (pl.col("bucket_hi") * 1000).alias("bucket_hi_ms"),
+        pl.col("n").alias("n_server"),
+    )
+    out = ours.join(server, on="run_id", how="left")
+    return out.with_columns((pl.col("client_ttft_p50_ms") / pl.col("server_ttft_p50_ms")).alias("ratio"))

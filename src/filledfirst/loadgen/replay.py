@@ -13,7 +13,7 @@ import aiohttp
 
 from filledfirst.engine.lifetime import note_interrupt, signal_reason
 from filledfirst.loadgen.progress import show_progress
-from filledfirst.loadgen.prompts import completion_body
+from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
 from filledfirst.records import RequestRecord, ScheduledRequest, TokenRecord
@@ -41,11 +41,12 @@ class Replay:
         self.mode = settings.mode
         self.concurrency = settings.concurrency
         self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
-        self.url = base_url + "/v1/completions"
+        self.url = base_url + endpoint(settings.api)
         # Bodies are built before the clock starts so building them never delays a send.
         self.bodies = {
             r.request_id: completion_body(
-                r, model=settings.model, low=settings.token_low, high=settings.token_high, seed=settings.seed
+                r, model=settings.model, low=settings.token_low, high=settings.token_high, seed=settings.seed,
+                api=settings.api, prompt=settings.prompt,
             )
             for r in self.schedule
         }

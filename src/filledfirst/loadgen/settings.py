@@ -21,6 +21,8 @@ class ReplaySettings:
     concurrency: int | None = None
     connect_timeout_s: float | None = None
     first_token_timeout_s: float | None = None
+    api: str = "completions"  # or "chat"
+    prompt: str = "token_ids"  # or "text", for servers that refuse token ids (and chat)
 
     @classmethod
     def from_spec(cls, spec: dict) -> "ReplaySettings":
@@ -37,4 +39,6 @@ class ReplaySettings:
             concurrency=loadgen.get("concurrency"),
             connect_timeout_s=loadgen.get("connect_timeout_s"),
             first_token_timeout_s=loadgen.get("first_token_timeout_s"),
+            api=loadgen.get("api", "completions"),
+            prompt=loadgen.get("prompt", "token_ids"),
         )

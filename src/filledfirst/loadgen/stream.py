@@ -38,6 +38,46 @@ class SSEData:
         return out
 
 
+def _reasoning_text(choice: dict) -> str | None:
+    """Reasoning deltas of a chat chunk: vLLM's older `reasoning_content` or newer `reasoning`."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return None
+    return delta.get("reasoning_content") or delta.get("reasoning")
+
+
+def _text(choice: dict) -> str | None:
+    delta = choice.get("delta")
+    return delta.get("content") if isinstance(delta, dict) else choice.get("text")
+
+
+def _count_chunk(
+    rec: RequestRecord, tokens: list[TokenRecord], t: float, choice: dict, usage: dict | None,
+    first_token: asyncio.Timeout,
+) -> None:
+    """One streamed choice chunk: how many tokens it carried, and of which kind."""
+    reasoning = _reasoning_text(choice)
+    so_far = usage.get("completion_tokens") if usage else None
+    if so_far is not None:
+        n = so_far - (rec.output_tokens_received or 0)
+    else:
+        # Other servers give no per-chunk usage: a chunk with text counts as one token,
+        # and chat's opening role-only chunk (no text) as none.
+        n = 1 if (reasoning or _text(choice)) else 0
+    tokens.append(TokenRecord(rec.request_id, rec.chunks, t, n))
+    rec.chunks += 1
+    if n <= 0:
+        return
+    if rec.t_first_token is None:
+        rec.t_first_token = t
+        first_token.reschedule(None)
+    rec.t_last_token = t
+    if reasoning:
+        rec.reasoning_tokens += n
+    elif rec.t_first_content is None:
+        rec.t_first_content = t
+
+
 async def send_streamed(
     session: aiohttp.ClientSession,
     url: str,
@@ -86,16 +126,9 @@ async def send_streamed(
                         rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
                         return
                     usage = event.get("usage")
-                    if event.get("choices"):
-                        if rec.t_first_token is None:
-                            rec.t_first_token = t
-                            first_token.reschedule(None)
-                        rec.t_last_token = t
-                        # Without per-chunk usage (other servers) a chunk counts as one token.
-                        so_far = usage.get("completion_tokens") if usage else None
-                        n = so_far - (rec.output_tokens_received or 0) if so_far is not None else 1
-                        tokens.append(TokenRecord(rec.request_id, rec.chunks, t, n))
-                        rec.chunks += 1
+                    choices = event.get("choices")
+                    if choices:
+                        _count_chunk(rec, tokens, t, choices[0], usage, first_token)
                     if usage:
                         rec.prompt_tokens_received = usage.get("prompt_tokens")
                         rec.output_tokens_received = usage.get("completion_tokens")

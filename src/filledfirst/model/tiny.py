@@ -83,6 +83,9 @@ def vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
 def build_tokenizer():
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
@@ -95,6 +98,8 @@ def build_tokenizer():
         eos_token="</s>",
         unk_token="<unk>",
         model_max_length=32768,
+        # Plain concatenation: enough for the chat API to accept text prompts.
+        chat_template=CHAT_TEMPLATE,
     )
 
 

@@ -186,6 +186,32 @@ def compare_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return html_table(["", *(r["run_id"] for r in rows)], body)
 
 
+def measurement_table(rows: Sequence[Mapping[str, Any]], checks: Mapping[str, Mapping[str, Any]]) -> str:
+    """Can the numbers be trusted? Client lag, usage against what was asked, and our TTFT
+    beside vLLM's own histogram (`checks`: ttft_against_server rows by run id)."""
+    def server(c: Mapping[str, Any]) -> str:
+        if c.get("server_ttft_p50_ms") is None:
+            return "n/a"
+        return (f"{fmt_ms(c['server_ttft_p50_ms'])} (bucket {fmt_ms(c['bucket_lo_ms'])} to "
+                f"{fmt_ms(c['bucket_hi_ms'])})")
+
+    body = []
+    for r in rows:
+        c = checks.get(r["run_id"], {})
+        ratio = c.get("ratio")
+        body.append([
+            r["run_id"], f"{fmt_ms(r['lag_p50_ms'])} / {fmt_ms(r['lag_p99_ms'])}",
+            f"{r['n_usage_mismatch']:,}", f"{r['reasoning_tokens']:,}",
+            fmt_ms(c.get("client_ttft_p50_ms")), server(c),
+            f"{ratio:.2f}" if ratio is not None else "n/a",
+        ])
+    return html_table(
+        ["run", "dispatch lag p50 / p99", "usage not as asked", "reasoning tokens",
+         "our TTFT p50 (from send)", "vLLM's TTFT histogram median", "ours / vLLM's"],
+        body,
+    )
+
+
 def role_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The seed's interference table: one line per request role."""
     body = (

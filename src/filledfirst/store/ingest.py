@@ -41,6 +41,14 @@ CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR NOT NULL, {_columns(SAMPLE_SC
 """
 
 _TABLES = {"requests": rundir.REQUESTS, "tokens": rundir.TOKENS, "samples": rundir.SAMPLES}
+_SCHEMAS = {"requests": REQUEST_SCHEMA, "tokens": TOKEN_SCHEMA, "samples": SAMPLE_SCHEMA}
+
+
+def _add_new_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """A database written before a record gained a column gets it (NULL for old runs)."""
+    for table, schema in _SCHEMAS.items():
+        for f in schema:
+            con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{f.name}" {_ARROW_TO_SQL[str(f.type)]}')
 
 
 def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
@@ -55,6 +63,7 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
         con = duckdb.connect(str(tmp))
         try:
             con.execute(DDL)
+            _add_new_columns(con)
             for run_dir, meta in metas:
                 _ingest_one(con, run_dir, meta)
             con.execute("CHECKPOINT")
@@ -89,7 +98,8 @@ def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict) -> No
     for table, filename in _TABLES.items():
         path = run_dir / filename
         if path.is_file():
+            # By name: a run folder written before a column existed still loads (NULLs).
             con.execute(
-                f"INSERT INTO {table} SELECT ? AS run_id, * FROM read_parquet(?)",
+                f"INSERT INTO {table} BY NAME SELECT ? AS run_id, * FROM read_parquet(?)",
                 [run_id, str(path)],
             )
