@@ -21,7 +21,7 @@ def command_for(config: str, experiment: str):
 
 
 def test_gpu_config_runs_vllm_serve_with_the_seed_settings():
-    cmd = command_for("config.yaml", "reference")
+    cmd = command_for("config.yaml", "decode_low")
     assert cmd.argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]
     flags = " ".join(cmd.argv)
     assert "--dtype bfloat16" in flags
@@ -38,7 +38,7 @@ def test_experiment_overrides_the_engine_default():
 
 
 def test_cpu_config_uses_the_module_launcher_and_kv_space():
-    cmd = command_for("cpu.yaml", "reference")
+    cmd = command_for("cpu.yaml", "decode_low")
     assert cmd.argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
     assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert cmd.env["HF_HUB_OFFLINE"] == "1"
@@ -49,14 +49,14 @@ def test_dummy_load_format_is_passed(tmp_path):
     cfg_text = (ROOT / "config" / "config.yaml").read_text().replace("load_format: auto", "load_format: dummy")
     (tmp_path / "c.yaml").write_text(cfg_text)
     cfg = load_config([tmp_path / "c.yaml"])
-    spec = experiment_spec(cfg, "reference")
+    spec = experiment_spec(cfg, "decode_low")
     cmd = build_command(launcher="gpu", model=spec["model"], settings=spec["server"], host="h", port=1, seed=0, extra_env={})
     assert cmd.argv[cmd.argv.index("--load-format") + 1] == "dummy"
 
 
 def test_config_values_never_pass_through_a_shell():
     # argv elements are handed to exec as-is: a hostile value stays one argument.
-    cmd = command_for("cpu.yaml", "reference")
+    cmd = command_for("cpu.yaml", "decode_low")
     assert all(isinstance(a, str) for a in cmd.argv)
 
 
@@ -64,7 +64,7 @@ def test_config_values_never_pass_through_a_shell():
     "mutate, message",
     [
         (lambda t: t.replace("max_num_seqs: 64", "max_num_seqs: 64\n    max_num_seq: 3"), "max_num_seq"),
-        (lambda t: t.replace("workload: decode_low", "workload: nope"), "experiments.reference.workload"),
+        (lambda t: t.replace("workload: decode_120ms", "workload: nope"), "experiments.decode_low.workload"),
         (lambda t: t.replace("launcher: cpu", "launcher: tpu"), "tpu"),
     ],
 )
@@ -72,3 +72,24 @@ def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
     (tmp_path / "c.yaml").write_text(mutate((ROOT / "config" / "cpu.yaml").read_text()))
     with pytest.raises(UserError, match=message):
         load_config([tmp_path / "c.yaml"])
+
+
+def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
+    cfg = load_config([ROOT / "config" / "config.yaml"])
+    parts = {exp.get("part") for exp in cfg["experiments"].values()}
+    assert parts == {"interference", "decode_load", "sequence_limit", "kv_capacity", "azure", "concurrency_sweep"}
+    argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
+    assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
+    assert "--gpu-memory-utilization 0.45" in argv("kv_reduced") and "--gpu-memory-utilization 0.45" in argv("kv_heavy")
+    assert "--max-num-seqs 8" in argv("seq_limit") and "--max-num-seqs 256" in argv("decode_high")
+    sweep = sorted(cfg["experiments"][e]["loadgen"]["concurrency"] for e in cfg["experiments"] if e.startswith("sweep_"))
+    assert sweep == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "cpu.yaml"])
+def test_every_synthetic_request_fits_the_model_length(config):
+    cfg = load_config([ROOT / "config" / config])
+    limit = cfg["model"]["max_model_len"]
+    for name, wl in cfg["workloads"].items():
+        for phase in wl.get("phases", []):
+            assert phase["prompt_tokens"] + phase["output_tokens"] <= limit, name
