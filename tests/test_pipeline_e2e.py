@@ -4,6 +4,7 @@ import json
 import subprocess
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, snakemake_argv
@@ -22,6 +23,7 @@ def run_pipeline(workdir, env):
 def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
     workdir = run_pipeline(tmp_path, pipeline_env)
     check_study(workdir)
+    check_shared_server(workdir)
 
     # Nothing to do on a second run: every output is complete and up to date.
     again = subprocess.run(
@@ -97,3 +99,44 @@ def check_study(workdir):
     for exp in runs:
         assert exp in html
     assert "max_num_seqs 8" in html
+
+
+def check_shared_server(workdir):
+    """reference and azure_replay have the same server settings: one job, one start-up,
+    two complete run folders, each with its own part of the server log."""
+    runs, logs = workdir / "results" / "runs", workdir / "results" / "logs"
+    group = ["reference", "azure_replay"]
+    first, second = (json.loads((runs / e / "run.json").read_text()) for e in group)
+    assert [first["server"]["group_position"], second["server"]["group_position"]] == [1, 2]
+    for meta in (first, second):
+        assert meta["server"]["shared_with"] == group and meta["server"]["started_by"] == "reference"
+    assert first["server"]["url"] == second["server"]["url"]
+    assert first["timings"]["startup_s"] > 0 and "startup_s" not in second["timings"]
+    assert second["timings"]["startup_reused_s"] == first["timings"]["startup_s"]
+    assert "idle_wait_s" in second["timings"]
+    assert (logs / "run-reference.log").read_text().count("starting vLLM") == 1
+    assert (logs / "run-seq_limit.log").is_file() and not (logs / "run-azure_replay.log").exists()
+
+    # server.log split: the start-up only in the first part, every request in its run's part
+    parts = {e: (runs / e / "server.log").read_text() for e in group}
+    assert "Starting vLLM" in parts["reference"] and "Starting vLLM" not in parts["azure_replay"]
+    for e in group:
+        n = pq.read_metadata(runs / e / "requests.parquet").num_rows
+        assert parts[e].count("POST /v1/completions") == n, e
+
+    # The second run starts on the same server (its counters go on from the first run's),
+    # idle: nothing waiting, and nothing running but what it had sent itself.
+    con = duckdb.connect()
+    t0, duration = con.execute(
+        "SELECT t, value FROM read_parquet(?) WHERE metric = 'filledfirst:scrape_duration_seconds' ORDER BY t LIMIT 1",
+        [str(runs / "azure_replay" / "samples.parquet")]).fetchone()
+    first_scrape = dict(con.execute(
+        "SELECT metric, sum(value) FROM read_parquet(?) WHERE t = ? GROUP BY metric",
+        [str(runs / "azure_replay" / "samples.parquet"), t0]).fetchall())
+    sent = con.execute("SELECT count(*) FROM read_parquet(?) WHERE t_sent <= ?",
+                       [str(runs / "azure_replay" / "requests.parquet"), t0 + duration]).fetchone()[0]
+    assert first_scrape["vllm:num_requests_waiting"] == 0
+    assert first_scrape["vllm:num_requests_running"] <= sent
+    prompt_tokens_before = con.execute("SELECT sum(prompt_tokens_received) FROM read_parquet(?)",
+                                       [str(runs / "reference" / "requests.parquet")]).fetchone()[0]
+    assert first_scrape["vllm:prompt_tokens_total"] >= prompt_tokens_before > 0

@@ -1,11 +1,13 @@
 """The Snakemake workflow itself: lint-clean, and both studies plan the right jobs."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO
+from filledfirst.config import load_config, server_groups
 
 
 def snakemake(*args, cwd=REPO):
@@ -17,16 +19,32 @@ def test_lint_is_clean():
     assert proc.returncode == 0 and "good condition" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
+def job_stats(out: str) -> dict[str, int]:
+    """The `Job stats` table of a dry run: rule -> number of jobs."""
+    return {line.split()[0]: int(line.split()[1]) for line in out.splitlines()
+            if len(line.split()) == 2 and line.split()[1].isdigit()}
+
+
 @pytest.mark.parametrize("configfile, model_jobs", [("config/config.yaml", 0), ("config/cpu.yaml", 1)])
-def test_dry_run_plans_every_experiment(tmp_path, configfile, model_jobs):
-    proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "all",
+def test_dry_run_plans_one_job_per_server_group(tmp_path, configfile, model_jobs):
+    proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "all",
                      "--configfile", str(REPO / configfile))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    stats = {line.split()[0]: int(line.split()[1]) for line in out.splitlines()
-             if len(line.split()) == 2 and line.split()[1].isdigit()}
-    assert stats["run_experiment"] == 4 and stats["ingest"] == 1 and stats["report"] == 1
+    stats = job_stats(out)
+    groups = server_groups(load_config([REPO / configfile]))
+    assert {rule: n for rule, n in stats.items() if rule.startswith("run_group_")} == {
+        f"run_group_{group}": 1 for group in groups
+    }
+    assert stats["ingest"] == 1 and stats["report"] == 1
     assert stats.get("tiny_model", 0) == model_jobs
+    # One `filledfirst run` per group, its experiments in config order, each to its own folder.
+    runs = [line for line in out.splitlines() if " -m filledfirst run " in line]
+    assert len(runs) == len(groups)
+    for group, members in groups.items():
+        line = next(r for r in runs if f"tee results/logs/run-{group}.log" in r)
+        assert re.findall(r"--experiment (\S+)", line) == members
+        assert re.findall(r"--out (\S+)", line) == [f"results/runs/{e}" for e in members]
 
 
 def test_command_line_overrides_are_refused(tmp_path):

@@ -114,24 +114,36 @@ def _cmd_workload_synth(args) -> int:
 
 
 def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="start vLLM for one experiment, replay its schedule, write a run folder")
+    p = sub.add_parser(
+        "run",
+        help="start vLLM once, replay each experiment's schedule against it in turn, write a run folder each",
+        description="One experiment: --experiment NAME --schedule P --out DIR. Several experiments "
+        "with identical server settings, against one server start: repeat the three options, "
+        "once per experiment, in the order to run them (the i-th of each go together).",
+    )
     p.add_argument("--config", action="append", required=True, type=Path, dest="configs")
-    p.add_argument("--experiment", required=True)
-    p.add_argument("--schedule", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--experiment", action="append", required=True, dest="experiments", metavar="NAME")
+    p.add_argument("--schedule", action="append", required=True, type=Path, dest="schedules", metavar="P",
+                   help="the schedule of the experiment given at the same place")
+    p.add_argument("--out", action="append", required=True, type=Path, dest="outs", metavar="DIR",
+                   help="its run folder")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args) -> int:
     from filledfirst.config import load_config
-    from filledfirst.runner import run_experiment
+    from filledfirst.runner import Job, run_experiments
 
+    if not len(args.experiments) == len(args.schedules) == len(args.outs):
+        raise UserError(
+            f"give --experiment, --schedule and --out once per experiment (got {len(args.experiments)}, "
+            f"{len(args.schedules)} and {len(args.outs)})"
+        )
     cfg = load_config(args.configs)
-    status = run_experiment(
-        cfg, args.experiment, args.schedule, args.out, progress=not args.no_progress
-    )
-    return 0 if status != "failed" else 1
+    jobs = [Job(*triple) for triple in zip(args.experiments, args.schedules, args.outs)]
+    statuses = run_experiments(cfg, jobs, progress=not args.no_progress)
+    return 0 if "failed" not in statuses else 1
 
 
 def _add_replay(sub) -> None:

@@ -95,3 +95,64 @@ def experiment_spec(cfg: dict, experiment: str) -> dict:
 
 def fingerprint(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def server_identity(cfg: dict, experiment: str) -> dict:
+    """What makes two experiments' servers the same process: model, engine, merged settings.
+    The load generator and scrape settings are the client's and do not count."""
+    spec = experiment_spec(cfg, experiment)
+    return {"model": spec["model"], "engine": spec["engine"], "server": spec["server"]}
+
+
+def server_groups(cfg: dict) -> dict[str, list[str]]:
+    """Experiments that run one after the other against one server start, by group name.
+
+    A group is named after its first experiment: readable in Snakemake's job list and log
+    names, stable while that experiment stays first, and a group of one keeps the name its
+    experiment had on its own (`results/logs/run-<experiment>.log`). A fingerprint would
+    change with every settings tweak and tell a reader nothing.
+
+    Inside a group experiments run in config order, so which one meets a freshly started
+    server (first batches, allocator warm-up) is decided by the config, never by a sort:
+    put the experiment that should see a cold server first, or mark it `isolate: true`.
+    """
+    groups: dict[str, list[str]] = {}
+    by_identity: dict[str, str] = {}
+    for name, exp in cfg["experiments"].items():
+        if exp.get("isolate", False):
+            groups[name] = [name]
+            continue
+        # Canonical JSON, not a hash: equal exactly when the settings are.
+        key = json.dumps(server_identity(cfg, name), sort_keys=True)
+        if key in by_identity:
+            groups[by_identity[key]].append(name)
+        else:
+            by_identity[key] = name
+            groups[name] = [name]
+    return groups
+
+
+def check_shareable(cfg: dict, experiments: list[str]) -> None:
+    """Refuse to run `experiments` against one server unless their groups allow it."""
+    unknown = [e for e in experiments if e not in cfg["experiments"]]
+    if unknown:
+        raise UserError(f"experiment(s) {unknown} not in the config ({sorted(cfg['experiments'])})")
+    if len(set(experiments)) != len(experiments):
+        raise UserError(f"an experiment is given twice: {experiments}")
+    if len(experiments) < 2:
+        return
+    isolated = [e for e in experiments if cfg["experiments"][e].get("isolate", False)]
+    if isolated:
+        raise UserError(f"{isolated} must have a server of their own (isolate: true)")
+    first = server_identity(cfg, experiments[0])
+    differ = [e for e in experiments[1:] if server_identity(cfg, e) != first]
+    if differ:
+        raise UserError(
+            f"{differ} need a different server from {experiments[0]!r} (model, engine or server "
+            "settings differ): run them separately"
+        )
+
+
+def group_fingerprint(cfg: dict, experiments: list[str]) -> str:
+    """Changes when any experiment of the group, or the group's membership or order, does."""
+    return fingerprint([experiment_spec(cfg, e) for e in experiments])

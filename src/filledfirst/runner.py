@@ -1,6 +1,7 @@
 """One measured run, start to finish, written to a run folder whatever happens.
 
-`run_experiment`: start vLLM for an experiment of the config, replay, stop it.
+`run_experiments`: start vLLM once for experiments of the config that share its
+settings, replay each in turn, stop it (`run_experiment`: the same for one).
 `replay_endpoint`: replay against a server someone else runs (bring your own endpoint).
 """
 
@@ -12,19 +13,21 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import polars as pl
 
 from filledfirst import atomic, rundir
-from filledfirst.config import experiment_spec, fingerprint
-from filledfirst.engine.command import build_command
+from filledfirst.config import check_shareable, experiment_spec, fingerprint
 from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
-from filledfirst.engine.server import ServerStartError, VllmServer, free_port, log_tail
+from filledfirst.engine.server import ServerStartError, log_tail
+from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
@@ -66,7 +69,8 @@ class _Run:
             self.meta["schedule"]["stats"] = json.loads(stats.read_text())
 
     def replay_against(
-        self, base_url: str, settings: ReplaySettings, progress: bool, server_alive: Callable[[], bool] | None
+        self, base_url: str, settings: ReplaySettings, progress: bool,
+        server_alive: Callable[[], bool] | None, server_log: Path | None = None,
     ) -> None:
         self.replay = Replay(self.schedule, base_url, settings, progress=progress, server_alive=server_alive)
         log.info("replaying %d requests against %s", len(self.schedule), base_url)
@@ -75,9 +79,8 @@ class _Run:
         self.meta["timings"]["client_cpu_s"] = self.replay.client_cpu_s
         if self.replay.server_died:
             self.meta["status"] = "partial"
-            self.meta["error"] = "vLLM exited during the run. Last lines of server.log:\n" + log_tail(
-                self.work / rundir.SERVER_LOG
-            )
+            assert server_log is not None  # only a server we started is watched
+            self.meta["error"] = "vLLM exited during the run. Last lines of server.log:\n" + log_tail(server_log)
         elif self.replay.interrupted:
             self.meta["status"], self.meta["error"] = "partial", f"interrupted: {self.replay.interrupted}"
         else:
@@ -108,54 +111,118 @@ class _Run:
         return meta["status"]
 
 
+@dataclass(frozen=True)
+class Job:
+    """One experiment of a `filledfirst run` call and where its run folder goes."""
+
+    experiment: str
+    schedule: Path
+    out: Path
+
+
 def run_experiment(cfg: dict, experiment: str, schedule_path: Path, out: Path, progress: bool = True) -> str:
     """Returns the run status; the run folder is written whatever happens, then swapped into place."""
-    if experiment not in cfg["experiments"]:
-        raise UserError(f"experiment {experiment!r} is not in the config ({sorted(cfg['experiments'])})")
-    spec = experiment_spec(cfg, experiment)
-    engine = spec["engine"]
-    host = engine.get("host", "127.0.0.1")
-    port = free_port(host)
-    cmd = build_command(
-        launcher=engine["launcher"], model=spec["model"], settings=spec["server"],
-        host=host, port=port, seed=engine.get("seed", 0), extra_env=engine.get("env", {}),
-    )
+    return run_experiments(cfg, [Job(experiment, Path(schedule_path), Path(out))], progress)[0]
+
+
+def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[str]:
+    """Experiments with identical server settings, in the given order, against one server
+    start. Each run folder is published as soon as its experiment ends; an interruption
+    publishes the current one and exits 130 without starting the rest."""
+    check_shareable(cfg, [job.experiment for job in jobs])
+    if len({job.out.resolve() for job in jobs}) < len(jobs):
+        raise UserError(f"two experiments would write the same run folder: {[str(job.out) for job in jobs]}")
     install_interrupt_handlers()
     watch_owners()
-    run = _Run(experiment, schedule_path, out, {
-        "workload": spec["workload_name"],
-        "description": spec["description"],
-        "spec": spec,
-        "spec_fingerprint": fingerprint(spec),
-        "model": spec["model"],
-        "server": {
-            "launcher": engine["launcher"],
-            "argv": cmd.argv,
-            "env": cmd.env,  # only what we set; API keys never pass through here
-            "settings": spec["server"],
-            "url": f"http://{host}:{port}",
-        },
-    })
+    parent = jobs[0].out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    # The server's whole log, beside the run folders (same file system), gone at the end:
+    # each run folder keeps its own part.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
+    group = _Group(cfg, jobs, SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / rundir.SERVER_LOG))
     try:
-        with VllmServer(
-            cmd, host=host, port=port, log_path=run.work / rundir.SERVER_LOG,
-            startup_timeout_s=engine.get("startup_timeout_s", 600),
-            nice=engine.get("server_nice", 0),
-        ) as server:
-            run.meta["timings"]["startup_s"] = server.startup_s
-            run.meta["versions"]["vllm"] = server.version()
-            run.replay_against(
-                server.base_url, ReplaySettings.from_spec(spec), progress,
-                server_alive=lambda: server.proc is not None and server.proc.poll() is None,
-            )
-    except ServerStartError as exc:
-        run.meta["status"], run.meta["error"] = "failed", str(exc)
-        log.error("%s", exc)
-    except Interrupted as exc:
-        run.interrupted(exc)
+        return [group.run(position, progress) for position in range(len(jobs))]
     finally:
-        status = run.finish()
-    return status
+        group.shared.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class _Group:
+    """The experiments of one call and the server they share, run one after the other."""
+
+    def __init__(self, cfg: dict, jobs: list[Job], shared: SharedServer):
+        self.cfg = cfg
+        self.jobs = jobs
+        self.names = [job.experiment for job in jobs]
+        self.shared = shared
+        # Where the next run's part of the server log begins: the parts are contiguous, so
+        # what the server wrote between two experiments is in the later one's log.
+        self.log_from = 0
+
+    def run(self, position: int, progress: bool) -> str:
+        job = self.jobs[position]
+        spec = experiment_spec(self.cfg, job.experiment)
+        run = _Run(job.experiment, job.schedule, job.out, {
+            "workload": spec["workload_name"],
+            "description": spec["description"],
+            "spec": spec,
+            "spec_fingerprint": fingerprint(spec),
+            "model": spec["model"],
+            "server": {
+                "launcher": spec["engine"]["launcher"],
+                "settings": spec["server"],
+                "shared_with": self.names,
+                "group_position": position + 1,  # 1 = the first experiment of the group
+            },
+        })
+        shared = self.shared
+        try:
+            waited = shared.ready(job.experiment)
+            _record_server(run.meta, shared, waited)
+            run.replay_against(
+                shared.base_url, ReplaySettings.from_spec(spec), progress,
+                server_alive=shared.alive, server_log=shared.log_path,
+            )
+            self._stop_if_done(position, run)  # here, so a signal while stopping is handled below
+        except ServerStartError as exc:
+            _record_server(run.meta, shared, None)
+            run.meta["status"], run.meta["error"] = "failed", str(exc)
+            # An experiment failed by an earlier start's failure gets that start's log too.
+            self.log_from = min(self.log_from, shared.start_offset)
+            log.error("%s", exc)
+        except Interrupted as exc:
+            run.interrupted(exc)
+        finally:
+            self._stop_if_done(position, run)  # once stopping, signals no longer interrupt this
+            self.log_from = shared.copy_log(self.log_from, run.work / rundir.SERVER_LOG)
+            status = run.finish()
+        return status
+
+    def _stop_if_done(self, position: int, run: _Run) -> None:
+        """The server's last run gets its shutdown lines in its log; a server that died is
+        stopped (its whole group) before the next experiment starts a fresh one."""
+        if position == len(self.jobs) - 1 or run.meta["status"] != "ok" or interrupt_reason():
+            self.shared.stop()
+
+
+def _record_server(meta: dict, shared: SharedServer, waited: float | None) -> None:
+    """The server this run got; its start-up is under `startup_s` only for the run that
+    paid it, the others see what they reused as `startup_reused_s`."""
+    if shared.cmd is not None:
+        meta["server"].update({
+            "argv": shared.cmd.argv,
+            "env": shared.cmd.env,  # only what we set; API keys never pass through here
+            "url": shared.base_url,
+        })
+    if not shared.alive():
+        return  # it never became healthy
+    meta["server"]["started_by"] = shared.started_by
+    meta["versions"]["vllm"] = shared.version
+    if waited is None:
+        meta["timings"]["startup_s"] = shared.startup_s
+    else:
+        meta["timings"]["startup_reused_s"] = shared.startup_s
+        meta["timings"]["idle_wait_s"] = waited
 
 
 def replay_endpoint(

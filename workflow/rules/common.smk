@@ -6,7 +6,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from filledfirst.config import experiment_spec, fingerprint
+from filledfirst.config import fingerprint, group_fingerprint, server_groups
 
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
@@ -35,6 +35,8 @@ FILLEDFIRST = f"{shlex.quote(sys.executable)} -m filledfirst"
 os.environ.update(FILLEDFIRST_WATCH_PID=str(os.getpid()))
 
 EXPERIMENTS = sorted(config["experiments"])
+# Experiments with identical server settings share one server start (one job each group).
+SERVER_GROUPS = server_groups(config)
 TRACE_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "trace")
 SYNTHETIC_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "synthetic")
 DB = "results/filledfirst.duckdb"
@@ -47,17 +49,30 @@ def one_of(names):
     return "|".join(re.escape(n) for n in names) or "(?!)"
 
 
-wildcard_constraints:
-    exp=one_of(EXPERIMENTS),
-
-
 def model_inputs():
     """The locally built model folder, when the config serves one."""
     return [config["model"]["path"]] if config["model"]["source"] == "tiny" else []
 
 
-def schedule_of(wildcards):
-    return f"data/schedules/{config['experiments'][wildcards.exp]['workload']}.parquet"
+def schedule_of(exp):
+    return f"data/schedules/{config['experiments'][exp]['workload']}.parquet"
+
+
+def run_dir(exp):
+    return f"results/runs/{exp}"
+
+
+def run_args(members):
+    """`--experiment --schedule --out` for each member, in group order, from the job's
+    own input and output lists (so they are the files Snakemake tracks)."""
+
+    def args(wildcards, input, output):
+        return " ".join(
+            f"--experiment {shlex.quote(exp)} --schedule {shlex.quote(sched)} --out {shlex.quote(out)}"
+            for exp, sched, out in zip(members, input.schedules, output)
+        )
+
+    return args
 
 
 def trace_csv_of(wildcards):
@@ -79,11 +94,6 @@ def subsample_args(wildcards):
         f"--max-model-len {int(config['model']['max_model_len'])}"
         + (" --skip-bad" if w.get("skip_bad") else "")
     )
-
-
-def experiment_fingerprint(wildcards):
-    """Changes whenever anything that decides the experiment's outcome changes."""
-    return fingerprint(experiment_spec(config, wildcards.exp))
 
 
 def workload_fingerprint(wildcards):

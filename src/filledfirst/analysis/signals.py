@@ -13,10 +13,12 @@ Definitions (times are seconds on the run's one monotonic clock):
   counted (n, n_failed) and never dropped from denominators of counts.
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
   engines, as a percentage. Preemptions: counter max - min over the run, per label set,
-  summed over label sets.
+  summed over label sets. Only differences of counters within a run are used, never
+  their absolute values: runs that share one server start (filledfirst.config.
+  server_groups) see counters that go on from the run before, and need no reset.
 - Server histograms (vLLM's TTFT, queue time, ...): bucket counts at the run's last scrape
-  minus its first, so a server shared by several runs is measured per run; quantiles are
-  interpolated linearly inside a bucket, as Prometheus' histogram_quantile does.
+  minus its first, for the same reason; quantiles are interpolated linearly inside a
+  bucket, as Prometheus' histogram_quantile does.
 - Whole run for now: no warm-up or drain window is cut.
 """
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
+from filledfirst.scrape import latest_gauges, parse_metrics
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,19 @@ class VllmServer:
             return json.loads(body)["version"] if body else None
         except (ValueError, KeyError):
             return None
+
+    def scheduler_load(self) -> dict[str, float] | None:
+        """running / waiting / kv from one read of /metrics; None when it did not answer."""
+        body = self._get("/metrics", timeout=5.0)
+        if body is None:
+            return None
+        try:
+            return latest_gauges(parse_metrics(body.decode(errors="replace"), 0.0))
+        except ValueError:  # a malformed exposition counts as no answer
+            return None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def _get(self, path: str, timeout: float) -> bytes | None:
         try:

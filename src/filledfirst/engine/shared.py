@@ -1,0 +1,128 @@
+"""One vLLM server for several experiments with identical server settings.
+
+Started when the first experiment needs it, reused (once idle) by the next ones,
+started afresh when it died, stopped at the end. Its whole log goes to one file; each
+run copies the part written while it was the current one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from filledfirst.engine.command import ServerCommand, build_command
+from filledfirst.engine.server import ServerStartError, VllmServer, free_port
+
+log = logging.getLogger(__name__)
+
+# A finished run leaves nothing in flight (the client cancels what outlived the drain
+# timeout and vLLM aborts a request whose connection closed), so idleness normally
+# comes within a second; this is for a server that never gets there.
+IDLE_TIMEOUT_S = 120.0
+IDLE_POLL_S = 0.25
+
+
+class ServerNotIdle(Exception):
+    """Requests of an earlier experiment were still running or waiting after the timeout."""
+
+
+class SharedServer:
+    def __init__(self, spec: dict, log_path: Path, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        self.spec = spec
+        self.log_path = log_path
+        self.idle_timeout_s = idle_timeout_s
+        self.server: VllmServer | None = None
+        self.cmd: ServerCommand | None = None  # of the latest start attempt
+        self.base_url: str | None = None
+        self.started_by: str | None = None  # the experiment that paid the current start-up
+        self.startup_s: float | None = None
+        self.version: str | None = None
+        self.start_offset = 0  # log offset where the latest start attempt began
+        # A start that failed is not retried: the same settings would fail the same way,
+        # after up to startup_timeout_s each.
+        self.start_error: ServerStartError | None = None
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.alive()
+
+    def ready(self, experiment: str) -> float | None:
+        """Make the server ready for `experiment`: the seconds waited for it to be idle
+        when it was reused, None when it was started for this experiment."""
+        if self.start_error is not None:
+            raise self.start_error
+        if self.server is not None:
+            if not self.alive():
+                log.warning("vLLM exited after the previous experiment; starting a fresh one for %s", experiment)
+            else:
+                try:
+                    return self._wait_idle()
+                except ServerNotIdle as exc:
+                    log.error("%s; starting a fresh server for %s", exc, experiment)
+            self.stop()
+        self._start(experiment)
+        return None
+
+    def _start(self, experiment: str) -> None:
+        engine = self.spec["engine"]
+        host = engine.get("host", "127.0.0.1")
+        port = free_port(host)
+        self.cmd = build_command(
+            launcher=engine["launcher"], model=self.spec["model"], settings=self.spec["server"],
+            host=host, port=port, seed=engine.get("seed", 0), extra_env=engine.get("env", {}),
+        )
+        self.base_url = f"http://{host}:{port}"
+        self.start_offset = self.log_offset()
+        server = VllmServer(
+            self.cmd, host=host, port=port, log_path=self.log_path,
+            startup_timeout_s=engine.get("startup_timeout_s", 600), nice=engine.get("server_nice", 0),
+        )
+        try:
+            server.__enter__()  # healthy, or stopped again and raised
+        except ServerStartError as exc:
+            self.start_error = exc
+            raise
+        self.server, self.started_by, self.startup_s = server, experiment, server.startup_s
+        self.version = server.version()
+
+    def _wait_idle(self) -> float:
+        """Seconds until /metrics showed nothing running or waiting: every experiment
+        starts on an empty scheduler, whatever the one before it left."""
+        assert self.server is not None
+        t0 = time.monotonic()
+        load = None
+        while time.monotonic() - t0 < self.idle_timeout_s:
+            if not self.alive():
+                raise ServerNotIdle("vLLM exited while waiting for it to be idle")
+            load = self.server.scheduler_load()
+            if load is not None and load["running"] == 0 and load["waiting"] == 0:
+                waited = time.monotonic() - t0
+                log.info("vLLM idle after %.1f s", waited)
+                return waited
+            time.sleep(IDLE_POLL_S)
+        seen = f"{load['running']:.0f} running, {load['waiting']:.0f} waiting" if load else "/metrics not answering"
+        raise ServerNotIdle(f"vLLM was not idle {self.idle_timeout_s:.0f} s after the previous experiment ({seen})")
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def log_offset(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def copy_log(self, since: int, dest: Path) -> int:
+        """Copy the log from byte `since` to its current end (a run's own part of it) to
+        `dest`; returns that end, where the next part begins."""
+        with open(dest, "wb") as out:
+            try:
+                with open(self.log_path, "rb") as src:
+                    src.seek(since)
+                    shutil.copyfileobj(src, out)
+            except FileNotFoundError:
+                pass  # the server was never started: an empty log
+            return since + out.tell()

@@ -1,0 +1,142 @@
+"""How `filledfirst run` carries a group of experiments through a server that dies, never
+starts or is interrupted, with a stand-in for vLLM and the replay (the real engine is in
+test_pipeline_e2e)."""
+
+import json
+
+import pytest
+
+from filledfirst import runner
+from filledfirst.config import load_config
+from filledfirst.engine import lifetime
+from filledfirst.engine.command import ServerCommand
+from filledfirst.engine.server import ServerStartError
+from filledfirst.engine.shared import SharedServer
+from filledfirst.loadgen.replay import Replay
+from filledfirst.runner import Job, run_experiments
+from filledfirst.workloads.synthetic import write_synthetic_schedule
+
+from conftest import REPO
+
+
+class _Proc:
+    def __init__(self):
+        self.running = True
+
+    def alive(self):
+        return self.running
+
+    def stop(self):
+        self.running = False
+
+    def scheduler_load(self):
+        return {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+
+
+class FakeShared(SharedServer):
+    """A SharedServer whose starts write a start-up line to the log instead of starting vLLM."""
+
+    def __init__(self, log_path, failing_starts=()):
+        super().__init__({}, log_path)
+        self.failing_starts = failing_starts
+        self.starts: list[str] = []
+
+    def _start(self, experiment):
+        self.starts.append(experiment)
+        self.cmd, self.base_url = ServerCommand(["vllm", "serve"]), "http://fake"
+        self.start_offset = self.log_offset()
+        with open(self.log_path, "a") as f:
+            f.write(f"start-up for {experiment}\n")
+        if experiment in self.failing_starts:
+            self.start_error = ServerStartError(f"vLLM exited with code 1 before it was healthy ({experiment})")
+            raise self.start_error
+        self.server, self.started_by, self.startup_s = _Proc(), experiment, 1.5
+
+
+@pytest.fixture
+def group(tmp_path, monkeypatch):
+    """Experiments a, b, c sharing a server, their schedules, and hooks for what happens."""
+    cfg = load_config([REPO / "tests" / "configs" / "e2e.yaml"])
+    cfg["experiments"] = {name: {"workload": "light"} for name in ("a", "b", "c")}
+    write_synthetic_schedule(cfg["workloads"]["light"], tmp_path / "s.parquet")
+    jobs = [Job(name, tmp_path / "s.parquet", tmp_path / "runs" / name) for name in cfg["experiments"]]
+    state = {"shared": None, "during": {}}  # during: experiment -> what happens in its replay
+
+    def make_shared(spec, log_path):
+        state["shared"] = FakeShared(log_path, state.get("failing_starts", ()))
+        return state["shared"]
+
+    async def fake_run(replay):
+        experiment = state["current"] = next(j.experiment for j in jobs if not j.out.exists())
+        replay.t_end, replay.client_cpu_s = 1.0, 0.1
+        with open(state["shared"].log_path, "a") as f:
+            f.write(f"requests of {experiment}\n")
+        what = state["during"].get(experiment)
+        if what == "server dies":
+            state["shared"].server.running = False
+            replay.server_died = True
+        elif what == "interrupt":
+            lifetime.note_interrupt("received SIGINT")
+            replay.interrupted = "received SIGINT"
+
+    monkeypatch.setattr(runner, "SharedServer", make_shared)
+    monkeypatch.setattr(Replay, "run", fake_run)
+    # Leave the test process's own signal handlers and parent alone.
+    monkeypatch.setattr(runner, "install_interrupt_handlers", lambda: None)
+    monkeypatch.setattr(runner, "watch_owners", lambda: None)
+    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    return cfg, jobs, state
+
+
+def meta(job):
+    return json.loads((job.out / "run.json").read_text())
+
+
+def server_log(job):
+    return (job.out / "server.log").read_text()
+
+
+def test_one_start_for_the_group_and_the_log_split(group):
+    cfg, jobs, state = group
+    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert state["shared"].starts == ["a"]
+    assert server_log(jobs[0]) == "start-up for a\nrequests of a\n"
+    assert [server_log(j) for j in jobs[1:]] == ["requests of b\n", "requests of c\n"]
+    a, b = meta(jobs[0]), meta(jobs[1])
+    assert a["timings"]["startup_s"] == 1.5 and "startup_reused_s" not in a["timings"]
+    assert b["timings"]["startup_reused_s"] == 1.5 and "startup_s" not in b["timings"]
+    assert b["server"]["shared_with"] == ["a", "b", "c"] and b["server"]["group_position"] == 2
+    assert not list((jobs[0].out.parent).glob(".*"))  # no temp folder or log left
+
+
+def test_a_server_that_dies_is_started_afresh_for_the_rest(group):
+    cfg, jobs, state = group
+    state["during"]["a"] = "server dies"
+    assert run_experiments(cfg, jobs, progress=False) == ["partial", "ok", "ok"]
+    assert state["shared"].starts == ["a", "b"]
+    assert "vLLM exited during the run" in meta(jobs[0])["error"]
+    assert server_log(jobs[1]).startswith("start-up for b\n")
+    assert [meta(j)["server"]["started_by"] for j in jobs] == ["a", "b", "b"]
+    assert "startup_s" in meta(jobs[1])["timings"] and "startup_reused_s" in meta(jobs[2])["timings"]
+
+
+def test_a_failed_start_fails_every_experiment_that_needed_it(group):
+    cfg, jobs, state = group
+    state["during"]["a"] = "server dies"
+    state["failing_starts"] = ("b",)
+    assert run_experiments(cfg, jobs, progress=False) == ["partial", "failed", "failed"]
+    assert state["shared"].starts == ["a", "b"]  # not retried for c
+    for job in jobs[1:]:
+        assert "exited with code 1 before it was healthy (b)" in meta(job)["error"]
+        assert server_log(job) == "start-up for b\n"  # the failed start's log, for each
+
+
+def test_an_interruption_publishes_the_current_run_and_starts_no_other(group):
+    cfg, jobs, state = group
+    state["during"]["b"] = "interrupt"
+    with pytest.raises(SystemExit) as exit_:
+        run_experiments(cfg, jobs, progress=False)
+    assert exit_.value.code == 130
+    assert [meta(j)["status"] for j in jobs[:2]] == ["ok", "partial"]
+    assert not jobs[2].out.exists()
+    assert not state["shared"].alive()  # stopped on the way out
