@@ -32,7 +32,7 @@ DISCONNECT_ERROR = "<b>connection reset</b> & gone"
 
 
 def _meta(run_id: str, experiment: str, status: str, max_num_seqs: int, started: int,
-          error: str | None = None) -> dict:
+          error: str | None = None, part: str | None = None) -> dict:
     # The run.json shape the runner writes: ingest reads model/server/versions from it and
     # the report's Setup section shows the rest.
     return {
@@ -48,6 +48,7 @@ def _meta(run_id: str, experiment: str, status: str, max_num_seqs: int, started:
         "hardware": {"cpu_count": 2, "memory_gib": 24, "gpu": None},
         "timings": {"startup_s": 21.5},
         "schedule": {"n_requests": 7, "span_s": 1.75},
+        "spec": {"part": part, "expect": None, "loadgen": {}},
     }
 
 
@@ -109,7 +110,7 @@ def _run_a(root: Path) -> Path:
         + _series("vllm:num_preemptions_created", [[1.7e9] * 6], ts)
         + [SampleRecord(t, "filledfirst:scrape_seconds", "", 0.004) for t in ts]
     )
-    return _write_run(root, _meta(RUN_A, "interference", "ok", 8, started=1), [r for r, _ in built],
+    return _write_run(root, _meta(RUN_A, "interference", "ok", 8, started=1, part="interference"), [r for r, _ in built],
                       [t for _, ts_ in built for t in ts_], samples)
 
 
@@ -123,7 +124,8 @@ def _run_legacy(root: Path) -> Path:
         + _series("vllm:gpu_cache_usage_perc", [[0.01, 0.02, 0.04]], ts)
         + _series("vllm:num_preemptions", [[0, 0, 0]], ts)
     )
-    meta = _meta(RUN_LEGACY, "decode-legacy", "partial", 64, started=2, error="server exited with code -9")
+    meta = _meta(RUN_LEGACY, "decode-legacy", "partial", 64, started=2, error="server exited with code -9",
+                 part="decode_load")
     return _write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
 
 
@@ -282,6 +284,9 @@ def test_report_html(report):
     assert "decoding" in html and "probe" in html and "680 ms" in html
     assert "3 / 5 (max_num_seqs 8)" in html
     assert "vllm.entrypoints.openai.api_server" in html and "0.32.0" in html
+    # the seed's tables, part by part, with the seed's own figures marked as such
+    assert "How does a long prefill affect other requests?" in html and "short new requests" in html
+    assert "What happens when decode load rises?" in html and "seed, 80 ms" in html and "4,737 ms" in html
     # the failed run's error, escaped; no data string became markup
     assert tables.esc(FAILED_RUN_ERROR) in html
     assert "<script>alert(1)" not in html and "<b>connection reset" not in html
@@ -368,3 +373,17 @@ def test_schedule_sentence_in_the_seeds_words():
     assert "Every 10th request" in text and "gaps scaled by 0.5" in text and "2 clipped" in text
     assert "skipped" not in text
     assert schedule_sentence(None) == "" and schedule_sentence({"requests": 0}) == ""
+
+
+def test_sweep_chart_draws_and_marks_failed_levels():
+    import vl_convert
+
+    from filledfirst.report import charts
+
+    rows = [{"concurrency": c, "n_requests": 4 * c, "n_failed": int(c == 4), "ttft_p50_ms": 10.0 * c,
+             "ttft_p95_ms": 15.0 * c, "tok_s_per_request": 100.0 / c, "total_tok_s": 100.0 + c}
+            for c in (1, 2, 4)]
+    svg = vl_convert.vegalite_to_svg(charts.sweep_chart(rows).to_dict())
+    assert svg.count("<path") > 3 and "TTFT against concurrency" in svg
+    html = tables.sweep_table(rows)
+    assert html.count("<tr>") == 4 and "40.0 ms" in html

@@ -273,3 +273,26 @@ def ttft_against_server(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     )
     out = ours.join(server, on="run_id", how="left")
     return out.with_columns((pl.col("client_ttft_p50_ms") / pl.col("server_ttft_p50_ms")).alias("ratio"))
+
+
+def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Per run, seed 001's throughput columns: TTFT p50/p95, the median request's decode
+    rate (tokens after the first / time from first to last token) and total output
+    tokens per second over the run (first send to last answer). Failed requests add no
+    tokens but stay in the time span."""
+    sql = f"""
+    WITH r AS (
+        SELECT run_id, status, t_sent, t_done, output_tokens_received AS out,
+               CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
+               CASE WHEN status = '{OK}' AND t_last_token > t_first_token
+                    THEN (output_tokens_received - 1) / (t_last_token - t_first_token) END AS tok_s
+        FROM requests
+    )
+    SELECT run_id,
+           quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
+           quantile_cont(ttft_ms, 0.95) AS ttft_p95_ms,
+           quantile_cont(tok_s, 0.5) AS tok_s_per_request,
+           sum(out) FILTER (WHERE status = '{OK}') / nullif(max(t_done) - min(t_sent), 0) AS total_tok_s
+    FROM r GROUP BY run_id
+    """
+    return _pl(con, sql)

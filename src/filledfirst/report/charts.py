@@ -140,3 +140,34 @@ def run_chart(points: pl.DataFrame, series: pl.DataFrame, max_num_seqs: int | No
         kv,
         spacing=8,
     ).resolve_scale(x="shared", color="independent")
+
+
+def sweep_chart(rows: list[dict[str, Any]]) -> alt.HConcatChart:
+    """Seed 001's sweep: TTFT p50 and p95 against concurrency, and total tokens/s.
+    Failed requests show as a count in the tooltip and mark their level in red."""
+    data = pl.DataFrame(
+        [{"concurrency": r["concurrency"], "failed": r["n_failed"],
+          "TTFT p50": r["ttft_p50_ms"], "TTFT p95": r["ttft_p95_ms"], "total tok/s": r["total_tok_s"]}
+         for r in rows],
+        schema={"concurrency": pl.Int64, "failed": pl.Int64, "TTFT p50": pl.Float64,
+                "TTFT p95": pl.Float64, "total tok/s": pl.Float64},
+    )
+    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency (workers)")
+    point_color = alt.condition(alt.datum.failed > 0, alt.value(FAILED_COLOR), alt.value("black"))
+    ttft = (
+        alt.Chart(data)
+        .transform_fold(["TTFT p50", "TTFT p95"], as_=["stat", "ms"])
+        .mark_line(point=True)
+        .encode(x=x, y=alt.Y("ms:Q", title="TTFT (ms, log)", scale=alt.Scale(type="log")),
+                color=alt.Color("stat:N", title=None), tooltip=["concurrency:Q", "stat:N", "ms:Q", "failed:Q"])
+        .properties(width=300, height=200, title="TTFT against concurrency")
+    )
+    tput = (
+        alt.Chart(data)
+        .mark_line(point=True)
+        .encode(x=x, y=alt.Y("total tok/s:Q"), tooltip=["concurrency:Q", "total tok/s:Q", "failed:Q"])
+        .properties(width=300, height=200, title="total output tokens/s")
+    )
+    failed = alt.Chart(data).transform_filter(alt.datum.failed > 0).mark_point(size=90, shape="cross").encode(
+        x=x, y="total tok/s:Q", color=point_color)
+    return alt.hconcat(ttft, alt.layer(tput, failed))
