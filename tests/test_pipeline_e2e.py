@@ -91,6 +91,13 @@ def check_study(workdir):
             "SELECT DISTINCT metric FROM samples JOIN runs USING (run_id) WHERE experiment = ?", [exp]).fetchall()}
         assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= metrics
 
+    # The diagnosis (written by the pipeline's ingest step) names what each run was built for.
+    diag = {d["experiment"]: d for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()}
+    assert set(diag) == set(runs)
+    for exp in ("reference", "seq_limit"):
+        assert diag[exp]["label"] == diag[exp]["expect"], diag[exp]
+    assert "of 8" in diag["seq_limit"]["clue"] and "%" in diag["seq_limit"]["clue"]
+
     meta = json.loads((workdir / "results" / "runs" / "seq_limit" / "run.json").read_text())
     assert "--max-num-seqs" in meta["server"]["argv"] and meta["versions"]["vllm"]
     assert (workdir / "results" / "runs" / "seq_limit" / "server.log").stat().st_size > 0
@@ -99,6 +106,7 @@ def check_study(workdir):
     for exp in runs:
         assert exp in html
     assert "max_num_seqs 8" in html
+    assert "What filled up first" in html and "active-sequence limit" in html
 
 
 def check_shared_server(workdir):

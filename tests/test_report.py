@@ -48,7 +48,7 @@ def _meta(run_id: str, experiment: str, status: str, max_num_seqs: int, started:
         "hardware": {"cpu_count": 2, "memory_gib": 24, "gpu": None},
         "timings": {"startup_s": 21.5},
         "schedule": {"n_requests": 7, "span_s": 1.75},
-        "spec": {"part": part, "expect": None, "loadgen": {}},
+        "part": part, "expect": None, "spec": {"loadgen": {}},
     }
 
 

@@ -211,6 +211,38 @@ def _cmd_ingest(args) -> int:
     return 0
 
 
+def _add_diagnose(sub) -> None:
+    p = sub.add_parser("diagnose", help="label each run with what filled first; stored as table `diagnosis`")
+    p.add_argument("--db", required=True, type=Path)
+    p.add_argument("--config", action="append", type=Path, dest="configs", default=[],
+                   help="thresholds from its `diagnosis` section, designed-for labels from its experiments")
+    p.set_defaults(func=_cmd_diagnose)
+
+
+def _cmd_diagnose(args) -> int:
+    from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+    from filledfirst.config import load_config
+
+    cfg = load_config(args.configs) if args.configs else {}
+    expect = {name: e["expect"] for name, e in cfg.get("experiments", {}).items() if e.get("expect")}
+    df = write_diagnosis(args.db, DiagnosisRules.from_config(cfg.get("diagnosis")), expect)
+    rows = [(d["run_id"], d["expect"] or "", d["label"], d["clue"], d["warnings"]) for d in df.to_dicts()]
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table("run", "designed for", "what filled first", "clue", "warnings")
+        for row in rows:
+            table.add_row(*map(Text, row))  # Text: a clue is never read as markup
+        Console().print(table)
+    else:  # a log file: one plain line per run
+        for run, expect, label, clue, warnings in rows:
+            print(f"{run}: {label}" + (f" (designed for {expect})" if expect else "") + f" - {clue}"
+                  + (f" [{warnings}]" if warnings else ""))
+    return 0
+
+
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="render reports/report.qmd against a DuckDB file")
     p.add_argument("--db", required=True, type=Path)
@@ -231,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="filledfirst", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_replay, _add_ingest, _add_report):
+    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_replay, _add_ingest, _add_diagnose,
+                _add_report):
         add(sub)
     return parser
 

@@ -165,6 +165,10 @@ class _Group:
         run = _Run(job.experiment, job.schedule, job.out, {
             "workload": spec["workload_name"],
             "description": spec["description"],
+            # Report-only: which table of the study and which pattern the experiment was
+            # designed for. Outside the spec, so relabelling never re-runs an experiment.
+            "part": self.cfg["experiments"][job.experiment].get("part"),
+            "expect": self.cfg["experiments"][job.experiment].get("expect"),
             "spec": spec,
             "spec_fingerprint": fingerprint(spec),
             "model": spec["model"],

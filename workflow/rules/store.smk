@@ -9,5 +9,7 @@ rule ingest:
         "../../environment.yml"
     params:
         cli=FILLEDFIRST,
+        configs=CONFIG_ARGS,
     shell:
         "{params.cli} ingest {input} --db {output} > {log} 2>&1"
+        " && {params.cli} diagnose --db {output} {params.configs} >> {log} 2>&1"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 
@@ -51,10 +53,10 @@ def _add_new_columns(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{f.name}" {_ARROW_TO_SQL[str(f.type)]}')
 
 
-def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
-    """Ingest the folders into a copy of the database and swap it in: readers and an
-    interrupted ingest never see a half-written file. Returns the run ids written."""
-    metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
+@contextmanager
+def edited_copy(db_path: str | Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection to a copy of the database (or a new one), swapped in only if the block
+    succeeds: readers and an interrupted writer never see a half-written file."""
     db_path = Path(db_path)
     with atomic_path(db_path, ".duckdb") as tmp:
         tmp.unlink()  # DuckDB wants a database file or none, not an empty one
@@ -62,13 +64,20 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
             shutil.copyfile(db_path, tmp)
         con = duckdb.connect(str(tmp))
         try:
-            con.execute(DDL)
-            _add_new_columns(con)
-            for run_dir, meta in metas:
-                _ingest_one(con, run_dir, meta)
+            yield con
             con.execute("CHECKPOINT")
         finally:
             con.close()
+
+
+def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
+    """Ingest the folders into a copy of the database and swap it in. Returns the run ids written."""
+    metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
+    with edited_copy(db_path) as con:
+        con.execute(DDL)
+        _add_new_columns(con)
+        for run_dir, meta in metas:
+            _ingest_one(con, run_dir, meta)
     return [m["run_id"] for _, m in metas]
 
 

@@ -1,0 +1,487 @@
+"""What filled first: one label per run, from the stored signals only.
+
+Every number comes from the DuckDB tables (through `signals` where it defines one); the
+rules are the seed's patterns table made explicit, with thresholds in `DiagnosisRules`.
+Scheduler signals are judged over the *loaded window*: from the first arrival plus
+`warmup_frac` of the arrival span (the server still filling) to the last arrival (after
+it the queue only drains, which would make any overload look like a long tail of
+waiting). Shares and Little's L are time-weighted (a scrape's value holds until the
+next one); medians and maxima are over the scrapes inside the window; preemptions are
+the counter's growth inside it. TTFT, dispatch lag and vLLM's queue time keep their
+whole-run definitions from `signals`, first crossings are on the run's clock.
+
+Columns beyond the ones the report reads: `notes` (what could not be checked and why),
+`cap` (the max_num_seqs used), `running_median`, `running_max`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import duckdb
+import polars as pl
+
+from filledfirst.analysis import signals
+from filledfirst.errors import UserError
+
+
+@dataclass(frozen=True)
+class DiagnosisRules:
+    """Every threshold of the labels and warnings; the config's `diagnosis` section."""
+
+    warmup_frac: float = 0.1  # of the arrival span, cut from the window's start
+    cap_frac: float = 0.9  # running >= this x max_num_seqs counts as "at the cap"
+    default_cap: int | None = None  # max_num_seqs when neither the run nor its meta has it
+    kv_full_pct: float = 90.0
+    kv_peak_pct: float = 95.0  # a peak this high with preemptions also counts as KV full
+    long_prompt_factor: float = 10.0  # x the run's median prompt: a long prompt
+    interference_min_ratio: float = 3.0
+    kv_full_min_share: float = 0.2
+    waiting_min_share: float = 0.2
+    kv_pressure_max_cap_share: float = 0.2
+    seq_limit_min_cap_share: float = 0.5
+    reference_max_waiting_share: float = 0.1
+    reference_max_cap_share: float = 0.2
+    reference_max_kv_full_share: float = 0.05
+    max_lag_ms: float = 50.0
+    max_failed_share: float = 0.01
+    littles_min_ratio: float = 0.8
+    littles_max_ratio: float = 1.25
+    littles_min_arrivals: int = 20
+    slo_ttft_ms: float = 1000.0
+    slo_itl_ms: float = 200.0
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> DiagnosisRules:
+        """From a config's `diagnosis` section (absent keys keep their defaults)."""
+        section = dict(section or {})
+        unknown = sorted(set(section) - {f.name for f in fields(cls)})
+        if unknown:
+            raise UserError(f"diagnosis: unknown setting(s) {unknown}")
+        return cls(**section)
+
+
+LABELS = ("failed", "prefill-decode interference", "KV-capacity pressure", "active-sequence limit",
+          "reference", "unclassified")
+
+SCHEMA = {
+    "run_id": pl.String, "experiment": pl.String, "expect": pl.String, "label": pl.String,
+    "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64,
+    "window_start_s": pl.Float64, "window_end_s": pl.Float64,
+    "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "running_median": pl.Float64,
+    "running_max": pl.Float64, "kv_median_pct": pl.Float64, "kv_max_pct": pl.Float64,
+    "kv_full_share": pl.Float64, "waiting_median": pl.Float64, "preemptions": pl.Float64,
+    "queue_time_p50_ms": pl.Float64, "ttft_p50_ms": pl.Float64, "ttft_p90_ms": pl.Float64,
+    "failed_share": pl.Float64, "lag_p99_ms": pl.Float64, "first_crossings": pl.String,
+    "littles_L_server": pl.Float64, "littles_lambda_W": pl.Float64, "littles_ratio": pl.Float64,
+    "littles_ok": pl.Boolean, "goodput_rps": pl.Float64, "slo_met_share": pl.Float64,
+    "kv_bytes_per_token": pl.Float64, "kv_capacity_tokens": pl.Float64, "kv_fit_concurrency": pl.Float64,
+    "interference_ratio": pl.Float64,
+}
+
+_WIN = "_diagnosis_window"  # per run: start, stop, at_cap (running count that counts as at the cap)
+
+_GAUGE_WINDOW = f"""
+WITH g AS (
+    SELECT g.*, w.start, w.stop, w.at_cap FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id)
+    WHERE g.t <= w.stop
+),
+seg AS (  -- each scrape holds until the next one, clipped to the window
+    SELECT *, greatest(t, start) AS a,
+           least(coalesce(lead(t) OVER (PARTITION BY run_id, signal ORDER BY t), stop), stop) AS b
+    FROM g
+),
+tw AS (
+    SELECT run_id,
+           sum(b - a) FILTER (signal = 'running') AS t_run,
+           sum(b - a) FILTER (signal = 'running' AND value >= at_cap) AS t_cap,
+           sum(b - a) FILTER (signal = 'waiting') AS t_wait,
+           sum(b - a) FILTER (signal = 'waiting' AND value > 0) AS t_waiting,
+           sum(b - a) FILTER (signal = 'kv_pct') AS t_kv,
+           sum(b - a) FILTER (signal = 'kv_pct' AND value >= $kv_full) AS t_kv_full,
+           sum((b - a) * value) FILTER (signal IN ('running', 'waiting')) AS area
+    FROM seg WHERE b > a GROUP BY run_id
+),
+inside AS (
+    SELECT run_id,
+           quantile_cont(value, 0.5) FILTER (signal = 'running') AS running_median,
+           max(value) FILTER (signal = 'running') AS running_max,
+           quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS waiting_median,
+           quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS kv_median_pct,
+           max(value) FILTER (signal = 'kv_pct') AS kv_max_pct
+    FROM g WHERE t >= start GROUP BY run_id
+),
+first AS (  -- over the whole run, on the run's clock
+    SELECT g.run_id,
+           min(t) FILTER (signal = 'waiting' AND value > 0) AS t_first_waiting,
+           min(t) FILTER (signal = 'running' AND value >= at_cap) AS t_first_cap,
+           min(t) FILTER (signal = 'kv_pct' AND value >= $kv_full) AS t_first_kv
+    FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id
+)
+SELECT run_id, coalesce(t_cap, 0) / t_run AS running_at_cap_share,
+       coalesce(t_waiting, 0) / t_wait AS waiting_share, coalesce(t_kv_full, 0) / t_kv AS kv_full_share,
+       area / t_run AS littles_L_server, inside.* EXCLUDE (run_id), first.* EXCLUDE (run_id)
+FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id)
+"""
+
+# Counter deltas inside the window (value at its end minus value at its start), per label set.
+_PREEMPTIONS = f"""
+WITH s AS (
+    SELECT s.run_id, s.metric, s.labels, s.t, s.value, w.start FROM samples s JOIN {_WIN} w USING (run_id)
+    WHERE s.metric IN ({signals._in_list(signals.PREEMPTIONS)}) AND s.t <= w.stop
+),
+per_series AS (
+    SELECT run_id, metric,
+           arg_max(value, t) - coalesce(arg_max(value, t) FILTER (WHERE t <= start), arg_min(value, t)) AS d
+    FROM s GROUP BY run_id, metric, labels
+),
+per_name AS (SELECT run_id, metric, sum(d) AS n FROM per_series GROUP BY run_id, metric)
+SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id
+"""
+
+_REQUESTS = f"""
+WITH itl AS (
+    SELECT run_id, request_id, quantile_cont(itl_ms, 0.95) AS itl_p95 FROM ({signals._ITL_GAPS}) GROUP BY ALL
+),
+r AS (
+    SELECT r.*, w.start, w.stop, i.itl_p95, (r.t_first_token - r.t_scheduled) * 1000 AS ttft
+    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN itl i USING (run_id, request_id)
+)
+SELECT run_id,
+       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop) AS arrivals,
+       -- every request's time in the system inside the window (from its arrival, as W
+       -- is; one never answered stays until the window's end; one never sent never arrived)
+       sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
+           FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
+       -- no ITL (a single chunk) cannot miss the ITL objective
+       count(*) FILTER (WHERE status = '{signals.OK}' AND ttft <= $slo_ttft
+                        AND coalesce(itl_p95, 0) <= $slo_itl) AS met,
+       count(*) AS n, max(t_done) - min(t_scheduled) AS span, avg(prompt_tokens + output_tokens) AS mean_tokens
+FROM r GROUP BY run_id
+"""
+
+_INTERFERENCE = f"""
+WITH med AS (SELECT run_id, median(prompt_tokens) * $factor AS long_from FROM requests GROUP BY run_id),
+r AS (SELECT r.*, m.long_from FROM requests r JOIN med m USING (run_id)),
+prefill AS (  -- a long prompt is in prefill from its send to its first token
+    SELECT run_id, t_sent, coalesce(t_first_token, t_done) AS t_end FROM r
+    WHERE prompt_tokens >= long_from AND t_sent IS NOT NULL
+),
+other AS (
+    SELECT o.run_id, CASE WHEN o.status = '{signals.OK}' THEN o.t_first_token - o.t_scheduled END AS ttft,
+           EXISTS (SELECT 1 FROM prefill p WHERE p.run_id = o.run_id
+                   AND o.t_scheduled BETWEEN p.t_sent AND p.t_end) AS during
+    FROM r o WHERE o.prompt_tokens < o.long_from
+)
+SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHERE NOT during) AS n_apart,
+       quantile_cont(ttft, 0.9) FILTER (WHERE during) / quantile_cont(ttft, 0.9) FILTER (WHERE NOT during)
+           AS interference_ratio
+FROM other GROUP BY run_id
+"""
+
+_CACHE_INFO = """
+SELECT run_id, arg_max(labels, t) AS cache_labels FROM samples WHERE metric = 'vllm:cache_config_info' GROUP BY run_id
+"""
+
+
+def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
+             expect: Mapping[str, str] | None = None) -> pl.DataFrame:
+    """One row per run. `expect`: experiment -> designed-for label, for runs whose
+    run.json does not carry `spec.expect` (e.g. from the config the CLI was given)."""
+    summary = signals.run_summary(con).select(
+        "run_id", "experiment", "status", "error", "n_requests", "n_failed", "ttft_p50_ms", "ttft_p90_ms",
+        "lag_p99_ms", "max_num_seqs")
+    metas = signals.run_meta(con)
+    window = _windows(con, summary, metas, rules)
+    con.register(_WIN, window.to_arrow())
+    try:
+        parts = [
+            _q(con, _GAUGE_WINDOW, kv_full=rules.kv_full_pct),
+            _q(con, _PREEMPTIONS),
+            _q(con, _REQUESTS, slo_ttft=rules.slo_ttft_ms, slo_itl=rules.slo_itl_ms),
+            _q(con, _INTERFERENCE, factor=rules.long_prompt_factor),
+            _q(con, _CACHE_INFO),
+            signals.histogram_quantile(con, "vllm:request_queue_time_seconds", 0.5).select(
+                "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
+        ]
+    finally:
+        con.unregister(_WIN)
+    table = summary.join(window, on="run_id", how="left")
+    for part in parts:
+        table = table.join(part, on="run_id", how="left")
+    rows = [_finish(row, metas.get(row["run_id"], {}), rules, expect or {}) for row in table.to_dicts()]
+    return pl.DataFrame(rows, schema=SCHEMA)
+
+
+def _q(con: duckdb.DuckDBPyConnection, sql: str, **params: Any) -> pl.DataFrame:
+    out = pl.from_arrow(con.sql(sql, params=params or None).to_arrow_table())
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> pl.DataFrame:
+    spans = {r[0]: r[1:] for r in con.execute(
+        "SELECT run_id, min(t_scheduled), max(t_scheduled), max(t_done) FROM requests GROUP BY run_id").fetchall()}
+    rows = []
+    for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
+        first, last, done = spans.get(run_id, (None, None, None))
+        start = stop = None
+        if first is not None:
+            start, stop = first + rules.warmup_frac * (last - first), last
+            if stop - start <= 0:  # one burst: no loaded window, judge the whole run instead
+                start, stop = first, done if done is not None and done > first else first + 1.0
+        cap = _cap(db_cap, metas.get(run_id, {}), rules)
+        rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap,
+                     "at_cap": None if cap is None else rules.cap_frac * cap})
+    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "at_cap": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _cap(db_cap: int | None, meta: dict, rules: DiagnosisRules) -> int | None:
+    # runs.max_num_seqs is the server's setting as the runner recorded it; an external
+    # replay records none, so the spec's or the rules' value stands in.
+    for value in (db_cap, _get(meta, "server", "settings", "max_num_seqs"),
+                  _get(meta, "spec", "server", "max_num_seqs"), rules.default_cap):
+        if value is not None:
+            return int(value)
+    return None
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for key in keys:
+        d = d.get(key) if isinstance(d, dict) else None
+    return d
+
+
+def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str]) -> dict:
+    notes: list[str] = []
+    n = row["n_requests"]
+    out = {k: row.get(k) for k in SCHEMA}
+    out.update(
+        expect=meta.get("expect") or expect.get(row["experiment"]),
+        window_start_s=row["start"], window_end_s=row["stop"],
+        failed_share=row["n_failed"] / n if n else None,
+        first_crossings=_crossings(row, r) if n else None,
+        interference_ratio=row["interference_ratio"] if row.get("n_during") and row.get("n_apart") else None,
+    )
+    out.update(_littles(row, meta, r, notes))
+    out.update(_goodput(row))
+    out.update(_kv_ledger(row, meta, notes))
+    if row["cap"] is None:
+        out["running_at_cap_share"] = None
+        notes.append("max_num_seqs unknown: no at-cap signal")
+    out["label"], out["clue"] = _label(out, row, r)
+    out["warnings"] = "; ".join(_warnings(out, row, r))
+    out["notes"] = "; ".join(notes)
+    return out
+
+
+def _crossings(row: dict, r: DiagnosisRules) -> str:
+    """When each limit was first touched, on the run's clock (whole run, not the window)."""
+    if row.get("running_median") is None and row.get("t_first_waiting") is None:
+        return "no scheduler samples"
+    events = [("waiting>0", row.get("t_first_waiting")),
+              ("running at cap", row.get("t_first_cap") if row["cap"] is not None else "unknown"),
+              (f"KV>={r.kv_full_pct:g} %", row.get("t_first_kv"))]
+    seen = sorted((t, name) for name, t in events if isinstance(t, float))
+    rest = [f"{name} never" if t is None else "cap unknown" for name, t in events if not isinstance(t, float)]
+    return "; ".join(x for x in (", ".join(f"{name} at {t:.1f} s" for t, name in seen), ", ".join(rest)) if x)
+
+
+def _closed_loop(meta: dict) -> bool:
+    mode = _get(meta, "spec", "loadgen", "mode")
+    if mode is not None:
+        return mode == "closed"
+    # An external replay does not record --closed; a schedule whose arrivals are all at
+    # one instant is what the closed-loop sweep replays.
+    stats = _get(meta, "schedule", "stats") or {}
+    return stats.get("duration_s") == 0 and (stats.get("requests") or 0) > 1
+
+
+def _littles(row: dict, meta: dict, r: DiagnosisRules, notes: list[str]) -> dict:
+    """L (what the server holds, running + waiting, time-averaged) against lambda W from the
+    client's records: a check that the gauges and the records describe the same requests.
+    lambda W is taken in its sample-path form, the time-average of the requests in flight
+    = (requests present in the window / its length) x (their mean time inside it): exact
+    for any window, where arrivals-in-window x mean sojourn assumes a steady state that
+    requests outlasting the window (the decoders of the interference runs) break."""
+    arrivals, lambda_w, big_l = row.get("arrivals") or 0, row.get("lambda_w"), row.get("littles_L_server")
+    skip = ("closed loop" if _closed_loop(meta)
+            else f"{arrivals} arrivals in the window" if arrivals < r.littles_min_arrivals
+            else "no scheduler samples" if big_l is None or not lambda_w else None)
+    if skip:
+        notes.append(f"Little's law not checked: {skip}")
+        return {"littles_L_server": None, "littles_lambda_W": None, "littles_ratio": None, "littles_ok": True}
+    ratio = big_l / lambda_w
+    return {"littles_L_server": big_l, "littles_lambda_W": lambda_w, "littles_ratio": ratio,
+            "littles_ok": r.littles_min_ratio <= ratio <= r.littles_max_ratio}
+
+
+def _goodput(row: dict) -> dict:
+    met, n, span = row.get("met"), row["n_requests"], row.get("span")
+    return {"goodput_rps": met / span if met is not None and span else None,
+            "slo_met_share": met / n if met is not None and n else None}
+
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
+                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def _label_value(labels: str | None, key: str) -> str | None:
+    m = re.search(rf"(?:^|,){key}=([^,]*)", labels or "")
+    return m.group(1) if m else None
+
+
+def _kv_ledger(row: dict, meta: dict, notes: list[str]) -> dict:
+    """Seed 004's ledger: bytes per token from the model's shape, capacity from the
+    server's own block count; NULL where either is unknown (never an error)."""
+    labels = row.get("cache_labels")
+    blocks, block_size = _label_value(labels, "num_gpu_blocks"), _label_value(labels, "block_size")
+    capacity = float(blocks) * float(block_size) if (blocks or "").isdigit() and (block_size or "").isdigit() else None
+    mean_tokens = row.get("mean_tokens")
+    per_token = _kv_bytes_per_token(meta, _label_value(labels, "cache_dtype"))
+    if per_token is None and row["n_requests"]:
+        notes.append("KV bytes per token unknown (no local model config)")
+    return {"kv_bytes_per_token": per_token, "kv_capacity_tokens": capacity,
+            "kv_fit_concurrency": capacity / mean_tokens if capacity and mean_tokens else None}
+
+
+def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> float | None:
+    from filledfirst.config import REPO_ROOT
+
+    model = meta.get("model") or {}
+    path = model.get("path")
+    try:
+        found = next((p / "config.json" for p in (Path(path), REPO_ROOT / path) if (p / "config.json").is_file()), None)
+        if found is None:
+            return None
+        cfg = json.loads(found.read_text())
+        cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the language model's shape here
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        dtype = cache_dtype if cache_dtype not in (None, "auto") else model.get("dtype", "auto")
+        if dtype == "auto":
+            dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        nbytes = _DTYPE_BYTES[str(dtype)]
+        return float(2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * nbytes)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f} %"
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}" if abs(x) < 10 else f"{x:.0f}"
+
+
+def _count(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def _of(cap: int | None) -> str:
+    return f" of {cap}" if cap is not None else ""
+
+
+def _ge(a: float | None, b: float) -> bool:
+    return a is not None and a >= b
+
+
+def _lt(a: float | None, b: float) -> bool:
+    return a is not None and a < b
+
+
+def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
+    """Each load pattern's conditions, in rule order, each with what was measured."""
+    cap_share, ws, kvf, kvmed = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"], d["kv_median_pct"]
+    at_cap = cap_share or 0.0  # unknown cap: nothing is known to be at it
+    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["kv_max_pct"], r.kv_peak_pct) and (d["preemptions"] or 0) > 0)
+    cap_text = f"running at cap {_pct(cap_share) if cap_share is not None else 'unknown (no max_num_seqs)'}"
+
+    def check(ok: bool, measured: str, needs: str) -> tuple[bool, str]:
+        return ok, f"{measured} (needs {needs})"
+
+    waiting = check(_ge(ws, r.waiting_min_share), f"waiting {_pct(ws)}", f">= {_pct(r.waiting_min_share)}")
+    return {
+        "KV-capacity pressure": [
+            check(kv_full, f"KV >= {r.kv_full_pct:g} % for {_pct(kvf)}",
+                  f"{_pct(r.kv_full_min_share)}, or a peak >= {r.kv_peak_pct:g} % with preemptions"),
+            waiting,
+            check(at_cap < r.kv_pressure_max_cap_share, cap_text, f"< {_pct(r.kv_pressure_max_cap_share)}"),
+        ],
+        "active-sequence limit": [
+            check(_ge(cap_share, r.seq_limit_min_cap_share), cap_text, f">= {_pct(r.seq_limit_min_cap_share)}"),
+            waiting,
+            check(_lt(kvmed, r.kv_full_pct), f"KV median {_num(kvmed)} %", f"< {r.kv_full_pct:g} %"),
+        ],
+        "reference": [
+            check(_lt(ws, r.reference_max_waiting_share), f"waiting {_pct(ws)}",
+                  f"< {_pct(r.reference_max_waiting_share)}"),
+            check(at_cap < r.reference_max_cap_share, cap_text, f"< {_pct(r.reference_max_cap_share)}"),
+            check(_lt(kvf, r.reference_max_kv_full_share), f"KV full {_pct(kvf)}",
+                  f"< {_pct(r.reference_max_kv_full_share)}"),
+        ],
+    }
+
+
+def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
+    if row["status"] == "failed" or not row["n_requests"]:
+        return "failed", (row.get("error") or "no requests recorded").strip().splitlines()[0]
+    ratio = d["interference_ratio"]
+    if _ge(ratio, r.interference_min_ratio):
+        return "prefill-decode interference", (
+            f"{row['n_during']} requests arriving during long prefills: TTFT p90 {ratio:.1f}x "
+            f"that of the other {row['n_apart']}")
+    if d["waiting_share"] is None:
+        return "unclassified", "no scheduler samples in the loaded window"
+    checks = _checks(d, r)
+    fits = next((label for label, cs in checks.items() if all(ok for ok, _ in cs)), None)
+    cap, cap_note = row["cap"], "" if row["cap"] is not None else "; max_num_seqs unknown: no at-cap signal"
+    if fits == "KV-capacity pressure":
+        return fits, (f"KV at or above {r.kv_full_pct:g} % for {_pct(d['kv_full_share'])} of the loaded time, "
+                      f"{d['preemptions'] or 0:.0f} preemptions, running at most {_count(d['running_max'])}{_of(cap)}, "
+                      f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}")
+    if fits == "active-sequence limit":
+        return fits, (f"running at >= {math.ceil(r.cap_frac * cap)} of {cap} for {_pct(d['running_at_cap_share'])} "
+                      f"of the loaded time while KV median was {_num(d['kv_median_pct'])} %")
+    if fits == "reference":
+        return fits, (f"waiting {_pct(d['waiting_share'])} of the time, running median {_count(d['running_median'])}"
+                      f"{_of(cap)}, KV median {_num(d['kv_median_pct'])} %{cap_note}")
+    return "unclassified", "fits no pattern: " + "; ".join(
+        f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items())
+
+
+def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
+    out = ["partial run"] if row["status"] == "partial" else []
+    lag, failed = d["lag_p99_ms"], d["failed_share"]
+    if lag is not None and lag > r.max_lag_ms:
+        out.append(f"client-limited (dispatch lag p99 {lag:.0f} ms > {r.max_lag_ms:g} ms)")
+    if failed is not None and failed > r.max_failed_share:
+        out.append(f"errors ({_pct(failed)} of requests failed)")
+    if not d["littles_ok"]:
+        big_l, lambda_w = d["littles_L_server"], d["littles_lambda_W"]
+        out.append(f"Little's law mismatch (L {big_l:.1f} against lambda W {lambda_w:.1f})")
+    return out
+
+
+def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
+                    expect: Mapping[str, str] | None = None) -> pl.DataFrame:
+    """Compute the diagnosis and store it as table `diagnosis`, swapping the file in whole."""
+    from filledfirst.store.ingest import edited_copy
+
+    if not Path(db_path).is_file():
+        raise UserError(f"{db_path}: no such database (run `filledfirst ingest` first)")
+    with edited_copy(db_path) as con:
+        if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchall()[0][0]:
+            raise UserError(f"{db_path}: no runs table (run `filledfirst ingest` first)")
+        df = diagnose(con, rules, expect)
+        con.register("_diagnosis_new", df.to_arrow())
+        con.execute("CREATE OR REPLACE TABLE diagnosis AS SELECT * FROM _diagnosis_new")
+        con.unregister("_diagnosis_new")
+    return df

@@ -1,0 +1,289 @@
+"""What filled first: the label rules on synthetic runs of each pattern, their borderlines,
+the side checks (Little's law, goodput, KV ledger), and the CPU calibration runs."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import shutil
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+import yaml
+
+from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, write_diagnosis
+from filledfirst.cli import main
+from filledfirst.config import SCHEMA_PATH
+from filledfirst.errors import UserError
+from filledfirst.store.ingest import DDL
+
+CALIB = Path("/work/calib/calib.duckdb")
+RUNNING, WAITING, KV = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
+
+
+def queue(arrivals, service_s, servers, ttft_s=0.05, prompt=150, output=100, role="decode", start_id=0):
+    """A FIFO queue with `servers` slots: request rows whose times agree with the gauges
+    `gauges` derives from them (so Little's law holds by construction)."""
+    free = [0.0] * servers
+    rows = []
+    for i, t in enumerate(arrivals):
+        start = max(t, heapq.heappop(free))
+        heapq.heappush(free, start + service_s)
+        rows.append(request(start_id + i, t, start + ttft_s, start + service_s, role=role, prompt=prompt,
+                            output=output, start=start))
+    return rows
+
+
+def request(rid, t, t_first, t_done, role="decode", prompt=150, output=100, start=None, status="ok", t_sent=None):
+    return {"request_id": rid, "role": role, "prompt_tokens": prompt, "output_tokens": output, "t_scheduled": t,
+            "t_sent": t if t_sent is None else t_sent, "t_first_token": t_first, "t_done": t_done, "status": status,
+            "_start": t if start is None else start}
+
+
+def gauges(rows, t_end, kv_pct, dt=0.25, scale=1.0):
+    """running / waiting / KV every `dt` from the requests' own times; `scale` miscounts."""
+    out = []
+    for k in range(int(t_end / dt) + 1):
+        t = k * dt
+        running = sum(r["_start"] <= t < r["t_done"] for r in rows)
+        waiting = sum(r["t_scheduled"] <= t < r["_start"] for r in rows)
+        out += [(t, RUNNING, running * scale), (t, WAITING, waiting * scale), (t, KV, kv_pct(running) / 100)]
+    return out
+
+
+def series(t_end, running, waiting, kv_pct, dt=0.25):
+    """Gauges given directly as functions of time."""
+    times = [k * dt for k in range(int(t_end / dt) + 1)]
+    return [s for t in times for s in ((t, RUNNING, running(t)), (t, WAITING, waiting(t)), (t, KV, kv_pct(t) / 100))]
+
+
+def make_db(path, runs):
+    """runs: dicts with run_id, requests, samples and optional status, error, cap, meta, tokens."""
+    con = duckdb.connect(str(path))
+    con.execute(DDL)
+    for i, run in enumerate(runs):
+        run_id = run["run_id"]
+        con.execute("INSERT INTO runs (run_id, experiment, status, error, started_at, max_num_seqs, meta) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, run_id, run.get("status", "ok"), run.get("error"), f"2026-01-01T00:00:{i:02d}",
+                     run.get("cap", 64), json.dumps(run.get("meta", {}))])
+        reqs = [{k: v for k, v in r.items() if not k.startswith("_")} | {"run_id": run_id} for r in run["requests"]]
+        samples = [{"run_id": run_id, "t": t, "metric": m, "labels": run.get("labels", {}).get(m, "engine=0"),
+                    "value": float(v)} for t, m, v in run["samples"]]
+        tokens = [{"run_id": run_id, "request_id": rid, "index": k, "t": t, "n": 1}
+                  for rid, times in run.get("tokens", {}).items() for k, t in enumerate(times)]
+        for table, rows in (("requests", reqs), ("samples", samples), ("tokens", tokens)):
+            if rows:
+                con.register("_rows", pl.DataFrame(rows).to_arrow())
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+                con.unregister("_rows")
+    con.close()
+    return path
+
+
+def run_of(tmp_path, rules=DiagnosisRules(), **run) -> dict:
+    db = make_db(tmp_path / f"{run['run_id']}.duckdb", [run])
+    with duckdb.connect(str(db), read_only=True) as con:
+        return diagnose(con, rules).to_dicts()[0]
+
+
+def every(gap, n, t0=0.0):
+    return [t0 + gap * i for i in range(n)]
+
+
+def reference_run(run_id="ref"):
+    reqs = queue(every(0.1, 200), 0.5, 64)
+    return {"run_id": run_id, "requests": reqs, "samples": gauges(reqs, 21, lambda n: 0.5 * n)}
+
+
+def test_reference(tmp_path):
+    d = run_of(tmp_path, **reference_run())
+    assert d["label"] == "reference", d["clue"]
+    assert d["clue"].startswith("waiting 0 % of the time, running median 5 of 64, KV median 2.5 %")
+    assert d["warnings"] == "" and d["littles_ok"] and 0.9 < d["littles_ratio"] < 1.1
+    assert d["window_start_s"] == pytest.approx(1.99) and d["window_end_s"] == pytest.approx(19.9)
+    assert d["first_crossings"] == "waiting>0 never, running at cap never, KV>=90 % never"
+    assert d["interference_ratio"] is None and d["slo_met_share"] == 1.0
+
+
+def test_active_sequence_limit(tmp_path):
+    reqs = queue(every(0.1, 200), 1.2, 8)  # 10 arrivals/s against 8 slots of 1.2 s: the queue grows
+    d = run_of(tmp_path, run_id="lim", cap=8, requests=reqs, samples=gauges(reqs, 32, lambda n: 1.5 * n))
+    assert d["label"] == "active-sequence limit", d["clue"]
+    assert d["running_at_cap_share"] > 0.9 and d["waiting_share"] > 0.9
+    assert d["clue"].startswith("running at >= 8 of 8 for 100 % of the loaded time while KV median was 12 %")
+    assert d["first_crossings"] == "running at cap at 0.8 s, waiting>0 at 1.0 s; KV>=90 % never"
+    assert d["littles_ok"]
+
+
+def kv_pressure_run(run_id="kv"):
+    reqs = queue(every(0.05, 300), 1.0, 10, prompt=900, output=300)  # only ten fit in KV
+    samples = gauges(reqs, 32, lambda n: 9.6 * n)
+    samples += [(t, "vllm:num_preemptions_total", t // 3) for t, m, _ in samples if m == RUNNING]
+    return {"run_id": run_id, "requests": reqs, "samples": samples}
+
+
+def test_kv_capacity_pressure(tmp_path):
+    d = run_of(tmp_path, **kv_pressure_run())
+    assert d["label"] == "KV-capacity pressure", d["clue"]
+    assert d["running_at_cap_share"] == 0 and d["kv_full_share"] > 0.9 and d["preemptions"] == 4
+    assert d["clue"].startswith("KV at or above 90 % for 100 % of the loaded time, 4 preemptions, "
+                                "running at most 10 of 64, waiting in 100 % of the time")
+
+
+def interference_run(run_id="int", probe_ttft=1.5):
+    reqs = [request(i, 0.05 * i, 0.05 * i + 0.04, 30.0, role="decoding") for i in range(12)]
+    reqs += [request(12 + i, 2.0, 4.0, 4.1, role="long_prompt", prompt=4000, output=16) for i in range(3)]
+    for i, t in enumerate(every(0.25, 32, 2.1)):
+        ttft = probe_ttft if t <= 4.0 else 0.05  # behind the long prefills, or not
+        reqs.append(request(15 + i, t, t + ttft, t + ttft + 0.3, role="probe"))
+    return {"run_id": run_id, "requests": reqs, "samples": gauges(reqs, 31, lambda n: 0.5 * n)}
+
+
+def test_prefill_decode_interference(tmp_path):
+    d = run_of(tmp_path, **interference_run())
+    assert d["label"] == "prefill-decode interference", d["clue"]
+    assert d["interference_ratio"] == pytest.approx(1.5 / 0.05)
+    assert d["clue"] == "8 requests arriving during long prefills: TTFT p90 30.0x that of the other 36"
+    # the same probes unaffected: no pattern but the reference
+    assert run_of(tmp_path, **interference_run("int2", probe_ttft=0.05))["label"] == "reference"
+
+
+def test_failed_run(tmp_path):
+    d = run_of(tmp_path, run_id="bad", status="failed", error="vLLM exited during start-up\nTraceback ...",
+               requests=[], samples=[])
+    assert d["label"] == "failed" and d["clue"] == "vLLM exited during start-up"
+    assert d["failed_share"] is None and d["littles_ok"]
+
+
+def test_at_cap_45_percent_is_not_a_sequence_limit(tmp_path):
+    reqs = queue(every(0.1, 201), 0.5, 64)  # loaded window: 2.0 to 20.0 s, nine periods of 2 s
+    samples = series(21, lambda t: 64 if (t - 2) % 2 < 0.875 else 30, lambda t: 5 if (t - 2) % 2 < 1.175 else 0,
+                     lambda t: 10, dt=0.05)
+    d = run_of(tmp_path, run_id="b45", requests=reqs, samples=samples)
+    assert d["running_at_cap_share"] == pytest.approx(0.45) and d["waiting_share"] == pytest.approx(0.6)
+    assert d["label"] == "unclassified"
+    assert "active-sequence limit: running at cap 45 % (needs >= 50 %)" in d["clue"]
+
+
+def test_kv_full_while_at_cap_is_not_kv_pressure(tmp_path):
+    reqs = queue(every(0.1, 200), 0.5, 64)
+    d = run_of(tmp_path, run_id="both", requests=reqs, samples=series(21, lambda t: 64, lambda t: 9, lambda t: 95))
+    assert d["kv_full_share"] == 1 and d["running_at_cap_share"] == 1
+    assert d["label"] == "unclassified"
+    assert "KV-capacity pressure: running at cap 100 % (needs < 20 %)" in d["clue"]
+    assert "active-sequence limit: KV median 95 % (needs < 90 %)" in d["clue"]
+
+
+def test_client_limited_and_errors_are_warned(tmp_path):
+    run = reference_run("lagged")
+    for r in run["requests"][::10]:
+        r["t_sent"] = r["t_scheduled"] + 0.2  # the client sent late
+    run["requests"][5]["status"] = "timeout"
+    d = run_of(tmp_path, **run)
+    assert d["label"] == "reference"
+    assert d["warnings"] == "client-limited (dispatch lag p99 200 ms > 50 ms)"
+    d = run_of(tmp_path, DiagnosisRules(max_failed_share=0.001), **run | {"run_id": "lagged2"})
+    assert "errors (0 % of requests failed)" in d["warnings"] and d["failed_share"] == 1 / 200
+
+
+def md1_run(run_id, scale=1.0):
+    rng = random.Random(7)
+    arrivals = [0.0]
+    while len(arrivals) < 400:
+        arrivals.append(arrivals[-1] + rng.expovariate(4.0))  # Poisson, 4/s, 0.15 s each: load 0.6
+    reqs = queue(arrivals, 0.15, 1, ttft_s=0.01)
+    return {"run_id": run_id, "requests": reqs, "samples": gauges(reqs, arrivals[-1] + 1, lambda n: n, scale=scale)}
+
+
+def test_littles_law_holds_and_a_miscount_is_flagged(tmp_path):
+    d = run_of(tmp_path, **md1_run("md1"))
+    assert d["littles_ok"] and 0.9 < d["littles_ratio"] < 1.1, d
+    assert d["littles_lambda_W"] == pytest.approx(d["littles_L_server"], rel=0.1)
+    d = run_of(tmp_path, **md1_run("md1x2", scale=2.0))
+    assert not d["littles_ok"] and 1.8 < d["littles_ratio"] < 2.2
+    assert "Little's law mismatch (L " in d["warnings"]
+
+
+def test_littles_law_is_skipped_for_closed_loops_and_few_arrivals(tmp_path):
+    run = reference_run("closed") | {"meta": {"spec": {"loadgen": {"mode": "closed", "concurrency": 8}}}}
+    d = run_of(tmp_path, **run)
+    assert d["littles_ratio"] is None and d["littles_ok"] and "Little's law not checked: closed loop" in d["notes"]
+    d = run_of(tmp_path, **reference_run("few") | {"requests": reference_run()["requests"][:15]})
+    assert d["littles_ratio"] is None and "Little's law not checked: 13 arrivals in the window" in d["notes"]
+
+
+def test_unknown_cap_gives_no_at_cap_signal(tmp_path):
+    d = run_of(tmp_path, **reference_run("nocap") | {"cap": None})
+    assert d["running_at_cap_share"] is None and d["cap"] is None and d["label"] == "reference"
+    assert d["clue"].endswith("; max_num_seqs unknown: no at-cap signal")
+    assert "cap unknown" in d["first_crossings"]
+    # the cap from the run's settings, then from the rules
+    meta = {"server": {"settings": {"max_num_seqs": 16}}}
+    assert run_of(tmp_path, **reference_run("meta") | {"cap": None, "meta": meta})["cap"] == 16
+    assert run_of(tmp_path, DiagnosisRules(default_cap=32), **reference_run("rule") | {"cap": None})["cap"] == 32
+
+
+def test_goodput_counts_ttft_and_each_requests_itl(tmp_path):
+    reqs = [request(i, float(i), i + 0.1, i + 1.0) for i in range(4)]
+    reqs[1]["t_first_token"] = 1 + 1.5  # TTFT 1.5 s: misses the 1 s objective
+    reqs[3]["status"] = "http_error"
+    tokens = {0: [0.1, 0.2, 0.3], 1: [2.5, 2.6], 2: [2.1, 2.2, 2.9]}  # request 2: a 700 ms gap
+    d = run_of(tmp_path, run_id="slo", requests=reqs, tokens=tokens, samples=[])
+    assert d["slo_met_share"] == 0.25 and d["goodput_rps"] == pytest.approx(1 / 4.0)
+
+
+def test_kv_ledger(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    shape = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+             "torch_dtype": "bfloat16"}
+    (model / "config.json").write_text(json.dumps(shape))
+    run = reference_run("ledger") | {"meta": {"model": {"path": str(model), "dtype": "auto"}}}
+    run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1)]
+    run["labels"] = {"vllm:cache_config_info": "block_size=16,cache_dtype=auto,engine=0,num_gpu_blocks=100,"
+                                               "num_gpu_blocks_override=None"}
+    d = run_of(tmp_path, **run)
+    assert d["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2 and d["kv_capacity_tokens"] == 1600
+    assert d["kv_fit_concurrency"] == pytest.approx(1600 / 250)
+    d = run_of(tmp_path, **reference_run("noledger") | {"meta": {"model": {"path": str(tmp_path / "nowhere")}}})
+    assert d["kv_bytes_per_token"] is None and d["kv_capacity_tokens"] is None
+
+
+def test_rules_from_config_and_schema_defaults_agree():
+    assert DiagnosisRules.from_config(None) == DiagnosisRules()
+    assert DiagnosisRules.from_config({"slo_ttft_ms": 500}).slo_ttft_ms == 500
+    with pytest.raises(UserError, match="bogus"):
+        DiagnosisRules.from_config({"bogus": 1})
+    props = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["diagnosis"]["properties"]
+    assert {k: v["default"] for k, v in props.items()} == DiagnosisRules().__dict__
+
+
+def test_write_diagnosis_and_cli(tmp_path, capsys):
+    db = make_db(tmp_path / "f.duckdb", [reference_run(), kv_pressure_run(), interference_run()])
+    write_diagnosis(db, DiagnosisRules())
+    assert main(["diagnose", "--db", str(db)]) == 0  # again: the table is replaced
+    with duckdb.connect(str(db), read_only=True) as con:
+        labels = dict(con.execute("SELECT run_id, label FROM diagnosis").fetchall())
+    assert labels == {"ref": "reference", "kv": "KV-capacity pressure", "int": "prefill-decode interference"}
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ref: reference - waiting 0 % of the time") and len(out) == 3
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    with pytest.raises(UserError, match="no such database"):
+        write_diagnosis(tmp_path / "missing.duckdb", DiagnosisRules())
+
+
+@pytest.mark.skipif(not CALIB.is_file(), reason="no calibration database")
+def test_calibration_runs(tmp_path):
+    db = tmp_path / "calib.duckdb"
+    shutil.copyfile(CALIB, db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        # external replays record no max_num_seqs; the server's was 64
+        got = dict(diagnose(con, DiagnosisRules(default_cap=64)).select("experiment", "label").iter_rows())
+    assert got["d60q"] == "active-sequence limit"
+    assert got["kvh"] == "KV-capacity pressure"
+    assert got["int4kq"] == "prefill-decode interference"
+    assert got["ctlq"] == "reference" and got["d120q"] == "reference"
