@@ -79,12 +79,11 @@ def check_study(workdir):
     assert ref["running_max"] < 8
     assert lim["ttft_p50_ms"] > ref["ttft_p50_ms"]
     assert all(r["n_usage_mismatch"] == 0 for r in summary.values())
-    # Our TTFT against vLLM's own histogram for the same run: within 10 %, or within the
-    # few ms of HTTP and request parsing that vLLM's clock does not see.
+    # Our TTFT against vLLM's own histogram for the same run: within 10 %, within the few
+    # ms of HTTP and parsing that vLLM's clock does not see, or inside the median's bucket.
     for c in signals.ttft_against_server(con).to_dicts():
         assert c["n_server"] == c["n_client"] > 0
-        gap = c["client_ttft_p50_ms"] - c["server_ttft_p50_ms"]
-        assert abs(gap) <= 0.1 * c["server_ttft_p50_ms"] or 0 <= gap <= 10, c
+        assert c["agrees"], c
     # vLLM's own gauges were scraped on the run's clock
     for exp in runs:
         metrics = {m for (m,) in con.execute(

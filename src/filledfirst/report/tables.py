@@ -204,10 +204,11 @@ def measurement_table(rows: Sequence[Mapping[str, Any]], checks: Mapping[str, Ma
             f"{r['n_usage_mismatch']:,}", f"{r['reasoning_tokens']:,}",
             fmt_ms(c.get("client_ttft_p50_ms")), server(c),
             f"{ratio:.2f}" if ratio is not None else "n/a",
+            {True: "yes", False: "NO"}.get(c.get("agrees"), "n/a"),
         ])
     return html_table(
         ["run", "dispatch lag p50 / p99", "usage not as asked", "reasoning tokens",
-         "our TTFT p50 (from send)", "vLLM's TTFT histogram median", "ours / vLLM's"],
+         "our TTFT p50 (from send)", "vLLM's TTFT histogram median", "ours / vLLM's", "agree"],
         body,
     )
 
