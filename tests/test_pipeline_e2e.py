@@ -24,6 +24,7 @@ def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
     workdir = run_pipeline(tmp_path, pipeline_env)
     check_study(workdir)
     check_shared_server(workdir)
+    check_report_in_browser(workdir, tmp_path)
 
     # Nothing to do on a second run: every output is complete and up to date.
     again = subprocess.run(
@@ -147,3 +148,19 @@ def check_shared_server(workdir):
     prompt_tokens_before = con.execute("SELECT sum(prompt_tokens_received) FROM read_parquet(?)",
                                        [str(runs / "reference" / "requests.parquet")]).fetchone()[0]
     assert first_scrape["vllm:prompt_tokens_total"] >= prompt_tokens_before > 0
+
+
+def check_report_in_browser(workdir, tmp_path):
+    """The pipeline's own report, offline in headless Chromium: every chart drew, the page
+    logged nothing to its console, and it stays small."""
+    from test_report import CHROMIUM, _ChartDivs, _chromium_run
+
+    html = workdir / "reports" / "report.html"
+    assert html.stat().st_size < 5_000_000
+    if not CHROMIUM.exists():
+        return  # test_report's browser test fails in CI when chromium is missing
+    run = _chromium_run("--dump-dom", html.as_uri(), profile=tmp_path / "chromium")
+    charts = _ChartDivs()
+    charts.feed(run.stdout)
+    assert len(charts.charts) == 3 and all(charts.charts.values()), charts.charts
+    assert [line for line in run.stderr.splitlines() if ":CONSOLE" in line] == []

@@ -300,12 +300,20 @@ def test_report_html(report):
 
 
 def _chromium(*args: str, profile: Path, timeout: int = 120) -> str:
+    return _chromium_run(*args, profile=profile, timeout=timeout).stdout
+
+
+def _chromium_run(*args: str, profile: Path, timeout: int = 120) -> subprocess.CompletedProcess:
     argv = [
         str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        # No network: every request goes to a proxy that does not exist.
+        "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+        # The page's console messages reach stderr as INFO:CONSOLE lines.
+        "--enable-logging=stderr", "--v=0",
         f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args,
     ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
 
 
 def screenshot(html: Path, png: Path, profile: Path, height: int = 5000) -> Path:
@@ -351,11 +359,13 @@ def chromium():
 
 @pytest.mark.browser
 def test_charts_draw_offline(report, chromium, tmp_path):
-    dom = _chromium("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
     parser = _ChartDivs()
-    parser.feed(dom)
+    parser.feed(run.stdout)
     assert len(parser.charts) == 2, parser.charts
     assert all(parser.charts.values()), f"charts without an <svg>: {parser.charts}"
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console  # no error, no warning, nothing fetched
     if os.environ.get("FILLEDFIRST_SCREENSHOT"):  # e.g. =/tmp/report.png to look at it
         png = Path(os.environ["FILLEDFIRST_SCREENSHOT"])
         screenshot(report, png, tmp_path / "profile-shot")

@@ -96,7 +96,9 @@ def ttft_panel(points: pl.DataFrame) -> alt.LayerChart:
         f"red dashed lines: {n_failed} failed request(s) at their arrival time"
         if n_failed else "no failed requests"
     )
-    return alt.layer(dots, rules).properties(
+    # An empty layer would draw nothing but warn in the browser's console.
+    layers = [dots, rules] if n_failed else [dots]
+    return alt.layer(*layers).properties(
         width=WIDTH, height=180,
         title=alt.TitleParams("TTFT per request, by arrival time", subtitle=subtitle,
                               anchor="start", fontSize=12),
@@ -168,6 +170,8 @@ def sweep_chart(rows: list[dict[str, Any]]) -> alt.HConcatChart:
         .encode(x=x, y=alt.Y("total tok/s:Q"), tooltip=["concurrency:Q", "total tok/s:Q", "failed:Q"])
         .properties(width=300, height=200, title="total output tokens/s")
     )
+    if data["failed"].sum() == 0:
+        return alt.hconcat(ttft, tput)
     failed = alt.Chart(data).transform_filter(alt.datum.failed > 0).mark_point(size=90, shape="cross").encode(
         x=x, y="total tok/s:Q", color=point_color)
     return alt.hconcat(ttft, alt.layer(tput, failed))
