@@ -14,6 +14,7 @@ import pytest
 
 from filledfirst import atomic, rundir
 from filledfirst.analysis import signals
+from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.records import (
     REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, SampleRecord, TokenRecord, to_table,
 )
@@ -139,6 +140,7 @@ def db(tmp_path_factory) -> Path:
     ]
     path = root / "study.duckdb"
     ingest(dirs, path)
+    write_diagnosis(path, DiagnosisRules())
     return path
 
 
@@ -287,6 +289,8 @@ def test_report_html(report):
     # the seed's tables, part by part, with the seed's own figures marked as such
     assert "How does a long prefill affect other requests?" in html and "short new requests" in html
     assert "What happens when decode load rises?" in html and "seed, 80 ms" in html and "4,737 ms" in html
+    # the diagnosis: a label per run and the evidence table
+    assert "what filled first" in html and "first crossings" in html and "KV ledger" in html
     # the failed run's error, escaped; no data string became markup
     assert tables.esc(FAILED_RUN_ERROR) in html
     assert "<script>alert(1)" not in html and "<b>connection reset" not in html

@@ -415,3 +415,34 @@ def patterns_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
         verdict = "" if not expect else ("as designed" if expect == d["label"] else f"designed for {expect}")
         body.append([d["experiment"], d["label"], verdict, what, d.get("clue") or "", d.get("warnings") or ""])
     return html_table(["run", "what filled first", "", "what is happening (seed)", "measured clue", "warnings"], body)
+
+
+def _share(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f} %"
+
+
+def evidence_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
+    """The numbers behind each label: loaded window, shares, first crossings, Little's law,
+    goodput and the KV ledger (seed 004)."""
+    body = []
+    for d in diagnosis:
+        ratio = d.get("littles_ratio")
+        little = "n/a" if ratio is None else f"{ratio:.2f}" + ("" if d.get("littles_ok") else " (mismatch)")
+        fit = d.get("kv_fit_concurrency")
+        ledger = (
+            f"{fmt_count(d.get('kv_bytes_per_token'))} B/token, {fmt_count(d.get('kv_capacity_tokens'))} tokens, "
+            f"fits {fit:,.0f} at this workload's mean length" if fit is not None else "n/a"
+        )
+        goodput = d.get("goodput_rps")
+        body.append([
+            d["experiment"], f"{fmt_s(d.get('window_start_s'))} to {fmt_s(d.get('window_end_s'))}",
+            _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")), _share(d.get("kv_full_share")),
+            d.get("first_crossings") or "", little,
+            "n/a" if goodput is None else f"{goodput:.2f} req/s ({_share(d.get('slo_met_share'))} met the SLO)",
+            ledger,
+        ])
+    return html_table(
+        ["run", "loaded window", "at the cap", "waiting", "KV >= 90 %", "first crossings",
+         "Little's law L / λW", "goodput", "KV ledger"],
+        body,
+    )
