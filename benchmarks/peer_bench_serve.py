@@ -1,16 +1,18 @@
 """Our client side by side with `vllm bench serve`, on the same TEST DOUBLE and the same schedule.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/peer_bench_serve.py --rates 25 50 100 200 --seconds 10 \
-        --repeat 2 --diagnose-keepalive          # about 8 minutes on 2 cores
+        --repeat 2 --diagnose-fresh          # about 8 minutes on 2 cores
 
 The server is benchmarks/sse_double.py, a loopback TEST DOUBLE (not vLLM): it streams
 `--tokens` chunks after `--ttft-ms` at `--itl-ms` and logs, on CLOCK_MONOTONIC, when it
 received each request (body read) and when it emitted each chunk. Per rate, each tool runs
 once per round (`--repeat` rounds), in its own fresh process (this script with `--worker`),
 against its own fresh double; which tool goes first alternates from one (round, rate) to
-the next, so the noisy two-core machine treats both alike. `--diagnose-keepalive` adds a
-run of our client with reused connections (a diagnostic, not what our client does: the
-replay opens a fresh connection per request).
+the next, so the noisy two-core machine treats both alike. `--diagnose-fresh` adds a
+run of our client with a fresh connection per request, as it was before it reused
+connections (a diagnostic, not what our client does now).
+Our client reuses keep-alive connections and retries once, on a fresh connection, a
+request whose pooled connection the server had closed (`retries`, column "retried").
 
 The schedule is vLLM's own: `vllm bench serve --request-rate R --burstiness 1 --seed S`
 draws its gaps with `np.random.gamma(1, 1/R)` after `np.random.seed(S)` and rescales them
@@ -88,18 +90,18 @@ def worker_ours(a) -> None:
     from filledfirst.loadgen.settings import ReplaySettings
     from filledfirst.records import ScheduledRequest
 
-    if a.keepalive:
-        # Diagnostic only, not what our client does: reuse connections as vLLM's bench does
-        # instead of the replay's one fresh connection per request (force_close=True).
+    if a.fresh:
+        # Diagnostic only, not what our client does: the client as it was before connection
+        # reuse, one fresh connection per request (every connector force_close=True).
         import aiohttp
 
         real_connector = aiohttp.TCPConnector
 
-        def keepalive_connector(*p, **k):
-            k["force_close"] = False
+        def fresh_connector(*p, **k):
+            k["force_close"] = True
             return real_connector(*p, **k)
 
-        aiohttp.TCPConnector = keepalive_connector
+        aiohttp.TCPConnector = fresh_connector
 
     offsets = vllm_delays(a.n, a.rate, a.seed)
     schedule = [ScheduledRequest(i, float(t), a.input_len, a.tokens, "probe") for i, t in enumerate(offsets)]
@@ -126,6 +128,7 @@ def worker_ours(a) -> None:
             # Our TTFT as our analysis defines it: from the scheduled time (signals.py).
             "ttft": None if r.t_first_token is None else r.t_first_token - r.t_scheduled,
             "ok": r.status == "ok",
+            "retries": r.retries,
             "chunks": got.get(r.request_id, []),
         })
     Path(a.out).write_text(json.dumps({"requests": out, "cpu_s": cpu}))
@@ -217,7 +220,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(tool: str, loop: str, a, rate: float, run: Path, keepalive: bool = False) -> dict:
+def measure(tool: str, loop: str, a, rate: float, run: Path, fresh: bool = False) -> dict:
     run.mkdir(parents=True)
     emit_log, out = run / "emitted.json", run / "tool.json"
     double = subprocess.Popen(
@@ -232,7 +235,7 @@ def measure(tool: str, loop: str, a, rate: float, run: Path, keepalive: bool = F
         double_cpu0 = cpu_seconds(double.pid)
         cmd = [sys.executable, __file__, "--worker", tool, "--port", str(port), "--rate", str(rate), "--n", str(n),
                "--seed", str(a.seed), "--tokens", str(a.tokens), "--input-len", str(a.input_len),
-               "--tokenizer", a.tokenizer, "--loop", loop, "--out", str(out)] + (["--keepalive"] if keepalive else [])
+               "--tokenizer", a.tokenizer, "--loop", loop, "--out", str(out)] + (["--fresh"] if fresh else [])
         with (run / "worker.log").open("w") as log:
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT,
                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
@@ -269,10 +272,11 @@ def measure(tool: str, loop: str, a, rate: float, run: Path, keepalive: bool = F
     send_lag, arr_lag, ttft_err, ttft_send_err, chunk_err, itl_err = map(
         ms, (send_lag, arr_lag, ttft_err, ttft_send_err, chunk_err, itl_err))
     row = {
-        "tool": ("ours" + (" (uvloop)" if loop == "uvloop" else "") + (" keep-alive (diagnostic)" if keepalive else ""))
+        "tool": ("ours" + (" (uvloop)" if loop == "uvloop" else "") + (" fresh connections (diagnostic)" if fresh else ""))
         if tool == "ours" else "vllm bench serve",
         "rate": rate, "requests": n, "load_avg_1min": load,
         "failed": sum(not r["ok"] for r in res["requests"]),
+        "retried": sum(r.get("retries", 0) for r in res["requests"]),
         "not_seen_by_double": sum(r["id"] not in emitted for r in res["requests"]),
         "chunks_lost": n * a.tokens - received,
         "send_lag_p50": pct(send_lag, 50), "send_lag_p99": pct(send_lag, 99),
@@ -295,12 +299,12 @@ def pair(row: dict, key: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["tool", "rate", "run", "load", "failed / chunks lost", "send lag", "arrival lag", "TTFT error",
+    head = ["tool", "rate", "run", "load", "failed / retried / chunks lost", "send lag", "arrival lag", "TTFT error",
             "chunk error", "ITL error p99", "CPU / 1k tok", "double CPU / 1k tok"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in sorted(rows, key=lambda r: (r["rate"], r["tool"] != "ours", r["tool"], r["repeat"])):
         cells = [r["tool"], f"{r['rate']:g}", str(r["repeat"] + 1), f"{r['load_avg_1min']:.1f}",
-                 f"{r['failed']} / {r['chunks_lost']}", pair(r, "send_lag"), pair(r, "arrival_lag"),
+                 f"{r['failed']} / {r.get('retried', '-')} / {r['chunks_lost']}", pair(r, "send_lag"), pair(r, "arrival_lag"),
                  pair(r, "ttft_err"), pair(r, "chunk_err"), f"{r['itl_err_p99']:.1f}",
                  f"{r['cpu_ms_per_1k']:.0f} ms", f"{r['double_cpu_ms_per_1k']:.0f} ms"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -320,9 +324,8 @@ def main() -> None:
     p.add_argument("--tokenizer", default=str(ROOT / "data/models/tiny-qwen2"))
     p.add_argument("--ours-loop", choices=["asyncio", "uvloop", "both"], default="asyncio",
                    help="our client's event loop (asyncio is what `filledfirst` runs; vLLM's bench runs asyncio)")
-    p.add_argument("--diagnose-keepalive", action="store_true",
-                   help="add a diagnostic run of our client with connections reused (as vLLM's bench does); "
-                   "not what our client does")
+    p.add_argument("--diagnose-fresh", action="store_true",
+                   help="also run our client with a fresh connection per request, as before connection reuse")
     p.add_argument("--json-out", type=Path, help="also write the rows here")
     p.add_argument("--keep", type=Path, help="keep every run's raw files (double's log, tool records) here")
     # worker mode (internal)
@@ -332,7 +335,7 @@ def main() -> None:
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     p.add_argument("--loop", default="asyncio", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--keepalive", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fresh", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker == "ours":
         return worker_ours(a)
@@ -342,7 +345,7 @@ def main() -> None:
     if not Path(a.tokenizer, "tokenizer.json").exists():
         sys.exit(f"no tokenizer at {a.tokenizer}: .venv/bin/python -m filledfirst model tiny --out data/models/tiny-qwen2")
     ours = [("ours", "asyncio", False), ("ours", "uvloop", False)] if a.ours_loop == "both" else [("ours", a.ours_loop, False)]
-    if a.diagnose_keepalive:
+    if a.diagnose_fresh:
         ours.append(("ours", ours[0][1], True))
     rows = []
     started = time.time()
@@ -358,9 +361,8 @@ def main() -> None:
                 if k % 2:  # alternate who goes first
                     order = order[::-1]
                 k += 1
-                for tool, loop, keepalive in order:
-                    row = measure(tool, loop, a, rate, base / f"{rep}-{tool}-{loop}{'-keepalive' * keepalive}-{rate:g}",
-                                  keepalive)
+                for tool, loop, fresh in order:
+                    row = measure(tool, loop, a, rate, base / f"{rep}-{tool}-{loop}{'-fresh' * fresh}-{rate:g}", fresh)
                     row["repeat"] = rep
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -46,6 +46,9 @@ class RequestRecord:
     status: str = "ok"
     http_status: int | None = None
     error: str | None = None
+    # 1 when the first attempt hit a keep-alive connection the server had already closed
+    # and the request was sent again on a fresh one; `t_sent` stays the first attempt's.
+    retries: int = 0
 
 
 

@@ -15,7 +15,7 @@ from filledfirst.engine.lifetime import note_interrupt, signal_reason
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
+from filledfirst.loadgen.stream import DRAIN_TIMEOUT, connection_trace, send_streamed
 from filledfirst.records import RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
 
@@ -59,6 +59,7 @@ class Replay:
         self.first_token_timeout_s = settings.first_token_timeout_s
         self.drain_timeout_s = settings.drain_timeout_s
         self._t0 = 0.0
+        self._fresh: aiohttp.ClientSession | None = None  # set while running
         self.scraper = Scraper(base_url + "/metrics", settings.scrape_interval_s, self.clock)
         self.progress = progress
         self.server_alive = server_alive
@@ -106,15 +107,24 @@ class Replay:
                 signal.signal(sig, previous[sig])  # asyncio would leave the default action
 
     async def _run(self, stop: asyncio.Event) -> None:
-        # Open loop: no client-side cap on concurrency. A fresh connection per request:
-        # reusing a keep-alive connection the server is closing fails the request
-        # ("Can not write request body"), an artefact of the client, not the server.
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        async with aiohttp.ClientSession(connector=connector, headers=self._headers) as session:
+        # Open loop: no client-side cap on concurrency. Connections are reused (opening one
+        # per request delayed arrivals by seconds at 200 req/s); a request whose pooled
+        # connection the server closed meanwhile ("Can not write request body",
+        # ServerDisconnectedError) is sent once more on a fresh connection from
+        # `fresh`, so that race of the client never becomes a failed request.
+        # The scraper keeps a fresh connection per scrape, as before.
+        connector = aiohttp.TCPConnector(limit=0)
+        fresh_connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector, headers=self._headers,
+                                  trace_configs=[connection_trace()]) as session,
+            aiohttp.ClientSession(connector=fresh_connector, headers=self._headers) as fresh,
+        ):
+            self._fresh = fresh
             self._t0 = time.perf_counter()
             cpu0 = time.process_time()
             scrape_stop = asyncio.Event()
-            background = [asyncio.create_task(self.scraper.run(session, scrape_stop))]
+            background = [asyncio.create_task(self.scraper.run(fresh, scrape_stop))]
             if self.progress:
                 background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
             if self.server_alive is not None:
@@ -173,7 +183,7 @@ class Replay:
                 rec.t_scheduled = self.clock()
                 rec.status = "ok"
                 await send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout,
-                                    self.first_token_timeout_s)
+                                    self.first_token_timeout_s, self._fresh)
 
         workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
         waiter = asyncio.create_task(stop.wait())
@@ -196,7 +206,7 @@ class Replay:
             tasks.append(
                 asyncio.create_task(
                     send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout,
-                                    self.first_token_timeout_s)
+                                    self.first_token_timeout_s, self._fresh)
                 )
             )
         return tasks

@@ -78,6 +78,50 @@ def _count_chunk(
         rec.t_first_content = t
 
 
+class _Attempt:
+    """What aiohttp's tracing tells of one attempt's connection: reused from the pool (True),
+    newly opened (False), or unknown (None: the session carries no `connection_trace()`)."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused: bool | None = None
+
+
+def connection_trace() -> aiohttp.TraceConfig:
+    """Give this to the keep-alive session so only requests on a reused connection are retried."""
+
+    async def created(session, ctx, params) -> None:
+        if isinstance(ctx.trace_request_ctx, _Attempt):
+            ctx.trace_request_ctx.reused = False
+
+    async def reused(session, ctx, params) -> None:
+        if isinstance(ctx.trace_request_ctx, _Attempt):
+            ctx.trace_request_ctx.reused = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(created)
+    trace.on_connection_reuseconn.append(reused)
+    return trace
+
+
+# What a pooled connection that the server closed while idle fails with: the server's FIN
+# read before any answer, or the request's write hitting the closed socket. Not a connect
+# failure (ClientConnectorError is a ClientOSError too) and not a timeout.
+_STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
+
+
+def _stale_connection(exc: BaseException, rec: RequestRecord, attempt: _Attempt) -> bool:
+    return (
+        isinstance(exc, _STALE_ERRORS)
+        and not isinstance(exc, aiohttp.ClientConnectorError)
+        and rec.http_status is None
+        and rec.t_first_token is None
+        and rec.chunks == 0
+        and attempt.reused is not False  # a fresh connection that failed is the server's doing
+    )
+
+
 async def send_streamed(
     session: aiohttp.ClientSession,
     url: str,
@@ -87,55 +131,38 @@ async def send_streamed(
     clock: Callable[[], float],
     timeout: aiohttp.ClientTimeout,
     first_token_timeout_s: float | None = None,
+    fresh_session: aiohttp.ClientSession | None = None,
 ) -> None:
     """`timeout.total` bounds the whole request, `timeout.sock_connect` the connection, and
-    `first_token_timeout_s` the wait for the first streamed token (queueing included)."""
+    `first_token_timeout_s` the wait for the first streamed token (queueing included).
+
+    With `fresh_session` (a session that opens a new connection per request), a request
+    whose pooled keep-alive connection turns out to be closed by the server before any
+    answer is sent once more on a fresh connection: a race of connection reuse, not a
+    failure of the server. At most one retry (`rec.retries`); `t_sent` stays the first
+    attempt's, and both timeouts count from it."""
     rec.t_sent = clock()
-    done = False
     # Lifted at the first token; the total timeout still bounds the rest.
     first_token = asyncio.timeout(first_token_timeout_s)
     try:
-        async with first_token, session.post(
-            url, data=body, timeout=timeout,
-            # The id lets a server's own logs (vLLM uses it) be matched to our rows.
-            headers={"Content-Type": "application/json", "X-Request-Id": f"ff-{rec.request_id}"},
-        ) as resp:
-            rec.http_status = resp.status
-            if resp.status != 200:
-                rec.status = "rejected" if resp.status in _REJECT_STATUSES else "http_error"
-                rec.error = (await resp.text())[:_ERROR_TEXT_MAX]
-                return
-            # Whatever arrived in one read shares one timestamp; events split across reads
-            # are joined by the parser. Fewer awaits than line-by-line reading.
-            parser = SSEData()
-            async for raw in resp.content.iter_any():
-                t = clock()
-                for data in parser.feed(raw):
-                    if data == b"[DONE]":
-                        done = True
-                        break
-                    try:
-                        event = _decode(data)
-                    except (ValueError, msgspec.DecodeError):
-                        rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
-                        return
-                    if not isinstance(event, dict):
-                        rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
-                        return
-                    if "error" in event:
-                        rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
-                        return
-                    usage = event.get("usage")
-                    choices = event.get("choices")
-                    if choices:
-                        _count_chunk(rec, tokens, t, choices[0], usage, first_token)
-                    if usage:
-                        rec.prompt_tokens_received = usage.get("prompt_tokens")
-                        rec.output_tokens_received = usage.get("completion_tokens")
-                if done:
+        async with first_token:
+            attempt_session, attempt_timeout = session, timeout
+            while True:
+                attempt = _Attempt()
+                try:
+                    await _exchange(attempt_session, url, body, rec, tokens, clock, attempt_timeout, first_token, attempt)
                     break
-            if not done:
-                rec.status, rec.error = "disconnected", "stream ended without [DONE]"
+                except aiohttp.ClientError as exc:
+                    if fresh_session is None or rec.retries or not _stale_connection(exc, rec, attempt):
+                        raise
+                rec.retries += 1
+                attempt_session = fresh_session
+                if timeout.total is not None:  # the total still counts from the first send
+                    left = max(timeout.total - (clock() - rec.t_sent), 1e-3)
+                    attempt_timeout = aiohttp.ClientTimeout(
+                        total=left, connect=timeout.connect, sock_read=timeout.sock_read,
+                        sock_connect=timeout.sock_connect, ceil_threshold=timeout.ceil_threshold,
+                    )
     except aiohttp.ConnectionTimeoutError:
         rec.status, rec.error = "timeout", f"could not connect within {timeout.sock_connect} s"
     except asyncio.TimeoutError:
@@ -153,3 +180,59 @@ async def send_streamed(
         raise
     finally:
         rec.t_done = clock()
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    rec: RequestRecord,
+    tokens: list[TokenRecord],
+    clock: Callable[[], float],
+    timeout: aiohttp.ClientTimeout,
+    first_token: asyncio.Timeout,
+    attempt: _Attempt,
+) -> None:
+    """One attempt: send, read the stream into `rec` and `tokens`; transport errors raise."""
+    done = False
+    async with session.post(
+        url, data=body, timeout=timeout, trace_request_ctx=attempt,
+        # The id lets a server's own logs (vLLM uses it) be matched to our rows.
+        headers={"Content-Type": "application/json", "X-Request-Id": f"ff-{rec.request_id}"},
+    ) as resp:
+        rec.http_status = resp.status
+        if resp.status != 200:
+            rec.status = "rejected" if resp.status in _REJECT_STATUSES else "http_error"
+            rec.error = (await resp.text())[:_ERROR_TEXT_MAX]
+            return
+        # Whatever arrived in one read shares one timestamp; events split across reads
+        # are joined by the parser. Fewer awaits than line-by-line reading.
+        parser = SSEData()
+        async for raw in resp.content.iter_any():
+            t = clock()
+            for data in parser.feed(raw):
+                if data == b"[DONE]":
+                    done = True
+                    break
+                try:
+                    event = _decode(data)
+                except (ValueError, msgspec.DecodeError):
+                    rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
+                    return
+                if not isinstance(event, dict):
+                    rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
+                    return
+                if "error" in event:
+                    rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
+                    return
+                usage = event.get("usage")
+                choices = event.get("choices")
+                if choices:
+                    _count_chunk(rec, tokens, t, choices[0], usage, first_token)
+                if usage:
+                    rec.prompt_tokens_received = usage.get("prompt_tokens")
+                    rec.output_tokens_received = usage.get("completion_tokens")
+            if done:
+                break
+        if not done:
+            rec.status, rec.error = "disconnected", "stream ended without [DONE]"

@@ -1,0 +1,210 @@
+"""Connection reuse and its one retry, against raw loopback test doubles (the thing under
+test is our client): a keep-alive connection the server closed is never a failed request,
+and nothing else is ever sent twice."""
+
+import asyncio
+import contextlib
+import json
+
+import aiohttp
+
+from filledfirst.loadgen.replay import Replay
+from filledfirst.loadgen.settings import ReplaySettings
+from filledfirst.loadgen.stream import connection_trace, send_streamed
+from filledfirst.records import RequestRecord, ScheduledRequest
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+BODY = (sse({"choices": [{"index": 0, "text": "w"}], "usage": None}) * 3
+        + sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}) + b"data: [DONE]\n\n")
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+HEADERS_ONLY = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+METRICS = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 14\r\n\r\n# no metrics\r\n"
+
+
+class RawDouble:
+    """An HTTP/1.1 server that keeps connections open (no `Connection: close`) and does what
+    `action(n_on_connection, n_overall)` says with each completion request:
+    "ok" answers in full, "close" closes the connection without an answer, "headers" sends
+    the status and headers and then closes, "die" stops listening and then closes."""
+
+    def __init__(self, action):
+        self.action = action
+        self.requests = 0  # completion requests read, answered or not
+        self.ids: list[str] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        on_conn = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                await reader.readexactly(int(headers.get("content-length", 0)))
+                if lines[0].startswith("GET /metrics"):
+                    writer.write(METRICS)
+                    await writer.drain()
+                    continue
+                self.requests += 1
+                self.ids.append(headers.get("x-request-id"))
+                act = self.action(on_conn, self.requests - 1)
+                on_conn += 1
+                if act == "ok":
+                    writer.write(OK)
+                    await writer.drain()
+                    continue
+                if act == "headers":
+                    writer.write(HEADERS_ONLY)
+                    await writer.drain()
+                if act == "die":
+                    self.server.close()
+                return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    @contextlib.asynccontextmanager
+    async def serving(self):
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        try:
+            yield f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        finally:
+            self.server.close()
+
+
+def one_request_per_connection(on_conn: int, n: int) -> str:
+    """Answers the first request of a connection, then closes it when the next arrives:
+    the client's pooled connection is always already closed by the server."""
+    return "ok" if on_conn == 0 else "close"
+
+
+async def sequence(double: RawDouble, n: int, gap_s: float = 0.0) -> list[RequestRecord]:
+    """`n` requests one after the other on a keep-alive session, with a fresh one for retries."""
+    recs = [RequestRecord(i, "probe", 5, 3, 0.0) for i in range(n)]
+    loop = asyncio.get_running_loop()
+    async with (
+        double.serving() as base,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trace_configs=[connection_trace()]) as session,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as fresh,
+    ):
+        for rec in recs:
+            await send_streamed(session, f"{base}/v1/completions", b"{}", rec, [], loop.time,
+                                aiohttp.ClientTimeout(total=5, sock_connect=2), None, fresh)
+            await asyncio.sleep(gap_s)
+    return recs
+
+
+def test_closed_keepalive_connection_is_retried_once_on_a_fresh_one():
+    double = RawDouble(one_request_per_connection)
+    recs = asyncio.run(sequence(double, 6))
+    assert [r.status for r in recs] == ["ok"] * 6, [r.error for r in recs]
+    assert all(r.output_tokens_received == 3 for r in recs)
+    # Request 0 opens a connection that goes back to the pool; request 1 finds it closed and
+    # is retried on a fresh, not pooled, connection; the pool is empty, so request 2 opens
+    # a new one, and so on.
+    assert [r.retries for r in recs] == [0, 1, 0, 1, 0, 1]
+    assert double.requests == 9  # 6 answered + 3 that met a closed connection
+    assert all(r.t_sent <= r.t_first_token <= r.t_done for r in recs)
+
+
+def test_open_loop_replay_has_no_failed_rows_when_the_server_closes_idle_connections():
+    double = RawDouble(one_request_per_connection)
+    settings = ReplaySettings(model="m", token_low=10, token_high=20, request_timeout_s=5, drain_timeout_s=5,
+                              scrape_interval_s=0.5)
+    sched = [ScheduledRequest(i, 0.01 * i, 5, 3, "x") for i in range(40)]
+
+    async def go():
+        async with double.serving() as base:
+            replay = Replay(sched, base, settings, progress=False)
+            await replay.run()
+        return replay
+
+    replay = asyncio.run(go())
+    assert [r.status for r in replay.requests] == ["ok"] * 40, [r.error for r in replay.requests if r.error]
+    retried = [r for r in replay.requests if r.retries]
+    assert retried and all(r.retries == 1 for r in retried)
+    # every request was answered exactly once; the extra reads are the closed-connection ones
+    assert double.requests == 40 + len(retried)
+    assert sorted(set(double.ids)) == sorted(f"ff-{i}" for i in range(40))
+
+
+def test_death_after_headers_is_a_disconnect_and_not_retried():
+    double = RawDouble(lambda on_conn, n: "ok" if n == 0 else "headers")
+    recs = asyncio.run(sequence(double, 2))
+    assert recs[0].status == "ok"
+    assert recs[1].status == "disconnected" and recs[1].http_status == 200 and recs[1].retries == 0
+    assert double.requests == 2
+
+
+def test_fresh_connection_closed_without_answer_is_not_retried():
+    """Only a reused connection can be stale; a new one closed unanswered is the server's doing."""
+    double = RawDouble(lambda on_conn, n: "close")
+    recs = asyncio.run(sequence(double, 1))
+    assert recs[0].status == "disconnected" and recs[0].retries == 0
+    assert double.requests == 1 and double.connections == 1
+
+
+def test_server_that_died_still_fails_after_the_one_retry():
+    """Stale connection, then the retry cannot connect: a failed row, sent to the server once."""
+    double = RawDouble(lambda on_conn, n: "ok" if n == 0 else "die")
+    recs = asyncio.run(sequence(double, 2))
+    assert recs[0].status == "ok"
+    assert recs[1].status == "disconnected" and recs[1].retries == 1
+    assert "Connect" in recs[1].error
+    assert double.requests == 2
+
+
+def test_connection_refused_is_a_disconnect_without_retry():
+    async def go():
+        rec = RequestRecord(0, "probe", 5, 3, 0.0)
+        async with (
+            aiohttp.ClientSession(trace_configs=[connection_trace()]) as session,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh,
+        ):
+            await send_streamed(session, "http://127.0.0.1:9/v1/completions", b"{}", rec, [], lambda: 0.0,
+                                aiohttp.ClientTimeout(total=2), None, fresh)
+        return rec
+
+    rec = asyncio.run(go())
+    assert rec.status == "disconnected" and "Connect" in rec.error and rec.retries == 0
+
+
+def test_slow_first_token_on_a_retried_request_still_times_out_from_the_first_send():
+    """The first-token timeout spans both attempts: a retry does not restart it."""
+
+    class Slow(RawDouble):
+        async def handle(self, reader, writer):
+            if self.connections >= 1:  # the retry's connection answers too late
+                self.connections += 1
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(1.0)
+                writer.close()
+                return
+            await super().handle(reader, writer)
+
+    double = Slow(one_request_per_connection)
+
+    async def go():
+        recs = [RequestRecord(i, "probe", 5, 3, 0.0) for i in range(2)]
+        loop = asyncio.get_running_loop()
+        async with (
+            double.serving() as base,
+            aiohttp.ClientSession(trace_configs=[connection_trace()]) as session,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh,
+        ):
+            for rec in recs:
+                await send_streamed(session, f"{base}/v1/completions", b"{}", rec, [], loop.time,
+                                    aiohttp.ClientTimeout(total=5), 0.3, fresh)
+        return recs
+
+    recs = asyncio.run(go())
+    assert recs[0].status == "ok"
+    assert recs[1].status == "timeout" and "first token within 0.3 s" in recs[1].error and recs[1].retries == 1
+    assert recs[1].t_done - recs[1].t_sent < 0.9
