@@ -9,6 +9,8 @@ from pathlib import Path
 
 from filledfirst.errors import UserError
 
+log = logging.getLogger("filledfirst")
+
 
 def _add_model(sub) -> None:
     p = sub.add_parser("model", help="build or fetch the model a config serves")
@@ -143,7 +145,17 @@ def _cmd_run(args) -> int:
     cfg = load_config(args.configs)
     jobs = [Job(*triple) for triple in zip(args.experiments, args.schedules, args.outs)]
     statuses = run_experiments(cfg, jobs, progress=not args.no_progress)
-    return 0 if "failed" not in statuses else 1
+    # A failed or partial run is a result: its folder says why, and the report must list
+    # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt still
+    # exits 130, so an interrupted group is redone).
+    for job, status in zip(jobs, statuses):
+        if status != "ok":
+            log.warning(
+                "experiment %s: %s (see %s/run.json); the folder is kept for the report. "
+                "To run it again, delete the folder or use snakemake --forcerun.",
+                job.experiment, status, job.out,
+            )
+    return 0
 
 
 def _add_replay(sub) -> None:
@@ -207,7 +219,7 @@ def _cmd_ingest(args) -> int:
     from filledfirst.store.ingest import ingest
 
     ids = ingest(args.run_dirs, args.db)
-    logging.getLogger("filledfirst").info("ingested %d run(s) into %s", len(ids), args.db)
+    log.info("ingested %d run(s) into %s", len(ids), args.db)
     return 0
 
 

@@ -113,7 +113,9 @@ class Replay:
         # ServerDisconnectedError) is sent once more on a fresh connection from
         # `fresh`, so that race of the client never becomes a failed request.
         # The scraper keeps a fresh connection per scrape, as before.
-        connector = aiohttp.TCPConnector(limit=0)
+        # Idle connections are dropped before uvicorn's 5 s keep-alive closes them, so the
+        # stale-connection retry stays rare.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)
         fresh_connector = aiohttp.TCPConnector(limit=0, force_close=True)
         async with (
             aiohttp.ClientSession(connector=connector, headers=self._headers,
