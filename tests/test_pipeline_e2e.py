@@ -162,5 +162,5 @@ def check_report_in_browser(workdir, tmp_path):
     run = _chromium_run("--dump-dom", html.as_uri(), profile=tmp_path / "chromium")
     charts = _ChartDivs()
     charts.feed(run.stdout)
-    assert len(charts.charts) == 3 and all(charts.charts.values()), charts.charts
+    assert len(charts.charts) == 4 and all(charts.charts.values()), charts.charts  # 3 runs + goodput
     assert [line for line in run.stderr.splitlines() if ":CONSOLE" in line] == []

@@ -294,7 +294,7 @@ def test_report_html(report):
     # the failed run's error, escaped; no data string became markup
     assert tables.esc(FAILED_RUN_ERROR) in html
     assert "<script>alert(1)" not in html and "<b>connection reset" not in html
-    assert html.count('class="ff-chart"') == 2  # the failed run has no chart
+    assert html.count('class="ff-chart"') == 3  # two runs (the failed one has none) + goodput
     assert render.remote_references(html) == []
     assert 'src=""' not in html
     assert "Traceback" not in html
@@ -366,7 +366,7 @@ def test_charts_draw_offline(report, chromium, tmp_path):
     run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
     parser = _ChartDivs()
     parser.feed(run.stdout)
-    assert len(parser.charts) == 2, parser.charts
+    assert len(parser.charts) == 3, parser.charts
     assert all(parser.charts.values()), f"charts without an <svg>: {parser.charts}"
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console  # no error, no warning, nothing fetched
@@ -401,3 +401,15 @@ def test_sweep_chart_draws_and_marks_failed_levels():
     assert svg.count("<path") > 3 and "TTFT against concurrency" in svg
     html = tables.sweep_table(rows)
     assert html.count("<tr>") == 4 and "40.0 ms" in html
+
+
+def test_goodput_chart_marks_runs_with_failures():
+    import vl_convert
+
+    from filledfirst.report import charts
+
+    rows = [{"experiment": "a", "offered_rps": 2.0, "goodput_rps": 1.9, "n_failed": 0, "slo_met_share": 0.95},
+            {"experiment": "b", "offered_rps": 4.0, "goodput_rps": 0.5, "n_failed": 3, "slo_met_share": 0.1}]
+    spec = charts.goodput_chart(rows).to_dict()
+    svg = vl_convert.vegalite_to_svg(spec)
+    assert "Goodput against offered load" in svg and charts.FAILED_COLOR in svg

@@ -286,13 +286,14 @@ def ttft_against_server(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
 
 def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """Per run, seed 001's throughput columns: TTFT p50/p95, the median request's decode
+    """Per run, seed 001's throughput columns and the offered load: TTFT p50/p95, the median request's decode
     rate (tokens after the first / time from first to last token) and total output
     tokens per second over the run (first send to last answer). Failed requests add no
     tokens but stay in the time span."""
     sql = f"""
     WITH r AS (
         SELECT run_id, status, t_sent, t_done, output_tokens_received AS out,
+               t_scheduled,
                CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
                CASE WHEN status = '{OK}' AND t_last_token > t_first_token
                     THEN (output_tokens_received - 1) / (t_last_token - t_first_token) END AS tok_s
@@ -302,7 +303,10 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
            quantile_cont(ttft_ms, 0.95) AS ttft_p95_ms,
            quantile_cont(tok_s, 0.5) AS tok_s_per_request,
-           sum(out) FILTER (WHERE status = '{OK}') / nullif(max(t_done) - min(t_sent), 0) AS total_tok_s
+           sum(out) FILTER (WHERE status = '{OK}') / nullif(max(t_done) - min(t_sent), 0) AS total_tok_s,
+           -- open loop: the schedule's arrival rate (closed loop: the rate it achieved)
+           count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps,
+           count(*) FILTER (WHERE status <> '{OK}') AS n_failed
     FROM r GROUP BY run_id
     """
     return _pl(con, sql)

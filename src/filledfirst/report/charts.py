@@ -175,3 +175,28 @@ def sweep_chart(rows: list[dict[str, Any]]) -> alt.HConcatChart:
     failed = alt.Chart(data).transform_filter(alt.datum.failed > 0).mark_point(size=90, shape="cross").encode(
         x=x, y="total tok/s:Q", color=point_color)
     return alt.hconcat(ttft, alt.layer(tput, failed))
+
+
+def goodput_chart(rows: list[dict[str, Any]]) -> alt.LayerChart:
+    """Goodput against offered load, one point per open-loop run; the diagonal is "every
+    request met the SLO". Runs with failed requests are drawn red (they count as missed)."""
+    data = pl.DataFrame(
+        [{"run": r["experiment"], "offered": r["offered_rps"], "goodput": r["goodput_rps"],
+          "failed": r["n_failed"], "met": 100 * (r["slo_met_share"] or 0)} for r in rows],
+        schema={"run": pl.String, "offered": pl.Float64, "goodput": pl.Float64,
+                "failed": pl.Int64, "met": pl.Float64},
+    )
+    top = max([*data["offered"].drop_nulls().to_list(), *data["goodput"].drop_nulls().to_list(), 1.0])
+    diagonal = alt.Chart(pl.DataFrame({"x": [0.0, top], "y": [0.0, top]})).mark_line(
+        strokeDash=[4, 3], color="gray").encode(x="x:Q", y="y:Q")
+    color = alt.condition(alt.datum.failed > 0, alt.value(FAILED_COLOR), alt.value("steelblue"))
+    points = alt.Chart(data).mark_circle(size=70).encode(
+        x=alt.X("offered:Q", title="offered load (requests/s)"),
+        y=alt.Y("goodput:Q", title="goodput (requests/s meeting the SLO)"),
+        color=color,
+        tooltip=["run:N", alt.Tooltip("offered:Q", format=".2f"), alt.Tooltip("goodput:Q", format=".2f"),
+                 alt.Tooltip("met:Q", format=".0f", title="% met"), "failed:Q"],
+    )
+    labels = points.mark_text(align="left", dx=6, fontSize=10).encode(text="run:N", color=alt.value("black"))
+    return alt.layer(diagonal, points, labels).properties(
+        width=WIDTH, height=260, title="Goodput against offered load (open loop; red: runs with failed requests)")
