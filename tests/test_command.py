@@ -93,3 +93,19 @@ def test_every_synthetic_request_fits_the_model_length(config):
     for name, wl in cfg["workloads"].items():
         for phase in wl.get("phases", []):
             assert phase["prompt_tokens"] + phase["output_tokens"] <= limit, name
+
+
+def test_first_error_finds_the_root_cause_not_the_last_line(tmp_path):
+    from filledfirst.engine.server import first_error, log_excerpt
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING 11-29 [x.py:1] failed with error `OSError: [Errno 24] Too many open files`\n"
+        "(EngineCore pid=2) ERROR 11-29 [core.py:1510] ValueError: KV cache too small for max_model_len\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert first_error(log) == "ValueError: KV cache too small for max_model_len"
+    assert log_excerpt(log).startswith("First error: ValueError") and "See root cause above" in log_excerpt(log)
+    log.write_text("usage: api_server.py [-h]\napi_server.py: error: unrecognized arguments: --no-such-flag\n")
+    assert first_error(log) == "error: unrecognized arguments: --no-such-flag"

@@ -26,7 +26,7 @@ import polars as pl
 from filledfirst import atomic, rundir
 from filledfirst.config import check_shareable, experiment_spec, fingerprint
 from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
-from filledfirst.engine.server import ServerStartError, log_tail
+from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.loadgen.replay import Replay
@@ -80,7 +80,7 @@ class _Run:
         if self.replay.server_died:
             self.meta["status"] = "partial"
             assert server_log is not None  # only a server we started is watched
-            self.meta["error"] = "vLLM exited during the run. Last lines of server.log:\n" + log_tail(server_log)
+            self.meta["error"] = "vLLM exited during the run. " + log_excerpt(server_log)
         elif self.replay.interrupted:
             self.meta["status"], self.meta["error"] = "partial", f"interrupted: {self.replay.interrupted}"
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import time
@@ -28,6 +29,36 @@ def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# A Python exception line, at the start of the line or right after vLLM's ERROR prefix
+# (warnings that merely mention an error do not match).
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\(.*?\) ERROR .*?\] )?([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$"
+    r"|^\S+: (error): (.+)$"  # argparse: "api_server.py: error: unrecognized arguments: ..."
+)
+
+
+def first_error(path: Path) -> str | None:
+    """The first exception vLLM logged: the root cause, where the log's last lines often
+    hold only "Engine core initialization failed. See root cause above"."""
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = _EXCEPTION_LINE.match(line.strip())
+                if m:
+                    name, text = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+                    return f"{name}: {text}"
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def log_excerpt(path: Path, lines: int = 40) -> str:
+    """The root cause (if one was logged), then the last lines of the log."""
+    cause = first_error(path)
+    head = f"First error: {cause}\n" if cause else ""
+    return f"{head}Last lines of {path.name}:\n{log_tail(path, lines)}"
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -87,8 +118,7 @@ class VllmServer:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"vLLM exited with code {code} before it was healthy. Last lines of {self.log_path}:\n"
-                    + log_tail(self.log_path)
+                    f"vLLM exited with code {code} before it was healthy. " + log_excerpt(self.log_path)
                 )
             if self._get("/health", timeout=2.0) is not None:
                 self.startup_s = time.monotonic() - self._t_start
@@ -97,7 +127,7 @@ class VllmServer:
             if time.monotonic() > deadline:
                 raise ServerStartError(
                     f"vLLM was not healthy after {self.startup_timeout_s:.0f} s "
-                    f"(engine.startup_timeout_s). Last lines of {self.log_path}:\n" + log_tail(self.log_path)
+                    f"(engine.startup_timeout_s). " + log_excerpt(self.log_path)
                 )
             time.sleep(0.5)
 
