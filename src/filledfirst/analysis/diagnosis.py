@@ -16,6 +16,7 @@ Columns beyond the ones the report reads: `notes` (what could not be checked and
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -351,16 +352,22 @@ def _kv_ledger(row: dict, meta: dict, notes: list[str]) -> dict:
             "kv_fit_concurrency": capacity / mean_tokens if capacity and mean_tokens else None}
 
 
+@functools.lru_cache(maxsize=None)
+def _model_config(path: str, repo_root: str) -> dict | None:
+    """The model's config.json, read once per model (every run of a study shares it)."""
+    found = next((p / "config.json" for p in (Path(path), Path(repo_root) / path) if (p / "config.json").is_file()), None)
+    return json.loads(found.read_text()) if found is not None else None
+
+
 def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> float | None:
     from filledfirst.config import REPO_ROOT
 
     model = meta.get("model") or {}
     path = model.get("path")
     try:
-        found = next((p / "config.json" for p in (Path(path), REPO_ROOT / path) if (p / "config.json").is_file()), None)
-        if found is None:
+        cfg = _model_config(str(path), str(REPO_ROOT))
+        if cfg is None:
             return None
-        cfg = json.loads(found.read_text())
         cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the language model's shape here
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads

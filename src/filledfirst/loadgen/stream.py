@@ -7,6 +7,7 @@ import json
 from typing import Callable
 
 import aiohttp
+import attr  # aiohttp's ClientTimeout is an attrs class
 import msgspec
 
 from filledfirst.records import RequestRecord, TokenRecord
@@ -116,8 +117,7 @@ def _stale_connection(exc: BaseException, rec: RequestRecord, attempt: _Attempt)
         isinstance(exc, _STALE_ERRORS)
         and not isinstance(exc, aiohttp.ClientConnectorError)
         and rec.http_status is None
-        and rec.t_first_token is None
-        and rec.chunks == 0
+        and rec.chunks == 0  # nothing streamed yet (a first token comes with a chunk)
         and attempt.reused is not False  # a fresh connection that failed is the server's doing
     )
 
@@ -159,10 +159,7 @@ async def send_streamed(
                 attempt_session = fresh_session
                 if timeout.total is not None:  # the total still counts from the first send
                     left = max(timeout.total - (clock() - rec.t_sent), 1e-3)
-                    attempt_timeout = aiohttp.ClientTimeout(
-                        total=left, connect=timeout.connect, sock_read=timeout.sock_read,
-                        sock_connect=timeout.sock_connect, ceil_threshold=timeout.ceil_threshold,
-                    )
+                    attempt_timeout = attr.evolve(timeout, total=left)
     except aiohttp.ConnectionTimeoutError:
         rec.status, rec.error = "timeout", f"could not connect within {timeout.sock_connect} s"
     except asyncio.TimeoutError:
