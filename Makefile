@@ -17,6 +17,7 @@ CORES ?= 1
 
 STAMP := $(VENV)/.installed
 CHROMIUM_STAMP := $(VENV)/.chromium
+SLURM_STAMP := $(VENV)/.slurm
 
 .PHONY: demo test install lint clean-results
 
@@ -24,7 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/snakemake --cores $(CORES) all --configfile config/cpu.yaml
 	@echo "report: $(CURDIR)/reports/report.html   database: $(CURDIR)/results/filledfirst.duckdb"
 
-test: $(STAMP) $(CHROMIUM_STAMP)
+test: $(STAMP) $(CHROMIUM_STAMP) $(SLURM_STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
@@ -50,6 +51,15 @@ $(CHROMIUM_STAMP): | $(PY)
 	if ! command -v chromium >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is missing: install it (Debian: apt-get install chromium) for the browser test"; fi; \
+	fi
+	touch $@
+
+# The SLURM test brings up a one-node cluster on this machine (Debian's slurm-wlm and
+# munge; the daemons live in /usr/sbin).
+$(SLURM_STAMP): | $(PY)
+	if ! PATH="$$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin:/sbin" command -v munged >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	  else echo "slurm-wlm or munge is missing: install them (Debian: apt-get install slurm-wlm munge) for the SLURM test"; fi; \
 	fi
 	touch $@
 

@@ -14,6 +14,19 @@ include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 
 
+# On a cluster (--profile config/profiles/slurm) only the experiment jobs are submitted;
+# model, traces, schedules, the DuckDB file (one writer: ingest) and the report are made
+# where Snakemake runs.
+localrules:
+    all,
+    tiny_model,
+    fetch_trace,
+    schedule_from_trace,
+    schedule_synthetic,
+    ingest,
+    report,
+
+
 rule all:
     default_target: True
     input:

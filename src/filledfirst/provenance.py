@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ def hardware() -> dict:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
+    job = batch_job()
     return {
         "host": platform.node(),
         "os": platform.platform(),
@@ -44,6 +46,22 @@ def hardware() -> dict:
         "cores": psutil.cpu_count(logical=True),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "gpus": _gpus(),
+        **({"batch_job": job} if job else {}),
+    }
+
+
+def batch_job() -> dict | None:
+    """The SLURM job the run ran in (None outside one, and then not recorded): its id,
+    node, CPUs, and the GPUs it was given (CUDA_VISIBLE_DEVICES, which vLLM uses;
+    `gpus` lists all of the node's)."""
+    env = os.environ
+    if "SLURM_JOB_ID" not in env:
+        return None
+    return {
+        "slurm_job_id": env["SLURM_JOB_ID"],
+        "node": env.get("SLURMD_NODENAME"),
+        "cpus": env.get("SLURM_CPUS_PER_TASK"),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
     }
 
 

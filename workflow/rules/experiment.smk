@@ -13,6 +13,9 @@ for group, members in SERVER_GROUPS.items():
             [directory(run_dir(exp)) for exp in members],
         log:
             f"results/logs/run-{group}.log",
+        # What the job asks a cluster for (the SLURM profile); a local run ignores it.
+        resources:
+            **cluster_resources(members),
         conda:
             "../../environment.yml"
         params:
@@ -23,4 +26,4 @@ for group, members in SERVER_GROUPS.items():
             spec=group_fingerprint(config, members),
         shell:
             # tee: progress reaches the terminal and the job's log file alike.
-            "{params.cli} run {params.configs} {params.runs} 2>&1 | tee {log}"
+            "{params.cli} run {params.configs} {params.runs} 2>&1 | tee {log:q}"
