@@ -140,3 +140,44 @@ def test_an_interruption_publishes_the_current_run_and_starts_no_other(group):
     assert [meta(j)["status"] for j in jobs[:2]] == ["ok", "partial"]
     assert not jobs[2].out.exists()
     assert not state["shared"].alive()  # stopped on the way out
+
+
+def interrupted_at_b_then_cleaned(group, monkeypatch):
+    """The job is interrupted during b; Snakemake then deletes all of the job's outputs."""
+    import shutil
+
+    cfg, jobs, state = group
+    state["during"]["b"] = "interrupt"
+    with pytest.raises(SystemExit):
+        run_experiments(cfg, jobs, progress=False)
+    first_a = meta(jobs[0])["run_id"]
+    for job in jobs:
+        shutil.rmtree(job.out, ignore_errors=True)
+    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    state["during"].clear()
+    return first_a
+
+
+def test_a_rerun_after_an_interruption_measures_only_what_was_unfinished(group, monkeypatch):
+    cfg, jobs, state = group
+    first_a = interrupted_at_b_then_cleaned(group, monkeypatch)
+    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert meta(jobs[0])["run_id"] == first_a  # a was restored, not measured again
+    assert state["shared"].starts == ["b"]  # the re-run's server was started for b
+    assert meta(jobs[1])["status"] == "ok"
+    assert not list(jobs[0].out.parent.glob(".*"))  # the kept copies are gone with the job done
+
+
+@pytest.mark.parametrize("change", ["spec", "schedule"])
+def test_a_kept_run_is_not_reused_when_its_experiment_changed(group, monkeypatch, change):
+    cfg, jobs, state = group
+    first_a = interrupted_at_b_then_cleaned(group, monkeypatch)
+    if change == "spec":
+        cfg["experiments"]["a"]["server"] = {"max_num_seqs": 3}
+    else:
+        phases = [{**phase, "output_tokens": 9} for phase in cfg["workloads"]["light"]["phases"]]
+        write_synthetic_schedule({**cfg["workloads"]["light"], "phases": phases}, jobs[0].schedule)
+    jobs = [jobs[0]] if change == "spec" else jobs  # a no longer shares b's server
+    run_experiments(cfg, jobs, progress=False)
+    assert meta(jobs[0])["run_id"] != first_a
+    assert state["shared"].starts[0] == "a"

@@ -150,3 +150,23 @@ def test_log_parts_are_contiguous(tmp_path):
     shared.copy_log(end, tmp_path / "2.log")
     assert (tmp_path / "1.log").read_bytes() == b"start-up\nfirst\n"
     assert (tmp_path / "2.log").read_bytes() == b"second\n"
+
+
+def test_an_external_endpoint_is_a_group_of_its_own(cfg):
+    cfg["experiments"]["c"]["server"] = {"url": "http://10.0.0.7:8000", "api_key_env": "KEY"}
+    cfg["experiments"]["e"] = {"workload": "light", "server": {"url": "http://10.0.0.7:8000"}}
+    validate_config(cfg)
+    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b"], "c": ["c"], "e": ["e"]}
+    with pytest.raises(UserError, match="external endpoint"):
+        check_shareable(cfg, ["c", "e"])
+
+
+@pytest.mark.parametrize("server", [
+    {"url": "http://10.0.0.7:8000", "max_num_seqs": 8},  # settings of a server we do not start
+    {"url": "10.0.0.7:8000"},  # no scheme
+    {"api_key_env": "KEY"},  # a key without an endpoint
+])
+def test_an_external_endpoint_takes_only_a_url_and_a_key_variable(cfg, server):
+    cfg["experiments"]["c"]["server"] = server
+    with pytest.raises(UserError, match=r"experiments\.c\.server|experiments/c/server|c.*server"):
+        validate_config(cfg)

@@ -6,44 +6,15 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from conftest import REPO, snakemake_argv
+from procs import find_server, group_members, guardians_of, start_run
 
 pytestmark = pytest.mark.engine
 
 
-def find_server(workdir, timeout_s=400):
-    """The api_server started in this workdir, once its replay has begun."""
-    log = workdir / "results" / "logs" / "run-long_run.log"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.is_file() and "replaying" in log.read_text():
-            for p in psutil.process_iter(["cmdline", "cwd"]):
-                if "vllm.entrypoints.openai.api_server" in (p.info["cmdline"] or []) and p.info["cwd"] == str(workdir):
-                    return p
-        time.sleep(0.5)
-    raise AssertionError(f"the server never started replaying; log:\n{log.read_text() if log.is_file() else '(none)'}")
-
-
-def group_members(pgid):
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return out
-
-
-def guardians_of(pgid):
-    return [p for p in psutil.process_iter(["cmdline"])
-            if "filledfirst.engine.guardian" in (p.info["cmdline"] or []) and str(pgid) in p.info["cmdline"]]
-
-
-@pytest.mark.parametrize("how", ["sigint_group", "sigkill_parent"])
+@pytest.mark.parametrize("how", ["sigint_group", "sigterm_group", "sigkill_parent"])
 def test_no_vllm_survives_the_pipeline(tmp_path, how):
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
     pipeline = subprocess.Popen(
@@ -59,6 +30,8 @@ def test_no_vllm_survives_the_pipeline(tmp_path, how):
         assert len(group_members(pgid)) >= 2  # api server and its engine core
         if how == "sigint_group":
             os.killpg(pipeline.pid, signal.SIGINT)  # Ctrl-C in the terminal
+        elif how == "sigterm_group":
+            os.killpg(pipeline.pid, signal.SIGTERM)  # scancel, timeout(1), systemd
         else:
             pipeline.kill()  # SIGKILL to Snakemake alone: nothing gets a chance to clean up
         deadline = time.monotonic() + 10
@@ -95,13 +68,8 @@ def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
     cfg = load_config([cfg_path])
     write_synthetic_schedule(cfg["workloads"]["endless"], tmp_path / "s.parquet")
     out = tmp_path / "results" / "runs" / "long_run"
-    (tmp_path / "results" / "logs").mkdir(parents=True)
-    log = open(tmp_path / "results" / "logs" / "run-long_run.log", "w")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "filledfirst", "run", "--config", str(cfg_path), "--experiment", "long_run",
-         "--schedule", str(tmp_path / "s.parquet"), "--out", str(out), "--no-progress"],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-    )
+    run = start_run(tmp_path, cfg_path, "long_run", tmp_path / "s.parquet", out,
+                    tmp_path / "results" / "logs" / "run-long_run.log")
     pgid = None
     try:
         server = find_server(tmp_path)
@@ -125,3 +93,60 @@ def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
     assert "ok" in statuses and "not_sent" in statuses
     assert statuses <= {"ok", "disconnected", "not_sent"}, statuses
     assert pq.read_table(out / "samples.parquet").num_rows > 0
+
+
+def test_a_rerun_after_an_interruption_redoes_only_the_unfinished(tmp_path):
+    """Two experiments share a server (one Snakemake job). Ctrl-C during the second: its
+    folder is marked partial (Snakemake marks both incomplete), and a plain re-run (the
+    workflow profile says --rerun-incomplete) restores the finished first experiment
+    instead of measuring it again."""
+    import json
+
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "long.yaml").read_text())
+    cfg["workloads"]["quick"] = {"kind": "synthetic", "phases": [
+        {"role": "decode", "count": 10, "interval_s": 0.3, "prompt_tokens": 100, "output_tokens": 16}]}
+    cfg["experiments"] = {"first": {"workload": "quick"}, "second": {"workload": "endless"}}
+    config = tmp_path / "resume.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    targets = ("results/runs/first", "results/runs/second")
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = tmp_path / "results" / "logs" / "run-first.log"
+    pipeline = subprocess.Popen(snakemake_argv(tmp_path, config, *targets), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:  # wait until the second experiment is replaying
+            if log.is_file() and log.read_text().count("replaying") == 2:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the second experiment never started; log:\n{log.read_text() if log.is_file() else ''}")
+        time.sleep(2)
+        os.killpg(pipeline.pid, signal.SIGINT)
+        assert pipeline.wait(timeout=60) != 0
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+            pipeline.wait()
+    runs = tmp_path / "results" / "runs"
+    first = json.loads((runs / ".finished" / "first" / "run.json").read_text())
+    assert first["status"] == "ok"
+    for folder in runs.iterdir():  # only what really finished looks finished
+        meta = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+        if folder.name in ("first", ".finished"):
+            assert folder.name == ".finished" or meta["run_id"] == first["run_id"]
+        else:
+            assert meta.get("status") != "ok", f"{folder} looks complete after the interruption"
+
+    cfg["experiments"]["second"]["workload"] = "quick"  # the re-run finishes quickly
+    config.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run(snakemake_argv(tmp_path, config, *targets), env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((runs / "first" / "run.json").read_text())["run_id"] == first["run_id"]
+    second = json.loads((runs / "second" / "run.json").read_text())
+    assert second["status"] == "ok" and second["server"]["started_by"] == "second"
+    assert "reusing the run measured before the job was interrupted" in log.read_text()
+    assert not (runs / ".finished").exists()

@@ -138,3 +138,37 @@ def test_text_prompts_for_servers_that_refuse_token_ids(server, tmp_path, api):
         assert r["t_first_content"] == r["t_first_token"] > r["t_sent"]
     toks = pq.read_table(out / "tokens.parquet").to_pylist()
     assert sum(t["n"] for t in toks) == 12 * 16
+
+
+def test_an_experiment_against_an_endpoint_the_study_does_not_start(server, tmp_path):
+    """`server.url` in an experiment: the pipeline starts no vLLM, replays against the
+    endpoint, scrapes its /metrics, and the key stays in the environment."""
+    import yaml
+
+    from conftest import REPO, snakemake_argv
+
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
+    cfg["model"]["name"] = "tiny"  # the endpoint's served model name
+    cfg["experiments"] = {
+        "deployed": {"workload": "light", "server": {"url": server.base_url + "/", "api_key_env": "FF_TEST_KEY"}},
+    }
+    config = tmp_path / "external.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "FF_TEST_KEY": KEY,
+           "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(snakemake_argv(tmp_path, config, "results/filledfirst.duckdb"), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((tmp_path / "results" / "runs" / "deployed" / "run.json").read_text())
+    assert meta["status"] == "ok" and meta["server"]["launcher"] == "external"
+    assert meta["server"]["url"] == server.base_url and meta["server"]["api_key_env"] == "FF_TEST_KEY"
+    assert meta["versions"]["vllm"]  # read from the endpoint's /version
+    con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM requests WHERE status = 'ok'").fetchall()[0][0] == 12
+    assert con.execute("SELECT count(*) FROM samples WHERE metric = 'vllm:num_requests_running'").fetchall()[0][0] > 0
+    assert con.execute("SELECT count(*) FROM diagnosis").fetchall()[0][0] == 1
+    con.close()
+    assert "starting vLLM" not in (tmp_path / "results" / "logs" / "run-deployed.log").read_text()
+    for path in [p for p in tmp_path.rglob("*") if p.is_file()]:  # runs, logs, database, .snakemake
+        assert KEY.encode() not in path.read_bytes(), f"API key leaked into {path}"
+    assert KEY not in proc.stderr + proc.stdout

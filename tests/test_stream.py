@@ -8,8 +8,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from filledfirst.loadgen.replay import Replay
+from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import send_streamed
-from filledfirst.records import RequestRecord
+from filledfirst.records import RequestRecord, ScheduledRequest
 
 
 def sse(obj) -> bytes:
@@ -37,19 +39,30 @@ async def serving(app: web.Application):
         await runner.cleanup()
 
 
-async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first_delay=0.0, first_token_timeout=None):
-    """Serve `pieces` (written one by one, so events split across reads) and record the request."""
-
-    async def handler(request):
-        if status != 200:
-            return web.Response(status=status, text="overloaded")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await asyncio.sleep(first_delay)
+async def write_answer(request, pieces, *, status=200, error_body=b"overloaded", delay=0.0, first_delay=0.0):
+    """Answer `request` with `status` and `error_body`, or with 200 and the `pieces` of a
+    stream written one by one (so events split across reads)."""
+    if status != 200:
+        return web.Response(status=status, body=error_body, content_type="text/plain")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await asyncio.sleep(first_delay)
+    try:
         for p in pieces:
             await resp.write(p)
             await asyncio.sleep(delay)
-        return resp
+    except ConnectionResetError:  # the client stopped reading (at [DONE] or a bad event)
+        pass
+    return resp
+
+
+async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first_delay=0.0, first_token_timeout=None,
+                      error_body=b"overloaded"):
+    """Serve `pieces` (see `write_answer`) and record the request."""
+
+    async def handler(request):
+        return await write_answer(request, pieces, status=status, error_body=error_body, delay=delay,
+                                  first_delay=first_delay)
 
     app = web.Application()
     app.router.add_post("/v1/completions", handler)
@@ -64,6 +77,23 @@ async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first
             first_token_timeout,
         )
     return rec, tokens
+
+
+async def replay_against(handler, schedule, **settings) -> Replay:
+    """Replay `schedule` against a double whose completions `handler` answers (its /metrics
+    has none); `settings` on top of ReplaySettings' defaults."""
+
+    async def metrics(request):
+        return web.Response(text="# no metrics\n")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    app.router.add_get("/metrics", metrics)
+    settings = ReplaySettings(**{"model": "m", "token_low": 10, "token_high": 20, "scrape_interval_s": 0.5, **settings})
+    async with serving(app) as base:
+        replay = Replay(schedule, base, settings, progress=False)
+        await replay.run()
+    return replay
 
 
 def test_complete_stream_split_across_reads():
@@ -128,35 +158,19 @@ def test_unreachable_server_is_a_disconnect():
 
 def test_closed_loop_workers_against_a_test_double():
     """N workers: never more than N in flight, every request sent once, in order per worker."""
-    from filledfirst.loadgen.replay import Replay
-    from filledfirst.loadgen.settings import ReplaySettings
-    from filledfirst.records import ScheduledRequest
 
-    async def go():
-        async def handler(request):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            for _ in range(3):
-                await asyncio.sleep(0.01)
-                await resp.write(token())
-            await resp.write(USAGE + DONE)
-            return resp
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(3):
+            await asyncio.sleep(0.01)
+            await resp.write(token())
+        await resp.write(USAGE + DONE)
+        return resp
 
-        async def metrics(request):
-            return web.Response(text="# no metrics\n")
-
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        app.router.add_get("/metrics", metrics)
-        sched = [ScheduledRequest(i, 999.0, 5, 3, "x") for i in range(15)]  # arrival times ignored
-        settings = ReplaySettings(model="m", token_low=10, token_high=20, request_timeout_s=5,
-                                  drain_timeout_s=5, scrape_interval_s=0.5, mode="closed", concurrency=3)
-        async with serving(app) as base:
-            replay = Replay(sched, base, settings, progress=False)
-            await replay.run()
-        return replay
-
-    replay = asyncio.run(go())
+    sched = [ScheduledRequest(i, 999.0, 5, 3, "x") for i in range(15)]  # arrival times ignored
+    replay = asyncio.run(replay_against(handler, sched, request_timeout_s=5, drain_timeout_s=5, mode="closed",
+                                        concurrency=3))
     reqs = replay.requests
     assert [r.status for r in reqs] == ["ok"] * 15
     events = sorted([(r.t_sent, 1) for r in reqs] + [(r.t_done, -1) for r in reqs])

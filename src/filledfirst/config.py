@@ -48,7 +48,7 @@ def validate_config(cfg: dict) -> None:
     try:
         validate(cfg, str(SCHEMA_PATH), set_default=True)
     except WorkflowError as exc:
-        raise UserError(f"invalid config: {exc}") from None
+        raise UserError(f"invalid config: {schema_problem(cfg) or exc}") from None
     problems = []
     for name, wl in cfg["workloads"].items():
         if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):
@@ -71,8 +71,34 @@ def validate_config(cfg: dict) -> None:
         raise UserError("invalid config:\n  " + "\n  ".join(problems))
 
 
+def external_server(cfg: dict, experiment: str) -> dict | None:
+    """`server: {url: ...}`: an endpoint the study does not start (a deployed vLLM, a
+    Kubernetes service); None for a server the study starts itself."""
+    server = cfg["experiments"][experiment].get("server", {})
+    return server if "url" in server else None
+
+
+def schema_problem(cfg: dict) -> str | None:
+    """The schema's most relevant complaint in one line, with the key path as the config
+    spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing."""
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    allowed = error.schema.get("enum") if isinstance(error.schema, dict) else None
+    if allowed and error.validator == "enum":
+        return f"{where}: {error.instance!r} is not one of the allowed values {allowed}"
+    return f"{where}: {error.message}"
+
+
 def server_settings(cfg: dict, experiment: str) -> dict:
-    """The engine's defaults with the experiment's overrides on top."""
+    """The engine's defaults with the experiment's overrides on top (for an external
+    endpoint, its url and key variable: the engine's defaults do not apply to it)."""
+    if (external := external_server(cfg, experiment)) is not None:
+        return dict(external)
     base = cfg["engine"].get("server", {})
     return deep_merge(base, cfg["experiments"][experiment].get("server", {}))
 
@@ -119,8 +145,8 @@ def server_groups(cfg: dict) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     by_identity: dict[str, str] = {}
     for name, exp in cfg["experiments"].items():
-        if exp.get("isolate", False):
-            groups[name] = [name]
+        if exp.get("isolate", False) or external_server(cfg, name):
+            groups[name] = [name]  # an external endpoint: no server start to share
             continue
         # Canonical JSON, not a hash: equal exactly when the settings are.
         key = json.dumps(server_identity(cfg, name), sort_keys=True)
@@ -144,6 +170,9 @@ def check_shareable(cfg: dict, experiments: list[str]) -> None:
     isolated = [e for e in experiments if cfg["experiments"][e].get("isolate", False)]
     if isolated:
         raise UserError(f"{isolated} must have a server of their own (isolate: true)")
+    external = [e for e in experiments if external_server(cfg, e)]
+    if external:
+        raise UserError(f"{external} replay against an external endpoint (server.url): run them separately")
     first = server_identity(cfg, experiments[0])
     differ = [e for e in experiments[1:] if server_identity(cfg, e) != first]
     if differ:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import types
 import typing
+from array import array
 from dataclasses import dataclass, fields
 
+import numpy as np
 import pyarrow as pa
 
 # A request's fate. Failed ones stay in every table and every denominator; `not_sent`
@@ -93,8 +95,65 @@ TOKEN_SCHEMA = arrow_schema(TokenRecord)
 SAMPLE_SCHEMA = arrow_schema(SampleRecord)
 
 
-def to_table(records: list, schema: pa.Schema) -> pa.Table:
+class RecordColumns:
+    """Records of one dataclass kept column-wise, for the tables that grow with the run
+    (streamed chunks, scraped samples): 8 bytes a number and 4 a string, each distinct
+    string stored once, where a record object with numbers and strings of its own takes
+    100-250 bytes. Held as objects, a 20-minute replay's samples (a vLLM /metrics page
+    has hundreds, read four times a second) grew the load generator by 480 MB
+    (benchmarks/soak.py). Appends and iterates as the records themselves."""
+
+    _CODES = {int: "q", float: "d", str: "i"}  # a string column holds codes into `_names`
+
+    def __init__(self, record_type: type):
+        hints = typing.get_type_hints(record_type)
+        assert all(h in self._CODES for h in hints.values()), f"{record_type.__name__}: only int, float, str fields"
+        self.record_type = record_type
+        self.schema = arrow_schema(record_type)
+        self._fields = list(hints)
+        self._is_str = [hints[n] is str for n in self._fields]
+        self._cols = [array(self._CODES[hints[n]]) for n in self._fields]
+        self._codes: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def _code(self, name: str) -> int:
+        code = self._codes.get(name)
+        if code is None:
+            code = self._codes[name] = len(self._names)
+            self._names.append(name)
+        return code
+
+    def append(self, record) -> None:
+        for name, is_str, col in zip(self._fields, self._is_str, self._cols):
+            value = getattr(record, name)
+            col.append(self._code(value) if is_str else value)
+
+    def extend(self, records) -> None:
+        for record in records:
+            self.append(record)
+
+    def __len__(self) -> int:
+        return len(self._cols[0])
+
+    def __iter__(self):
+        names = self._names
+        for row in zip(*self._cols):
+            yield self.record_type(*(names[v] if is_str else v for v, is_str in zip(row, self._is_str)))
+
+    def to_table(self) -> pa.Table:
+        names = pa.array(self._names, pa.string())
+        cols = {}
+        for name, is_str, col in zip(self._fields, self._is_str, self._cols):
+            values = np.frombuffer(col, dtype=np.dtype(col.typecode))
+            cols[name] = pa.DictionaryArray.from_arrays(values, names).dictionary_decode() if is_str else values
+        return pa.table(cols, schema=self.schema)
+
+
+def to_table(records, schema: pa.Schema) -> pa.Table:
     """Column-wise build so an empty list still yields a typed, empty table."""
+    if isinstance(records, RecordColumns):
+        assert records.schema == schema, "record and schema disagree"
+        return records.to_table()
     names = schema.names
     if records:
         assert [f.name for f in fields(records[0])] == names, "record and schema disagree"

@@ -23,8 +23,8 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic, rundir
-from filledfirst.config import check_shareable, experiment_spec, fingerprint
+from filledfirst import atomic, kept, rundir
+from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint
 from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -134,6 +134,8 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
         raise UserError(f"two experiments would write the same run folder: {[str(job.out) for job in jobs]}")
     install_interrupt_handlers()
     watch_owners()
+    if (external := external_server(cfg, jobs[0].experiment)) is not None:
+        return [_run_against_endpoint(cfg, jobs[0], external, progress)]
     parent = jobs[0].out.parent
     parent.mkdir(parents=True, exist_ok=True)
     # The server's whole log, beside the run folders (same file system), gone at the end:
@@ -141,10 +143,12 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
     group = _Group(cfg, jobs, SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / rundir.SERVER_LOG))
     try:
-        return [group.run(position, progress) for position in range(len(jobs))]
+        statuses = [group.run(position, progress) for position in range(len(jobs))]
     finally:
         group.shared.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+    kept.forget([job.out for job in jobs])  # every folder is in place: the job is done
+    return statuses
 
 
 class _Group:
@@ -162,23 +166,15 @@ class _Group:
     def run(self, position: int, progress: bool) -> str:
         job = self.jobs[position]
         spec = experiment_spec(self.cfg, job.experiment)
-        run = _Run(job.experiment, job.schedule, job.out, {
-            "workload": spec["workload_name"],
-            "description": spec["description"],
-            # Report-only: which table of the study and which pattern the experiment was
-            # designed for. Outside the spec, so relabelling never re-runs an experiment.
-            "part": self.cfg["experiments"][job.experiment].get("part"),
-            "expect": self.cfg["experiments"][job.experiment].get("expect"),
-            "spec": spec,
-            "spec_fingerprint": fingerprint(spec),
-            "model": spec["model"],
-            "server": {
-                "launcher": spec["engine"]["launcher"],
-                "settings": spec["server"],
-                "shared_with": self.names,
-                "group_position": position + 1,  # 1 = the first experiment of the group
-            },
-        })
+        keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
+        if keeping and (reused := kept.restore(job.out, fingerprint(spec), job.schedule)) is not None:
+            return reused["status"]
+        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(self.cfg, job.experiment, spec, {
+            "launcher": spec["engine"]["launcher"],
+            "settings": spec["server"],
+            "shared_with": self.names,
+            "group_position": position + 1,  # 1 = the first experiment of the group
+        }))
         shared = self.shared
         try:
             waited = shared.ready(job.experiment)
@@ -200,6 +196,8 @@ class _Group:
             self._stop_if_done(position, run)  # once stopping, signals no longer interrupt this
             self.log_from = shared.copy_log(self.log_from, run.work / rundir.SERVER_LOG)
             status = run.finish()
+        if keeping and status == "ok":
+            kept.keep(job.out)
         return status
 
     def _stop_if_done(self, position: int, run: _Run) -> None:
@@ -207,6 +205,54 @@ class _Group:
         stopped (its whole group) before the next experiment starts a fresh one."""
         if position == len(self.jobs) - 1 or run.meta["status"] != "ok" or interrupt_reason():
             self.shared.stop()
+
+
+def _experiment_meta(cfg: dict, experiment: str, spec: dict, server: dict) -> dict:
+    return {
+        "workload": spec["workload_name"],
+        "description": spec["description"],
+        # Report-only: which table of the study and which pattern the experiment was
+        # designed for. Outside the spec, so relabelling never re-runs an experiment.
+        "part": cfg["experiments"][experiment].get("part"),
+        "expect": cfg["experiments"][experiment].get("expect"),
+        "spec": spec,
+        "spec_fingerprint": fingerprint(spec),
+        "model": spec["model"],
+        "server": server,
+    }
+
+
+def _run_against_endpoint(cfg: dict, job: Job, external: dict, progress: bool) -> str:
+    """An experiment whose server someone else runs: nothing to start or stop."""
+    spec = experiment_spec(cfg, job.experiment)
+    settings = ReplaySettings.from_spec(spec)
+    key_env = external.get("api_key_env")
+    settings.api_key = _api_key(key_env, f"experiments.{job.experiment}.server.api_key_env")
+    url = external["url"].rstrip("/")
+    # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
+    server = {"launcher": "external", "url": url, "api_key_env": key_env, "settings": {}}
+    run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(cfg, job.experiment, spec, server))
+    return _replay_external(run, url, settings, progress)
+
+
+def _api_key(env_name: str | None, where: str) -> str | None:
+    if not env_name:
+        return None
+    key = os.environ.get(env_name)
+    if not key:
+        raise UserError(f"{where}: the environment variable {env_name} is not set")
+    return key
+
+
+def _replay_external(run: _Run, url: str, settings: ReplaySettings, progress: bool) -> str:
+    try:
+        run.meta["versions"]["vllm"] = _server_version(url)
+        run.replay_against(url, settings, progress, server_alive=None)
+    except Interrupted as exc:
+        run.interrupted(exc)
+    finally:
+        status = run.finish()
+    return status
 
 
 def _record_server(meta: dict, shared: SharedServer, waited: float | None) -> None:
@@ -235,10 +281,7 @@ def replay_endpoint(
 ) -> str:
     """Replay a schedule against a running OpenAI-compatible server; /metrics is scraped there."""
     url = url.rstrip("/")
-    if api_key_env:
-        settings.api_key = os.environ.get(api_key_env)
-        if not settings.api_key:
-            raise UserError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    settings.api_key = _api_key(api_key_env, f"--api-key-env {api_key_env}")
     install_interrupt_handlers()
     run = _Run(name, schedule_path, out, {
         "workload": Path(schedule_path).stem,
@@ -247,14 +290,7 @@ def replay_endpoint(
         # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
         "server": {"launcher": "external", "url": url, "api_key_env": api_key_env, "settings": {}},
     })
-    try:
-        run.meta["versions"]["vllm"] = _server_version(url)
-        run.replay_against(url, settings, progress, server_alive=None)
-    except Interrupted as exc:
-        run.interrupted(exc)
-    finally:
-        status = run.finish()
-    return status
+    return _replay_external(run, url, settings, progress)
 
 
 def _server_version(url: str) -> str | None:

@@ -9,7 +9,7 @@ from typing import Callable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from filledfirst.records import SampleRecord
+from filledfirst.records import RecordColumns, SampleRecord
 
 # The scraper's own health, stored beside the server's samples.
 SCRAPE_SECONDS = "filledfirst:scrape_duration_seconds"
@@ -48,7 +48,7 @@ class Scraper:
         self.url = url
         self.interval_s = interval_s
         self.clock = clock
-        self.samples: list[SampleRecord] = []
+        self.samples = RecordColumns(SampleRecord)
         self.latest: dict[str, float] = {}
         self.errors = 0
 

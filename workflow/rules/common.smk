@@ -6,7 +6,8 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from filledfirst.config import fingerprint, group_fingerprint, server_groups
+from filledfirst.cluster import job_request, runtime_minutes
+from filledfirst.config import fingerprint, group_fingerprint, schema_problem, server_groups
 
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
@@ -22,7 +23,11 @@ if workflow.config_settings.config:
         "and give it with --configfile"
     )
 
-validate(config, "../schemas/config.schema.yaml", set_default=True)
+try:
+    validate(config, "../schemas/config.schema.yaml", set_default=True)
+except WorkflowError:
+    # One line with the key path as the config spells it, instead of the schema dump.
+    raise WorkflowError(f"invalid config: {schema_problem(config)}") from None
 
 CONFIGFILES = [str(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
 # The experiments re-read the same files through the package's validator.
@@ -73,6 +78,16 @@ def run_args(members):
         )
 
     return args
+
+
+def cluster_resources(members):
+    """A group job's GPUs, CPUs and memory from the config's `cluster` section, and its
+    time limit from its schedules once they exist (filledfirst.cluster)."""
+
+    def runtime(wildcards, input):
+        return runtime_minutes(config, members, list(input.schedules))
+
+    return {**job_request(config, members), "runtime": runtime}
 
 
 def trace_csv_of(wildcards):

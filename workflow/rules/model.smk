@@ -10,4 +10,4 @@ if config["model"]["source"] == "tiny":
         params:
             cli=FILLEDFIRST,
         shell:
-            "{params.cli} model tiny {output} > {log} 2>&1"
+            "{params.cli} model tiny {output:q} > {log:q} 2>&1"

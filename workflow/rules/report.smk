@@ -11,4 +11,4 @@ rule report:
     params:
         cli=FILLEDFIRST,
     shell:
-        "{params.cli} report --db {input.db} --source {input.source} --out {output} > {log} 2>&1"
+        "{params.cli} report --db {input.db:q} --source {input.source:q} --out {output:q} > {log:q} 2>&1"

@@ -11,5 +11,5 @@ rule ingest:
         cli=FILLEDFIRST,
         configs=CONFIG_ARGS,
     shell:
-        "{params.cli} ingest {input} --db {output} > {log} 2>&1"
-        " && {params.cli} diagnose --db {output} {params.configs} >> {log} 2>&1"
+        "{params.cli} ingest {input:q} --db {output:q} > {log:q} 2>&1"
+        " && {params.cli} diagnose --db {output:q} {params.configs} >> {log:q} 2>&1"

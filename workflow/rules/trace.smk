@@ -9,7 +9,7 @@ rule fetch_trace:
         cli=FILLEDFIRST,
         configs=CONFIG_ARGS,
     shell:
-        "{params.cli} trace fetch {params.configs} --trace {wildcards.trace} --out {output} > {log} 2>&1"
+        "{params.cli} trace fetch {params.configs} --trace {wildcards.trace:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule schedule_from_trace:
@@ -28,7 +28,7 @@ rule schedule_from_trace:
         cli=FILLEDFIRST,
         args=subsample_args,
     shell:
-        "{params.cli} trace subsample {input} {params.args} --out {output.schedule} > {log} 2>&1"
+        "{params.cli} trace subsample {input:q} {params.args} --out {output.schedule:q} > {log:q} 2>&1"
 
 
 rule schedule_synthetic:
@@ -46,5 +46,5 @@ rule schedule_synthetic:
         configs=CONFIG_ARGS,
         spec=workload_fingerprint,
     shell:
-        "{params.cli} workload synth {params.configs} --workload {wildcards.workload} "
-        "--out {output.schedule} > {log} 2>&1"
+        "{params.cli} workload synth {params.configs} --workload {wildcards.workload:q} "
+        "--out {output.schedule:q} > {log:q} 2>&1"

@@ -31,6 +31,11 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def port_was_taken(exc: ServerStartError) -> bool:
+    """vLLM could not bind its port (it binds before loading the model, so this is quick)."""
+    return "Address already in use" in str(exc) or "Errno 98" in str(exc)
+
+
 # A Python exception line, at the start of the line or right after vLLM's ERROR prefix
 # (warnings that merely mention an error do not match).
 _EXCEPTION_LINE = re.compile(

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from filledfirst.engine.command import ServerCommand, build_command
-from filledfirst.engine.server import ServerStartError, VllmServer, free_port
+from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # comes within a second; this is for a server that never gets there.
 IDLE_TIMEOUT_S = 120.0
 IDLE_POLL_S = 0.25
+PORT_ATTEMPTS = 3
 
 
 class ServerNotIdle(Exception):
@@ -67,7 +68,22 @@ class SharedServer:
     def _start(self, experiment: str) -> None:
         engine = self.spec["engine"]
         host = engine.get("host", "127.0.0.1")
-        port = free_port(host)
+        fixed_port = engine.get("port")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = fixed_port or free_port(host)
+            try:
+                self._start_on(experiment, host, port)
+                return
+            except ServerStartError as exc:
+                # Another process may take the port between our probe and vLLM's bind (two
+                # pipelines on one machine): a port we chose is worth choosing again.
+                if fixed_port or not port_was_taken(exc) or attempt == PORT_ATTEMPTS:
+                    self.start_error = exc
+                    raise
+                log.warning("port %d was taken before vLLM could bind it; trying another", port)
+
+    def _start_on(self, experiment: str, host: str, port: int) -> None:
+        engine = self.spec["engine"]
         self.cmd = build_command(
             launcher=engine["launcher"], model=self.spec["model"], settings=self.spec["server"],
             host=host, port=port, seed=engine.get("seed", 0), extra_env=engine.get("env", {}),
@@ -78,11 +94,7 @@ class SharedServer:
             self.cmd, host=host, port=port, log_path=self.log_path,
             startup_timeout_s=engine.get("startup_timeout_s", 600), nice=engine.get("server_nice", 0),
         )
-        try:
-            server.__enter__()  # healthy, or stopped again and raised
-        except ServerStartError as exc:
-            self.start_error = exc
-            raise
+        server.__enter__()  # healthy, or stopped again and raised
         self.server, self.started_by, self.startup_s = server, experiment, server.startup_s
         self.version = server.version()
 

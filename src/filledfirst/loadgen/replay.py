@@ -16,7 +16,7 @@ from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DRAIN_TIMEOUT, connection_trace, send_streamed
-from filledfirst.records import RequestRecord, ScheduledRequest, TokenRecord
+from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Replay:
             RequestRecord(r.request_id, r.role, r.prompt_tokens, r.output_tokens, r.t_offset_s, status="not_sent")
             for r in self.schedule
         ]
-        self.tokens: list[TokenRecord] = []
+        self.tokens = RecordColumns(TokenRecord)  # one row per streamed chunk: compact
         self.timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
         self.first_token_timeout_s = settings.first_token_timeout_s
         self.drain_timeout_s = settings.drain_timeout_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Callable
 
 import aiohttp
@@ -12,31 +13,67 @@ import msgspec
 
 from filledfirst.records import RequestRecord, TokenRecord
 
+log = logging.getLogger(__name__)
+
 _decode = msgspec.json.Decoder().decode  # several times faster than json.loads per chunk
 
 _REJECT_STATUSES = {429, 503}
 DRAIN_TIMEOUT = "drain timeout"  # the cancel message of requests still open when the drain ends
+UNREADABLE = "the client could not read the answer"  # the error text of the last-resort catch
 _ERROR_TEXT_MAX = 500
 
 
 class SSEData:
     """Server-sent events to their `data:` payloads, whatever the byte boundaries.
 
-    Comments (`: keep-alive`), blank separators and other fields are skipped.
+    Comments (`: keep-alive`), blank separators and other fields are skipped. Lines end
+    with LF, CRLF or a lone CR, as the SSE spec allows.
     """
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._partial = bytearray()  # an unfinished line, waiting for the next read
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # an unfinished line waits for the next read
+        # A raw CR cannot occur inside a JSON payload, so every CR ends a line (a CRLF then
+        # leaves an empty line behind, which is skipped like any blank separator).
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r", b"\n")
+        end = chunk.rfind(b"\n")
+        # Only the new bytes are searched and the unfinished line grows in place: joining
+        # and re-splitting it at every read made a long line quadratic (0.8 s for 1 MiB
+        # arriving in 1 KiB reads, 16 s for 4 MiB, found by tests/test_stream_fuzz.py),
+        # all of it with the event loop, and so every other request's clock, stalled.
+        if end < 0:
+            self._partial += chunk
+            return []
+        self._partial += chunk[:end]
+        lines = self._partial.split(b"\n")
+        self._partial = bytearray(chunk[end + 1:])
         out = []
         for line in lines:
             line = line.strip()
             if line.startswith(b"data:"):
-                out.append(line[5:].strip())
+                out.append(bytes(line[5:].strip()))
         return out
+
+
+def _count(value: object) -> bool:
+    """A token count as the records store it: absent, or a JSON integer that fits int64."""
+    return value is None or (type(value) is int and 0 <= value < 2**63)
+
+
+def _well_formed(event: dict) -> bool:
+    """The fields we read have the types we read them as. A server that sends
+    `"usage": [1]`, `"choices": "abc"` or `"completion_tokens": "3"` made the client raise
+    (found by tests/test_stream_fuzz.py), which in a replay left the request marked ok and
+    ended a closed-loop worker; a count of "x" or 2**70 was stored as is and failed the
+    Parquet write of the whole run, and 3.5 was silently stored as 3."""
+    usage, choices = event.get("usage"), event.get("choices")
+    if usage is not None and not (
+        isinstance(usage, dict) and _count(usage.get("prompt_tokens")) and _count(usage.get("completion_tokens"))
+    ):
+        return False
+    return choices is None or (isinstance(choices, list) and all(isinstance(c, dict) for c in choices))
 
 
 def _reasoning_text(choice: dict) -> str | None:
@@ -170,6 +207,12 @@ async def send_streamed(
             rec.error = f"no complete answer within {timeout.total} s"
     except aiohttp.ClientError as exc:
         rec.status, rec.error = "disconnected", f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
+    except Exception as exc:
+        # An answer no check above foresaw (or a bug of ours) still ends as a failed record
+        # rather than an exception: raised, it would leave the request marked ok in an open
+        # loop and end its worker in a closed one. The fuzz tests assert this never fires.
+        log.exception("request %s: %s", rec.request_id, UNREADABLE)
+        rec.status, rec.error = "http_error", f"{UNREADABLE}: {type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
     except asyncio.CancelledError as exc:
         why = exc.args[0] if exc.args else "run interrupted"
         rec.status = "timeout" if why == DRAIN_TIMEOUT else "disconnected"
@@ -200,7 +243,10 @@ async def _exchange(
         rec.http_status = resp.status
         if resp.status != 200:
             rec.status = "rejected" if resp.status in _REJECT_STATUSES else "http_error"
-            rec.error = (await resp.text())[:_ERROR_TEXT_MAX]
+            # errors="replace": an error body that is not valid UTF-8 raised UnicodeDecodeError
+            # out of the client (found by tests/test_stream_fuzz.py). An empty one says nothing.
+            text = (await resp.text(errors="replace"))[:_ERROR_TEXT_MAX]
+            rec.error = text if text.strip() else f"HTTP {resp.status}"
             return
         # Whatever arrived in one read shares one timestamp; events split across reads
         # are joined by the parser. Fewer awaits than line-by-line reading.
@@ -216,11 +262,11 @@ async def _exchange(
                 except (ValueError, msgspec.DecodeError):
                     rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
                     return
-                if not isinstance(event, dict):
-                    rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
-                    return
-                if "error" in event:
+                if isinstance(event, dict) and "error" in event:
                     rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
+                    return
+                if not isinstance(event, dict) or not _well_formed(event):
+                    rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
                     return
                 usage = event.get("usage")
                 choices = event.get("choices")

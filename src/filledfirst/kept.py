@@ -1,0 +1,83 @@
+"""Finished run folders kept aside while the rest of their server group runs.
+
+A group's experiments are one Snakemake job. When that job is interrupted, Snakemake
+deletes all of its outputs, the finished experiments' folders included, and re-running
+would measure them again. So each folder that finishes `ok` is also hard-linked (no
+copy: run folders are never modified once published) under `.finished/` beside the run
+folders; the re-run restores it instead of measuring again, provided the experiment's
+spec and schedule are unchanged. A job that finishes removes its kept copies: from then
+on its outputs are Snakemake's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from filledfirst import atomic, rundir
+
+log = logging.getLogger(__name__)
+
+KEPT_DIR = ".finished"
+
+
+def kept_path(out: Path) -> Path:
+    return out.parent / KEPT_DIR / out.name
+
+
+def keep(out: Path) -> None:
+    """Hard-link the published folder `out` under .finished/, replacing an older copy."""
+    dest = kept_path(out)
+    tmp = atomic.make_temp_dir(dest)
+    _link_files(out, tmp)
+    atomic.publish_dir(tmp, dest)
+
+
+def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
+    """Publish the kept folder as `out` if it was measured with this spec and schedule;
+    returns its run.json, or None when there is nothing to reuse."""
+    src = kept_path(out)
+    try:
+        meta = rundir.read_run_json(src)
+    except (rundir.IncompleteRunDir, ValueError):
+        return None
+    if meta["status"] != "ok" or meta.get("spec_fingerprint") != spec_fingerprint:
+        return None
+    if _digest(src / rundir.SCHEDULE) != _digest(schedule):
+        return None
+    tmp = atomic.make_temp_dir(out)
+    _link_files(src, tmp)
+    atomic.publish_dir(tmp, out)
+    log.info("%s: reusing the run measured before the job was interrupted (%s)", out.name, meta["run_id"])
+    return meta
+
+
+def forget(outs: list[Path]) -> None:
+    for out in outs:
+        shutil.rmtree(kept_path(out), ignore_errors=True)
+    for parent in {kept_path(out).parent for out in outs}:
+        try:
+            parent.rmdir()  # only if empty: other groups may still keep theirs
+        except OSError:
+            pass
+
+
+def _link_files(src: Path, dest: Path) -> None:
+    for f in src.iterdir():
+        if f.is_dir():
+            shutil.copytree(f, dest / f.name)
+            continue
+        try:
+            os.link(f, dest / f.name)
+        except OSError:  # another file system, or no hard links there
+            shutil.copy2(f, dest / f.name)
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,73 @@
+"""A server that hangs mid-run (every vLLM process stopped with SIGSTOP): the client's
+timeouts fire, every request keeps a row, and the run still ends within its bound."""
+
+import json
+import os
+import signal
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import REPO
+from procs import find_server, group_members, start_run
+
+pytestmark = pytest.mark.engine
+
+SCHEDULE_S = 10.0
+FIRST_TOKEN_TIMEOUT_S = 3.0
+DRAIN_TIMEOUT_S = 5.0
+
+
+def test_a_hung_server_costs_timeouts_not_the_run(tmp_path):
+    from filledfirst.model.tiny import build_tiny_model
+    from filledfirst.workloads.synthetic import write_synthetic_schedule
+
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "long.yaml").read_text())
+    cfg["loadgen"] = {"first_token_timeout_s": FIRST_TOKEN_TIMEOUT_S, "request_timeout_s": 20,
+                      "drain_timeout_s": DRAIN_TIMEOUT_S}
+    cfg["workloads"]["steady"] = {"kind": "synthetic", "phases": [
+        {"role": "decode", "count": 40, "interval_s": SCHEDULE_S / 40, "prompt_tokens": 100, "output_tokens": 64}]}
+    cfg["experiments"] = {"hung": {"workload": "steady"}}
+    config = tmp_path / "hung.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    build_tiny_model(tmp_path / "data" / "models" / "tiny-qwen2")
+    write_synthetic_schedule(cfg["workloads"]["steady"], tmp_path / "s.parquet")
+    out = tmp_path / "results" / "runs" / "hung"
+    log_path = tmp_path / "run.log"
+    run = start_run(tmp_path, config, "hung", tmp_path / "s.parquet", out, log_path)
+    pgid = None
+    try:
+        server = find_server(tmp_path, log=log_path)
+        pgid = os.getpgid(server.pid)
+        time.sleep(2)  # some requests done
+        os.killpg(pgid, signal.SIGSTOP)  # alive, holding its port, answering nothing
+        t_hang = time.monotonic()
+        assert run.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+        took = time.monotonic() - t_hang
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if pgid is not None:
+            for p in group_members(pgid):
+                p.kill()
+    # The rest of the schedule, one first-token timeout, the drain, stopping a stopped
+    # server (SIGTERM waits, then SIGKILL): bounded, with room for a loaded machine.
+    bound = SCHEDULE_S + FIRST_TOKEN_TIMEOUT_S + DRAIN_TIMEOUT_S + 10 + 15
+    assert took < bound, f"the run took {took:.0f} s after the server hung (bound {bound:.0f} s)"
+    assert not group_members(pgid), "the stopped server must be killed"
+
+    meta = json.loads((out / "run.json").read_text())
+    reqs = pq.read_table(out / "requests.parquet").to_pylist()
+    assert len(reqs) == 40  # every scheduled request has a row
+    by_status = {}
+    for r in reqs:
+        by_status.setdefault(r["status"], []).append(r)
+    assert by_status.get("ok"), "requests before the hang were measured"
+    timed_out = by_status.get("timeout", [])
+    assert len(timed_out) >= 10, {k: len(v) for k, v in by_status.items()}
+    assert all(r["error"] for r in timed_out)
+    assert set(by_status) <= {"ok", "timeout"}, {k: len(v) for k, v in by_status.items()}
+    assert meta["scrape_errors"] > 0  # the scraper saw the hang too
+    assert meta["request_status_counts"]["timeout"] == len(timed_out)

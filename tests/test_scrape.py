@@ -1,0 +1,66 @@
+"""The scraper's parsing and its compact sample store."""
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filledfirst.records import SAMPLE_SCHEMA, TOKEN_SCHEMA, RecordColumns, SampleRecord, TokenRecord, to_table
+from filledfirst.scrape import latest_gauges, parse_metrics
+
+EXPOSITION = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 7.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+vllm:gpu_cache_usage_perc{engine="1",model_name="tiny"} 0.5
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="tiny"} 4.0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="tiny"} 5.0
+vllm:time_to_first_token_seconds_count{model_name="tiny"} 5.0
+vllm:time_to_first_token_seconds_sum{model_name="tiny"} 0.3
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 100.0
+"""
+
+
+def test_every_vllm_sample_is_kept_and_the_older_kv_name_understood():
+    samples = parse_metrics(EXPOSITION, 1.5)
+    assert {s.metric for s in samples} == {
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_count",
+        "vllm:time_to_first_token_seconds_sum",
+    }
+    assert len(samples) == 9 and all(s.t == 1.5 for s in samples)
+    assert latest_gauges(samples) == {"running": 5.0, "waiting": 7.0, "kv": 0.5}
+
+
+names = st.text(min_size=0, max_size=12)
+ints = st.integers(0, 2**62)
+samples = st.lists(st.builds(SampleRecord, st.floats(0, 1e6), names, names, st.floats(allow_nan=False)), max_size=60)
+tokens = st.lists(st.builds(TokenRecord, ints, ints, st.floats(0, 1e6), ints), max_size=60)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(samples, tokens)
+def test_columns_give_the_table_the_records_would(sample_recs, token_recs):
+    for recs, record_type, schema in ((sample_recs, SampleRecord, SAMPLE_SCHEMA), (token_recs, TokenRecord, TOKEN_SCHEMA)):
+        cols = RecordColumns(record_type)
+        cols.extend(recs)
+        table = to_table(cols, schema)
+        assert table.schema == schema
+        assert table.equals(to_table(recs, schema))
+        assert list(cols) == recs and len(cols) == len(recs)
+
+
+def test_columns_store_a_name_once():
+    cols = RecordColumns(SampleRecord)
+    page = parse_metrics(EXPOSITION, 0.0)
+    for _ in range(1000):
+        cols.extend(page)
+    assert len(cols) == 9000
+    assert len(cols._names) == len({s.metric for s in page} | {s.labels for s in page})
+    assert cols.to_table().column("metric").type == pa.string()
