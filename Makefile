@@ -57,8 +57,8 @@ $(CHROMIUM_STAMP): | $(PY)
 # The SLURM test brings up a one-node cluster on this machine (Debian's slurm-wlm and
 # munge; the daemons live in /usr/sbin).
 $(SLURM_STAMP): | $(PY)
-	if ! PATH="$$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin:/sbin" command -v munged >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	if ! PATH="$$PATH:/usr/sbin:/sbin" command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! PATH="$$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin:/sbin" command -v munged >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 slurm-wlm munge >/dev/null; \
 	  else echo "slurm-wlm or munge is missing: install them (Debian: apt-get install slurm-wlm munge) for the SLURM test"; fi; \
 	fi
 	touch $@

@@ -19,7 +19,6 @@ include: "workflow/rules/report.smk"
 # where Snakemake runs.
 localrules:
     all,
-    tiny_model,
     fetch_trace,
     schedule_from_trace,
     schedule_synthetic,

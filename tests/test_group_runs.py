@@ -172,12 +172,11 @@ def test_a_rerun_after_an_interruption_measures_only_what_was_unfinished(group, 
 def test_a_kept_run_is_not_reused_when_its_experiment_changed(group, monkeypatch, change):
     cfg, jobs, state = group
     first_a = interrupted_at_b_then_cleaned(group, monkeypatch)
-    if change == "spec":
-        cfg["experiments"]["a"]["server"] = {"max_num_seqs": 3}
+    if change == "spec":  # in a's spec, not in its server's identity: a stays in the group
+        cfg["experiments"]["a"]["loadgen"] = {"request_timeout_s": 99}
     else:
         phases = [{**phase, "output_tokens": 9} for phase in cfg["workloads"]["light"]["phases"]]
         write_synthetic_schedule({**cfg["workloads"]["light"], "phases": phases}, jobs[0].schedule)
-    jobs = [jobs[0]] if change == "spec" else jobs  # a no longer shares b's server
     run_experiments(cfg, jobs, progress=False)
     assert meta(jobs[0])["run_id"] != first_a
     assert state["shared"].starts[0] == "a"

@@ -168,5 +168,5 @@ def test_an_external_endpoint_is_a_group_of_its_own(cfg):
 ])
 def test_an_external_endpoint_takes_only_a_url_and_a_key_variable(cfg, server):
     cfg["experiments"]["c"]["server"] = server
-    with pytest.raises(UserError, match=r"experiments\.c\.server|experiments/c/server|c.*server"):
+    with pytest.raises(UserError, match=r"experiments\.c\.server"):
         validate_config(cfg)

@@ -1,6 +1,7 @@
 """The scraper's parsing and its compact sample store."""
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,3 +65,14 @@ def test_columns_store_a_name_once():
     assert len(cols) == 9000
     assert len(cols._names) == len({s.metric for s in page} | {s.labels for s in page})
     assert cols.to_table().column("metric").type == pa.string()
+
+
+def test_a_bad_value_leaves_the_columns_aligned_and_a_table_leaves_them_appendable():
+    cols = RecordColumns(TokenRecord)
+    cols.append(TokenRecord(1, 0, 0.5, 1))
+    with pytest.raises(TypeError):
+        cols.append(TokenRecord(1, 1, 0.6, None))  # the last field fails after the others
+    assert list(cols) == [TokenRecord(1, 0, 0.5, 1)]
+    table = cols.to_table()
+    cols.append(TokenRecord(1, 1, 0.7, 2))  # while the table is alive
+    assert table.num_rows == 1 and len(cols) == 2

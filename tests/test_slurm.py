@@ -139,7 +139,9 @@ def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env,
 def slurm(tmp_path):
     problem = missing_requirements()
     if problem:
-        pytest.fail(problem)
+        if os.environ.get("CI"):  # CI runs as root and `make test` installs SLURM: a real failure
+            pytest.fail(problem)
+        pytest.skip(problem)
     with SlurmCluster(tmp_path / "slurm") as cluster:
         yield cluster
 

@@ -39,8 +39,14 @@ def _umask() -> int:
 
 def make_temp_dir(dest: Path) -> Path:
     """An empty folder beside `dest`, with normal permissions, to be published later."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    for attempt in (1, 2):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+            break
+        except FileNotFoundError:  # another process removed the (empty) parent meanwhile
+            if attempt == 2:
+                raise
     tmp.chmod(0o777 & ~_umask())
     return tmp
 

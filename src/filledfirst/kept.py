@@ -29,11 +29,19 @@ def kept_path(out: Path) -> Path:
 
 
 def keep(out: Path) -> None:
-    """Hard-link the published folder `out` under .finished/, replacing an older copy."""
+    """Hard-link the published folder `out` under .finished/, replacing an older copy.
+    Best effort: the run folder is published already, and a copy that could not be made
+    costs at most a re-measurement after an interruption."""
     dest = kept_path(out)
-    tmp = atomic.make_temp_dir(dest)
-    _link_files(out, tmp)
-    atomic.publish_dir(tmp, dest)
+    tmp = None
+    try:
+        tmp = atomic.make_temp_dir(dest)
+        _link_files(out, tmp)
+        atomic.publish_dir(tmp, dest)
+    except OSError as exc:
+        log.warning("%s: could not keep a copy for a re-run after an interruption (%s)", out.name, exc)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
@@ -48,9 +56,16 @@ def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
         return None
     if _digest(src / rundir.SCHEDULE) != _digest(schedule):
         return None
-    tmp = atomic.make_temp_dir(out)
-    _link_files(src, tmp)
-    atomic.publish_dir(tmp, out)
+    tmp = None
+    try:
+        tmp = atomic.make_temp_dir(out)
+        _link_files(src, tmp)
+        atomic.publish_dir(tmp, out)
+    except OSError as exc:
+        log.warning("%s: could not restore the finished run, measuring it again (%s)", out.name, exc)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None
     log.info("%s: reusing the run measured before the job was interrupted (%s)", out.name, meta["run_id"])
     return meta
 
@@ -58,6 +73,8 @@ def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
 def forget(outs: list[Path]) -> None:
     for out in outs:
         shutil.rmtree(kept_path(out), ignore_errors=True)
+        for tmp in kept_path(out).parent.glob(f".{out.name}.partial-*"):  # a keep() cut short
+            shutil.rmtree(tmp, ignore_errors=True)
     for parent in {kept_path(out).parent for out in outs}:
         try:
             parent.rmdir()  # only if empty: other groups may still keep theirs

@@ -124,9 +124,15 @@ class RecordColumns:
         return code
 
     def append(self, record) -> None:
-        for name, is_str, col in zip(self._fields, self._is_str, self._cols):
-            value = getattr(record, name)
-            col.append(self._code(value) if is_str else value)
+        n = len(self)
+        try:
+            for name, is_str, col in zip(self._fields, self._is_str, self._cols):
+                value = getattr(record, name)
+                col.append(self._code(value) if is_str else value)
+        except BaseException:
+            for col in self._cols:  # a bad value leaves no column longer than the others
+                del col[n:]
+            raise
 
     def extend(self, records) -> None:
         for record in records:
@@ -144,7 +150,7 @@ class RecordColumns:
         names = pa.array(self._names, pa.string())
         cols = {}
         for name, is_str, col in zip(self._fields, self._is_str, self._cols):
-            values = np.frombuffer(col, dtype=np.dtype(col.typecode))
+            values = np.array(col, dtype=np.dtype(col.typecode))  # a copy: appending stays possible
             cols[name] = pa.DictionaryArray.from_arrays(values, names).dictionary_decode() if is_str else values
         return pa.table(cols, schema=self.schema)
 

@@ -25,9 +25,9 @@ if workflow.config_settings.config:
 
 try:
     validate(config, "../schemas/config.schema.yaml", set_default=True)
-except WorkflowError:
+except WorkflowError as exc:
     # One line with the key path as the config spells it, instead of the schema dump.
-    raise WorkflowError(f"invalid config: {schema_problem(config)}") from None
+    raise WorkflowError(f"invalid config: {schema_problem(config) or exc}") from None
 
 CONFIGFILES = [str(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
 # The experiments re-read the same files through the package's validator.

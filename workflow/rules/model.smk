@@ -1,5 +1,9 @@
 if config["model"]["source"] == "tiny":
 
+    localrules:
+        tiny_model,
+
+
     rule tiny_model:
         output:
             directory(config["model"]["path"]),

@@ -32,8 +32,10 @@ def free_port(host: str) -> int:
 
 
 def port_was_taken(exc: ServerStartError) -> bool:
-    """vLLM could not bind its port (it binds before loading the model, so this is quick)."""
-    return "Address already in use" in str(exc) or "Errno 98" in str(exc)
+    """vLLM could not bind or listen on its port: quick when another process listens there
+    (vLLM binds first), only after the model loaded when another vLLM merely bound it."""
+    cause = str(exc).split("\nLast lines of", 1)[0]  # this start's first error, not the shared tail
+    return "Address already in use" in cause or "Errno 98" in cause
 
 
 # A Python exception line, at the start of the line or right after vLLM's ERROR prefix
@@ -44,11 +46,13 @@ _EXCEPTION_LINE = re.compile(
 )
 
 
-def first_error(path: Path) -> str | None:
-    """The first exception vLLM logged: the root cause, where the log's last lines often
+def first_error(path: Path, since: int = 0) -> str | None:
+    """The first exception vLLM logged from byte `since` (where this start's lines begin,
+    in a log several starts share): the root cause, where the log's last lines often
     hold only "Engine core initialization failed. See root cause above"."""
     try:
         with open(path, errors="replace") as f:
+            f.seek(since)
             for line in f:
                 m = _EXCEPTION_LINE.match(line.strip())
                 if m:
@@ -59,9 +63,9 @@ def first_error(path: Path) -> str | None:
     return None
 
 
-def log_excerpt(path: Path, lines: int = 40) -> str:
-    """The root cause (if one was logged), then the last lines of the log."""
-    cause = first_error(path)
+def log_excerpt(path: Path, lines: int = 40, since: int = 0) -> str:
+    """The root cause (if one was logged after byte `since`), then the last lines of the log."""
+    cause = first_error(path, since)
     head = f"First error: {cause}\n" if cause else ""
     return f"{head}Last lines of {path.name}:\n{log_tail(path, lines)}"
 
@@ -88,6 +92,7 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self._guardian: subprocess.Popen | None = None
         self.startup_s: float | None = None
+        self._log_from = 0
 
     def __enter__(self) -> "VllmServer":
         try:
@@ -104,6 +109,7 @@ class VllmServer:
     def start(self) -> None:
         log.info("starting vLLM: %s", " ".join(self.cmd.argv))
         with open(self.log_path, "ab") as logf:
+            self._log_from = logf.tell()  # this start's lines begin here
             self.proc = subprocess.Popen(
                 self.cmd.argv,
                 env={**os.environ, **self.cmd.env},
@@ -123,7 +129,8 @@ class VllmServer:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"vLLM exited with code {code} before it was healthy. " + log_excerpt(self.log_path)
+                    f"vLLM exited with code {code} before it was healthy. "
+                    + log_excerpt(self.log_path, since=self._log_from)
                 )
             if self._get("/health", timeout=2.0) is not None:
                 self.startup_s = time.monotonic() - self._t_start
@@ -132,7 +139,7 @@ class VllmServer:
             if time.monotonic() > deadline:
                 raise ServerStartError(
                     f"vLLM was not healthy after {self.startup_timeout_s:.0f} s "
-                    f"(engine.startup_timeout_s). " + log_excerpt(self.log_path)
+                    f"(engine.startup_timeout_s). " + log_excerpt(self.log_path, since=self._log_from)
                 )
             time.sleep(0.5)
 

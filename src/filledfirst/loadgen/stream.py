@@ -11,7 +11,7 @@ import aiohttp
 import attr  # aiohttp's ClientTimeout is an attrs class
 import msgspec
 
-from filledfirst.records import RequestRecord, TokenRecord
+from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _text(choice: dict) -> str | None:
 
 
 def _count_chunk(
-    rec: RequestRecord, tokens: list[TokenRecord], t: float, choice: dict, usage: dict | None,
+    rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], t: float, choice: dict, usage: dict | None,
     first_token: asyncio.Timeout,
 ) -> None:
     """One streamed choice chunk: how many tokens it carried, and of which kind."""
@@ -164,7 +164,7 @@ async def send_streamed(
     url: str,
     body: bytes,
     rec: RequestRecord,
-    tokens: list[TokenRecord],
+    tokens: RecordColumns | list[TokenRecord],
     clock: Callable[[], float],
     timeout: aiohttp.ClientTimeout,
     first_token_timeout_s: float | None = None,
@@ -227,7 +227,7 @@ async def _exchange(
     url: str,
     body: bytes,
     rec: RequestRecord,
-    tokens: list[TokenRecord],
+    tokens: RecordColumns | list[TokenRecord],
     clock: Callable[[], float],
     timeout: aiohttp.ClientTimeout,
     first_token: asyncio.Timeout,
