@@ -46,3 +46,12 @@ def start_run(workdir, config, experiment, schedule, out, log_path) -> subproces
              "--schedule", str(schedule), "--out", str(out), "--no-progress"],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
         )
+
+
+def kill_leftovers(run: subprocess.Popen, pgid: int | None) -> None:
+    """A failed test must never leak its run or its server."""
+    if run.poll() is None:
+        run.kill()
+    if pgid is not None:
+        for p in group_members(pgid):
+            p.kill()

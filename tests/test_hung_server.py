@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from filledfirst.scrape import parse_metrics
+
 from conftest import REPO
-from procs import find_server, group_members, start_run
+from procs import find_server, group_members, kill_leftovers, start_run
 
 pytestmark = pytest.mark.engine
 
@@ -28,9 +30,8 @@ def wait_for_finished_requests(server, n, timeout_s=120):
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-            done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vllm:request_success_total{"))
+                samples = parse_metrics(resp.read().decode(), 0.0)
+            done = sum(s.value for s in samples if s.metric == "vllm:request_success_total")
             if done >= n:
                 return
         except OSError:
@@ -70,11 +71,7 @@ def test_a_hung_server_costs_timeouts_not_the_run(tmp_path):
             time.sleep(0.2)
         assert not group_members(pgid), "the stopped server must be killed"
     finally:
-        if run.poll() is None:
-            run.kill()
-        if pgid is not None:
-            for p in group_members(pgid):
-                p.kill()
+        kill_leftovers(run, pgid)
     # The rest of the schedule, one first-token timeout, the drain, stopping a stopped
     # server (SIGTERM waits, then SIGKILL): bounded, with room for a loaded machine.
     bound = SCHEDULE_S + FIRST_TOKEN_TIMEOUT_S + DRAIN_TIMEOUT_S + 10 + 15

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import REPO, snakemake_argv
-from procs import find_server, group_members, guardians_of, start_run
+from procs import find_server, group_members, guardians_of, kill_leftovers, start_run
 
 pytestmark = pytest.mark.engine
 
@@ -80,11 +80,7 @@ def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
         assert run.wait(timeout=60) == 0
         assert time.monotonic() - t_kill < 15, "the run must end soon after the server died"
     finally:
-        if run.poll() is None:
-            run.kill()
-        if pgid is not None:
-            for p in group_members(pgid):
-                p.kill()
+        kill_leftovers(run, pgid)
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "partial" and "vLLM exited during the run" in meta["error"]
     reqs = pq.read_table(out / "requests.parquet").to_pylist()

@@ -32,16 +32,7 @@ def keep(out: Path) -> None:
     """Hard-link the published folder `out` under .finished/, replacing an older copy.
     Best effort: the run folder is published already, and a copy that could not be made
     costs at most a re-measurement after an interruption."""
-    dest = kept_path(out)
-    tmp = None
-    try:
-        tmp = atomic.make_temp_dir(dest)
-        _link_files(out, tmp)
-        atomic.publish_dir(tmp, dest)
-    except OSError as exc:
-        log.warning("%s: could not keep a copy for a re-run after an interruption (%s)", out.name, exc)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    _publish_links(out, kept_path(out), "could not keep a copy for a re-run after an interruption")
 
 
 def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
@@ -56,18 +47,26 @@ def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
         return None
     if _digest(src / rundir.SCHEDULE) != _digest(schedule):
         return None
-    tmp = None
-    try:
-        tmp = atomic.make_temp_dir(out)
-        _link_files(src, tmp)
-        atomic.publish_dir(tmp, out)
-    except OSError as exc:
-        log.warning("%s: could not restore the finished run, measuring it again (%s)", out.name, exc)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if not _publish_links(src, out, "could not restore the finished run, measuring it again"):
         return None
     log.info("%s: reusing the run measured before the job was interrupted (%s)", out.name, meta["run_id"])
     return meta
+
+
+def _publish_links(src: Path, dest: Path, failure: str) -> bool:
+    """`src`'s files hard-linked into a temp folder swapped in as `dest`; on an OSError a
+    warning (`failure`, why) and nothing published."""
+    tmp = None
+    try:
+        tmp = atomic.make_temp_dir(dest)
+        _link_files(src, tmp)
+        atomic.publish_dir(tmp, dest)
+        return True
+    except OSError as exc:
+        log.warning("%s: %s (%s)", dest.name, failure, exc)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return False
 
 
 def forget(outs: list[Path]) -> None:
