@@ -4,8 +4,39 @@ from pathlib import Path
 
 import pytest
 
+from filledfirst.config import deep_merge
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# A config layered over every engine test's own (a larger tiny model, other server
+# settings): how the suite is run against a slower or faster server, to show that no
+# engine test depends on how fast this machine is. Unset: the tests' configs as they are.
+ENGINE_OVERLAY = "FILLEDFIRST_TEST_ENGINE_CONFIG"
+
+
+def engine_overlay_files() -> list[Path]:
+    path = os.environ.get(ENGINE_OVERLAY)
+    return [Path(path).resolve()] if path else []
+
+
+def engine_overlay() -> dict:
+    import yaml
+
+    out: dict = {}
+    for path in engine_overlay_files():
+        out = deep_merge(out, yaml.safe_load(path.read_text()) or {})
+    return out
+
+
+def with_engine_overlay(cfg: dict) -> dict:
+    return deep_merge(cfg, engine_overlay())
+
+
+def build_test_model(out: Path) -> None:
+    """The tiny model in the shape the overlay asks for (default: the usual tiny one)."""
+    from filledfirst.model.tiny import build_tiny_model
+
+    build_tiny_model(out, **engine_overlay().get("model", {}).get("tiny", {}))
 
 
 def trace_mirror() -> Path | None:
@@ -24,7 +55,7 @@ def snakemake_argv(workdir: Path, configfile: Path, *targets: str) -> list[str]:
         "--directory", str(workdir),
         "--cores", "1",
         *targets,
-        "--configfile", str(configfile),
+        "--configfile", str(configfile), *map(str, engine_overlay_files()),
     ]
 
 

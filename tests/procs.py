@@ -4,8 +4,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import psutil
+
+from filledfirst.scrape import parse_metrics
+
+from conftest import engine_overlay_files
 
 
 def find_server(workdir, timeout_s=400, log=None):
@@ -19,6 +24,24 @@ def find_server(workdir, timeout_s=400, log=None):
                     return p
         time.sleep(0.5)
     raise AssertionError(f"the server never started replaying; log:\n{log.read_text() if log.is_file() else '(none)'}")
+
+
+def wait_for_finished_requests(server, n, timeout_s=120) -> float:
+    """Until the server's own counter shows at least `n` requests done, however fast or
+    slow the machine; returns the count it saw."""
+    port = server.cmdline()[server.cmdline().index("--port") + 1]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                samples = parse_metrics(resp.read().decode(), 0.0)
+            done = sum(s.value for s in samples if s.metric == "vllm:request_success_total")
+            if done >= n:
+                return done
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"fewer than {n} requests finished in {timeout_s} s")
 
 
 def group_members(pgid):
@@ -41,8 +64,9 @@ def start_run(workdir, config, experiment, schedule, out, log_path) -> subproces
     """`filledfirst run` of one experiment, in `workdir`, its output going to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
+        overlay = [arg for f in engine_overlay_files() for arg in ("--config", str(f))]
         return subprocess.Popen(
-            [sys.executable, "-m", "filledfirst", "run", "--config", str(config), "--experiment", experiment,
+            [sys.executable, "-m", "filledfirst", "run", "--config", str(config), *overlay, "--experiment", experiment,
              "--schedule", str(schedule), "--out", str(out), "--no-progress"],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
         )

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from conftest import REPO, snakemake_argv
-from procs import find_server, group_members, guardians_of, kill_leftovers, start_run
+from conftest import REPO, build_test_model, snakemake_argv
+from procs import find_server, group_members, guardians_of, kill_leftovers, start_run, wait_for_finished_requests
 
 pytestmark = pytest.mark.engine
 
@@ -59,12 +59,11 @@ def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from filledfirst.model.tiny import build_tiny_model
     from filledfirst.workloads.synthetic import write_synthetic_schedule
     from filledfirst.config import load_config
 
     cfg_path = REPO / "tests" / "configs" / "long.yaml"
-    build_tiny_model(tmp_path / "data" / "models" / "tiny-qwen2")
+    build_test_model(tmp_path / "data" / "models" / "tiny-qwen2")
     cfg = load_config([cfg_path])
     write_synthetic_schedule(cfg["workloads"]["endless"], tmp_path / "s.parquet")
     out = tmp_path / "results" / "runs" / "long_run"
@@ -74,7 +73,8 @@ def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
     try:
         server = find_server(tmp_path)
         pgid = os.getpgid(server.pid)
-        time.sleep(3)  # some requests done, some in flight
+        # some requests done, most of the 10-minute schedule still to come
+        wait_for_finished_requests(server, 2)
         os.killpg(pgid, signal.SIGKILL)
         t_kill = time.monotonic()
         assert run.wait(timeout=60) == 0

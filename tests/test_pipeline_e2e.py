@@ -74,17 +74,27 @@ def check_study(workdir):
 
     summary = {r["experiment"]: r for r in signals.run_summary(con).to_dicts()}
     ref, lim = summary["reference"], summary["seq_limit"]
-    # The scheduler never ran more than the cap, and the cap was reached.
+    # Closed loops, so none of this depends on the CPU's speed: 16 workers against a cap
+    # of 8 keep 8 running and the rest waiting until the last 8 requests; 2 workers can
+    # never hold more than 2. The scheduler never ran more than the cap.
     assert lim["max_num_seqs"] == 8 and lim["running_max"] == 8
     assert lim["waiting_max"] > 0
-    assert ref["running_max"] < 8
+    assert 0 < ref["running_max"] <= 2
+    # Under the cap all but the first 8 requests wait for a whole 128-token decode to
+    # end before their prefill starts; the reference's wait for nothing.
     assert lim["ttft_p50_ms"] > ref["ttft_p50_ms"]
     assert all(r["n_usage_mismatch"] == 0 for r in summary.values())
-    # Our TTFT against vLLM's own histogram for the same run: within 10 %, within the few
-    # ms of HTTP and parsing that vLLM's clock does not see, or inside the median's bucket.
-    for c in signals.ttft_against_server(con).to_dicts():
+    # Our TTFT against vLLM's own histogram for the same run. Each request's TTFT from its
+    # send contains the server's (which starts when vLLM receives it), so our median can
+    # never fall below the bucket holding vLLM's median. Where TTFT is mostly queueing
+    # (seq_limit), the HTTP front end's few ms are a small share at any CPU speed, and the
+    # two must agree; at small TTFTs that share is the machine's, so it is only reported.
+    checks = {c["run_id"]: c for c in signals.ttft_against_server(con).to_dicts()}
+    ids = dict(con.execute("SELECT experiment, run_id FROM runs").fetchall())
+    for c in checks.values():
         assert c["n_server"] == c["n_client"] > 0
-        assert c["agrees"], c
+        assert c["client_ttft_p50_ms"] >= (c["bucket_lo_ms"] or 0), c
+    assert checks[ids["seq_limit"]]["agrees"], checks[ids["seq_limit"]]
     # vLLM's own gauges were scraped on the run's clock
     for exp in runs:
         metrics = {m for (m,) in con.execute(

@@ -12,9 +12,10 @@ import pytest
 
 from filledfirst.engine.command import build_command
 from filledfirst.engine.server import VllmServer, free_port
-from filledfirst.model.tiny import build_tiny_model
 from filledfirst.records import SCHEDULE_SCHEMA
 from filledfirst.store.ingest import ingest
+
+from conftest import build_test_model, engine_overlay
 
 pytestmark = pytest.mark.engine
 
@@ -24,13 +25,13 @@ KEY = "sk-planted-4f1e9a77c2"  # must never reach a file we write
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("external")
-    build_tiny_model(root / "model")
+    build_test_model(root / "model")
     model = {"name": "tiny", "source": "tiny", "path": str(root / "model"), "dtype": "float32", "max_model_len": 2048}
     port = free_port("127.0.0.1")
     cmd = build_command(
         launcher="cpu", model=model, host="127.0.0.1", port=port, seed=0, extra_env={},
         settings={"max_num_seqs": 8, "enforce_eager": True, "kv_cache_space_gib": 1,
-                  "extra_args": ["--api-key", KEY]},
+                  "extra_args": ["--api-key", KEY]} | engine_overlay().get("engine", {}).get("server", {}),
     )
     with VllmServer(cmd, host="127.0.0.1", port=port, log_path=root / "server.log", startup_timeout_s=400, nice=10) as s:
         yield s

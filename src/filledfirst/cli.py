@@ -17,13 +17,18 @@ def _add_model(sub) -> None:
     msub = p.add_subparsers(dest="model_cmd", required=True)
     t = msub.add_parser("tiny", help="build the deterministic tiny random-weight model offline")
     t.add_argument("out_dir", type=Path)
+    t.add_argument("--layers", type=int, default=None, help="decoder layers (default 2)")
+    t.add_argument("--hidden-size", type=int, default=None, help="hidden size, a multiple of 64 (default 128)")
     t.set_defaults(func=_cmd_model_tiny)
 
 
 def _cmd_model_tiny(args) -> int:
-    from filledfirst.model.tiny import build_tiny_model
+    from filledfirst.model.tiny import DEFAULT_HIDDEN, DEFAULT_LAYERS, build_tiny_model
 
-    build_tiny_model(args.out_dir)
+    try:
+        build_tiny_model(args.out_dir, args.layers or DEFAULT_LAYERS, args.hidden_size or DEFAULT_HIDDEN)
+    except ValueError as e:
+        raise UserError(str(e)) from e
     return 0
 
 

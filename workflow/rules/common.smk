@@ -54,6 +54,12 @@ def one_of(names):
     return "|".join(re.escape(n) for n in names) or "(?!)"
 
 
+def tiny_model_args():
+    """The tiny model's shape, as `filledfirst model tiny` options."""
+    shape = config["model"].get("tiny", {})
+    return " ".join(f"--{key.replace('_', '-')} {int(value)}" for key, value in sorted(shape.items()))
+
+
 def model_inputs():
     """The locally built model folder, when the config serves one."""
     return [config["model"]["path"]] if config["model"]["source"] == "tiny" else []

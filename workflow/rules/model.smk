@@ -13,5 +13,6 @@ if config["model"]["source"] == "tiny":
             "../../environment.yml"
         params:
             cli=FILLEDFIRST,
+            shape=tiny_model_args(),
         shell:
-            "{params.cli} model tiny {output:q} > {log:q} 2>&1"
+            "{params.cli} model tiny {output:q} {params.shape} > {log:q} 2>&1"

@@ -47,16 +47,28 @@ SEED = 0
 _BIAS_DIM = 0
 
 
-def qwen2_config():
+# The default shape, and the width of one attention head whatever the hidden size, so a
+# larger variant (a slower model for checking that a study does not depend on the
+# machine's speed) keeps Qwen2's grouped-query layout: two query heads per KV head.
+DEFAULT_LAYERS = 2
+DEFAULT_HIDDEN = 128
+HEAD_DIM = 32
+
+
+def qwen2_config(layers: int = DEFAULT_LAYERS, hidden_size: int = DEFAULT_HIDDEN):
     from transformers import Qwen2Config
 
+    if layers < 1 or hidden_size < 2 * HEAD_DIM or hidden_size % (2 * HEAD_DIM):
+        raise ValueError(f"tiny model: layers >= 1 and hidden_size a multiple of {2 * HEAD_DIM} "
+                         f"(got {layers} layers, hidden size {hidden_size})")
+    heads = hidden_size // HEAD_DIM
     return Qwen2Config(
         vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
         max_position_embeddings=32768,
         tie_word_embeddings=True,
         bos_token_id=BOS_ID,
@@ -103,12 +115,12 @@ def build_tokenizer():
     )
 
 
-def build_model():
+def build_model(layers: int = DEFAULT_LAYERS, hidden_size: int = DEFAULT_HIDDEN):
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
-    model = Qwen2ForCausalLM(qwen2_config()).to(torch.float32).eval()
+    model = Qwen2ForCausalLM(qwen2_config(layers, hidden_size)).to(torch.float32).eval()
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
         emb[:, _BIAS_DIM] = 1.0
@@ -122,10 +134,11 @@ def build_model():
     return model
 
 
-def build_tiny_model(out_dir: Path) -> None:
-    """Write config, safetensors weights and tokenizer into `out_dir`, replacing it whole."""
+def build_tiny_model(out_dir: Path, layers: int = DEFAULT_LAYERS, hidden_size: int = DEFAULT_HIDDEN) -> None:
+    """Write config, safetensors weights and tokenizer into `out_dir`, replacing it whole.
+    Every shape has the same tokenizer, so one study config serves any of them."""
     out_dir = Path(out_dir)
-    model = build_model()
+    model = build_model(layers, hidden_size)
     tokenizer = build_tokenizer()
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
