@@ -1,13 +1,11 @@
 """What filled first: the label rules on synthetic runs of each pattern, their borderlines,
-the side checks (Little's law, goodput, KV ledger), and the CPU calibration runs."""
+the side checks (Little's law, goodput, KV ledger)."""
 
 from __future__ import annotations
 
 import heapq
 import json
 import random
-import shutil
-from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -20,7 +18,6 @@ from filledfirst.config import SCHEMA_PATH
 from filledfirst.errors import UserError
 from filledfirst.store.ingest import DDL
 
-CALIB = Path("/work/calib/calib.duckdb")
 RUNNING, WAITING, KV = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
 
 
@@ -73,8 +70,10 @@ def make_db(path, runs):
         reqs = [{k: v for k, v in r.items() if not k.startswith("_")} | {"run_id": run_id} for r in run["requests"]]
         samples = [{"run_id": run_id, "t": t, "metric": m, "labels": run.get("labels", {}).get(m, "engine=0"),
                     "value": float(v)} for t, m, v in run["samples"]]
-        tokens = [{"run_id": run_id, "request_id": rid, "index": k, "t": t, "n": 1}
-                  for rid, times in run.get("tokens", {}).items() for k, t in enumerate(times)]
+        # a chunk is a time (one token) or (time, tokens)
+        tokens = [{"run_id": run_id, "request_id": rid, "index": k, "t": float(c[0] if isinstance(c, tuple) else c),
+                   "n": c[1] if isinstance(c, tuple) else 1}
+                  for rid, chunks in run.get("tokens", {}).items() for k, c in enumerate(chunks)]
         for table, rows in (("requests", reqs), ("samples", samples), ("tokens", tokens)):
             if rows:
                 con.register("_rows", pl.DataFrame(rows).to_arrow())
@@ -274,16 +273,3 @@ def test_write_diagnosis_and_cli(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
     with pytest.raises(UserError, match="no such database"):
         write_diagnosis(tmp_path / "missing.duckdb", DiagnosisRules())
-
-
-@pytest.mark.skipif(not CALIB.is_file(), reason="no calibration database")
-def test_calibration_runs(tmp_path):
-    db = tmp_path / "calib.duckdb"
-    shutil.copyfile(CALIB, db)
-    with duckdb.connect(str(db), read_only=True) as con:
-        # external replays record no max_num_seqs; the server's was 64
-        got = dict(diagnose(con, DiagnosisRules(default_cap=64)).select("experiment", "label").iter_rows())
-    assert got["d60q"] == "active-sequence limit"
-    assert got["kvh"] == "KV-capacity pressure"
-    assert got["int4kq"] == "prefill-decode interference"
-    assert got["ctlq"] == "reference" and got["d120q"] == "reference"
