@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 import yaml
 
+from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, write_diagnosis
 from filledfirst.cli import main
 from filledfirst.config import SCHEMA_PATH
@@ -186,7 +187,7 @@ def test_client_limited_and_errors_are_warned(tmp_path):
     assert d["label"] == "reference"
     assert d["warnings"] == "client-limited (dispatch lag p99 200 ms > 50 ms)"
     d = run_of(tmp_path, DiagnosisRules(max_failed_share=0.001), **run | {"run_id": "lagged2"})
-    assert "errors (0 % of requests failed)" in d["warnings"] and d["failed_share"] == 1 / 200
+    assert "errors (0 % of sent requests failed)" in d["warnings"] and d["failed_share"] == 1 / 200
 
 
 def md1_run(run_id, scale=1.0):
@@ -273,3 +274,35 @@ def test_write_diagnosis_and_cli(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
     with pytest.raises(UserError, match="no such database"):
         write_diagnosis(tmp_path / "missing.duckdb", DiagnosisRules())
+
+
+def cut_short_run(run_id="cut"):
+    """The server died at 8 s of a 20 s schedule: 80 requests answered, 20 sent into the
+    dead server, 100 never sent; the scrapes end with the server."""
+    reqs = queue(every(0.1, 200), 0.5, 64)
+    samples = [s for s in gauges(reqs[:80], 8, lambda n: 0.5 * n)]
+    for r in reqs[80:100]:
+        r.update(status="disconnected", t_first_token=None, t_done=max(r["t_scheduled"], 8.0) + 0.01)
+    for r in reqs[100:]:
+        r.update(status="not_sent", t_sent=None, t_first_token=None, t_done=None)
+    return {"run_id": run_id, "status": "partial", "requests": reqs, "samples": samples}
+
+
+def test_never_sent_requests_are_not_failures(tmp_path):
+    d = run_of(tmp_path, **cut_short_run())
+    assert d["failed_share"] == pytest.approx(20 / 100)
+    assert "partial run (100 of 200 requests never sent)" in d["warnings"]
+    assert "errors (20 % of sent requests failed)" in d["warnings"]
+    with duckdb.connect(str(tmp_path / "cut.duckdb"), read_only=True) as con:
+        s = signals.run_summary(con).to_dicts()[0]
+        rates = signals.run_rates(con).to_dicts()[0]
+    assert (s["n_requests"], s["n_ok"], s["n_failed"], s["n_not_sent"]) == (200, 80, 20, 100)
+    assert rates["n_failed"] == 20
+
+
+def test_a_cut_short_run_is_judged_over_what_was_measured(tmp_path):
+    d = run_of(tmp_path, **cut_short_run())
+    # arrivals of sent requests only (0 to 9.9 s), clipped to the last scrape at 8 s
+    assert d["window_start_s"] == pytest.approx(0.99) and d["window_end_s"] == pytest.approx(8.0)
+    assert d["label"] == "reference", d["clue"]
+    assert d["littles_ok"] and 0.9 < d["littles_ratio"] < 1.1, d

@@ -154,7 +154,7 @@ r AS (
     FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN itl i USING (run_id, request_id)
 )
 SELECT run_id,
-       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop) AS arrivals,
+       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND t_sent IS NOT NULL) AS arrivals,
        -- every request's time in the system inside the window (from its arrival, as W
        -- is; one never answered stays until the window's end; one never sent never arrived)
        sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
@@ -162,7 +162,8 @@ SELECT run_id,
        -- no ITL (a single chunk) cannot miss the ITL objective
        count(*) FILTER (WHERE status = '{signals.OK}' AND ttft <= $slo_ttft
                         AND coalesce(itl_p95, 0) <= $slo_itl) AS met,
-       count(*) AS n, max(t_done) - min(t_scheduled) AS span, avg(prompt_tokens + output_tokens) AS mean_tokens
+       count(*) FILTER (WHERE t_sent IS NOT NULL) AS n, max(t_done) - min(t_scheduled) FILTER (WHERE t_sent IS NOT NULL) AS span,
+       avg(prompt_tokens + output_tokens) AS mean_tokens
 FROM r GROUP BY run_id
 """
 
@@ -195,7 +196,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     """One row per run. `expect`: experiment -> designed-for label, for runs whose
     run.json does not carry `spec.expect` (e.g. from the config the CLI was given)."""
     summary = signals.run_summary(con).select(
-        "run_id", "experiment", "status", "error", "n_requests", "n_failed", "ttft_p50_ms", "ttft_p90_ms",
+        "run_id", "experiment", "status", "error", "n_requests", "n_failed", "n_not_sent", "ttft_p50_ms", "ttft_p90_ms",
         "lag_p99_ms", "max_num_seqs")
     metas = signals.run_meta(con)
     window = _windows(con, summary, metas, rules)
@@ -225,17 +226,30 @@ def _q(con: duckdb.DuckDBPyConnection, sql: str, **params: Any) -> pl.DataFrame:
     return out
 
 
+# Only what was measured: arrivals of requests that were sent (a run cut short has
+# `not_sent` rows up to its schedule's end), and the server's gauges up to its last scrape.
+_SPANS = f"""
+WITH r AS (
+    SELECT run_id, min(t_scheduled) AS first, max(t_scheduled) AS last, max(t_done) AS done
+    FROM requests WHERE status <> '{signals.NOT_SENT}' GROUP BY run_id
+),
+s AS (SELECT run_id, max(t) AS scraped FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)}) GROUP BY run_id)
+SELECT r.*, s.scraped FROM r LEFT JOIN s USING (run_id)
+"""
+
+
 def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> pl.DataFrame:
-    spans = {r[0]: r[1:] for r in con.execute(
-        "SELECT run_id, min(t_scheduled), max(t_scheduled), max(t_done) FROM requests GROUP BY run_id").fetchall()}
+    spans = {r[0]: r[1:] for r in con.execute(_SPANS).fetchall()}
     rows = []
     for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
-        first, last, done = spans.get(run_id, (None, None, None))
+        first, last, done, scraped = spans.get(run_id, (None, None, None, None))
         start = stop = None
         if first is not None:
             start, stop = first + rules.warmup_frac * (last - first), last
             if stop - start <= 0:  # one burst: no loaded window, judge the whole run instead
                 start, stop = first, done if done is not None and done > first else first + 1.0
+            if scraped is not None:  # a gauge is not known after the last scrape that read it
+                stop = min(stop, scraped)
         cap = _cap(db_cap, metas.get(run_id, {}), rules)
         rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap,
                      "at_cap": None if cap is None else rules.cap_frac * cap})
@@ -261,7 +275,7 @@ def _get(d: Any, *keys: str) -> Any:
 
 def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str]) -> dict:
     notes: list[str] = []
-    n = row["n_requests"]
+    n = row["n_requests"] - row["n_not_sent"]  # what the server saw
     out = {k: row.get(k) for k in SCHEMA}
     out.update(
         expect=meta.get("expect") or expect.get(row["experiment"]),
@@ -324,7 +338,7 @@ def _littles(row: dict, meta: dict, r: DiagnosisRules, notes: list[str]) -> dict
 
 
 def _goodput(row: dict) -> dict:
-    met, n, span = row.get("met"), row["n_requests"], row.get("span")
+    met, n, span = row.get("met"), row.get("n"), row.get("span")
     return {"goodput_rps": met / span if met is not None and span else None,
             "slo_met_share": met / n if met is not None and n else None}
 
@@ -440,6 +454,8 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
 def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
     if row["status"] == "failed" or not row["n_requests"]:
         return "failed", (row.get("error") or "no requests recorded").strip().splitlines()[0]
+    if row["n_requests"] == row["n_not_sent"]:
+        return "failed", "no request was sent"
     ratio = d["interference_ratio"]
     if _ge(ratio, r.interference_min_ratio):
         return "prefill-decode interference", (
@@ -465,12 +481,15 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
 
 
 def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
-    out = ["partial run"] if row["status"] == "partial" else []
+    out = []
+    if row["status"] == "partial" or row["n_not_sent"]:
+        unsent = row["n_not_sent"]
+        out.append("partial run" + (f" ({unsent} of {row['n_requests']} requests never sent)" if unsent else ""))
     lag, failed = d["lag_p99_ms"], d["failed_share"]
     if lag is not None and lag > r.max_lag_ms:
         out.append(f"client-limited (dispatch lag p99 {lag:.0f} ms > {r.max_lag_ms:g} ms)")
     if failed is not None and failed > r.max_failed_share:
-        out.append(f"errors ({_pct(failed)} of requests failed)")
+        out.append(f"errors ({_pct(failed)} of sent requests failed)")
     if not d["littles_ok"]:
         big_l, lambda_w = d["littles_L_server"], d["littles_lambda_W"]
         out.append(f"Little's law mismatch (L {big_l:.1f} against lambda W {lambda_w:.1f})")

@@ -11,6 +11,8 @@ Definitions (times are seconds on the run's one monotonic clock):
   tokens in the later chunk; one value per gap, pooled over all requests of a group.
 - Latency percentiles (TTFT, ITL) use only requests with status `ok`; failed requests are
   counted (n, n_failed) and never dropped from denominators of counts.
+- `not_sent` requests (a run cut short before their time) are neither ok nor failed:
+  counted apart (n_not_sent), out of every rate and share, since the server never saw them.
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
   engines, as a percentage. Preemptions: counter max - min over the run, per label set,
   summed over label sets. Only differences of counters within a run are used, never
@@ -39,6 +41,9 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 
 OK = "ok"
+NOT_SENT = "not_sent"
+# A request the server saw and did not answer in full.
+FAILED = f"status NOT IN ('{OK}', '{NOT_SENT}')"
 
 
 def _in_list(names: tuple[str, ...]) -> str:
@@ -122,6 +127,8 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     WITH req AS (
         SELECT run_id, count(*) AS n_requests,
                count(*) FILTER (WHERE status = '{OK}') AS n_ok,
+               count(*) FILTER (WHERE {FAILED}) AS n_failed,
+               count(*) FILTER (WHERE status = '{NOT_SENT}') AS n_not_sent,
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms,
@@ -150,7 +157,8 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     SELECT r.run_id, r.experiment, r.description, r.status, r.error,
            coalesce(req.n_requests, 0) AS n_requests,
            coalesce(req.n_ok, 0) AS n_ok,
-           coalesce(req.n_requests - req.n_ok, 0) AS n_failed,
+           coalesce(req.n_failed, 0) AS n_failed,
+           coalesce(req.n_not_sent, 0) AS n_not_sent,
            req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, req.ttft_content_p50_ms,
            itl.itl_p50_ms, itl.itl_p99_ms,
            g.running_median, g.running_max, g.waiting_median, g.waiting_max,
@@ -173,7 +181,7 @@ def role_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     sql = f"""
     WITH req AS (
         SELECT run_id, role, count(*) AS n,
-               count(*) FILTER (WHERE status <> '{OK}') AS n_failed,
+               count(*) FILTER (WHERE {FAILED}) AS n_failed,
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                min(t_scheduled) AS first_arrival
@@ -306,7 +314,7 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            sum(out) FILTER (WHERE status = '{OK}') / nullif(max(t_done) - min(t_sent), 0) AS total_tok_s,
            -- open loop: the schedule's arrival rate (closed loop: the rate it achieved)
            count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps,
-           count(*) FILTER (WHERE status <> '{OK}') AS n_failed
+           count(*) FILTER (WHERE {FAILED}) AS n_failed
     FROM r GROUP BY run_id
     """
     return _pl(con, sql)

@@ -159,8 +159,14 @@ def _cap(row: Mapping[str, Any]) -> str:
 
 # (label, formatter) per run_summary row; one list so the per-run and the side-by-side
 # tables can never disagree on what a row means.
+def _requests(r: Mapping[str, Any]) -> str:
+    """Never-sent requests are no failures: the server never saw them."""
+    unsent = r.get("n_not_sent") or 0
+    return f"{r['n_requests']:,}" + (f" ({unsent:,} never sent)" if unsent else "")
+
+
 SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
-    ("requests", lambda r: f"{r['n_requests']:,}"),
+    ("requests", _requests),
     ("failed requests", lambda r: f"{r['n_failed']:,}"),
     ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
     ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
@@ -226,10 +232,10 @@ def role_table(rows: Sequence[Mapping[str, Any]]) -> str:
 def runs_table(rows: Sequence[Mapping[str, Any]]) -> str:
     body = (
         [r["run_id"], r["experiment"], r["status"], f"{r['n_requests']:,}", f"{r['n_failed']:,}",
-         fmt_s(r["duration_s"]), r["error"] or ""]
+         f"{r.get('n_not_sent') or 0:,}", fmt_s(r["duration_s"]), r["error"] or ""]
         for r in rows
     )
-    return html_table(["run", "experiment", "status", "requests", "failed", "duration", "error"], body)
+    return html_table(["run", "experiment", "status", "requests", "failed", "never sent", "duration", "error"], body)
 
 
 def _about(x: float) -> str:
@@ -267,7 +273,8 @@ def run_sentence(row: Mapping[str, Any]) -> str:
     if row["n_requests"] == 0:
         return f"No requests were measured (run status: {row['status']})."
     parts = [
-        f"{row['n_requests']:,} requests, {row['n_failed']:,} failed.",
+        f"{row['n_requests']:,} requests, {row['n_failed']:,} failed"
+        + (f", {row['n_not_sent']:,} never sent." if row.get("n_not_sent") else "."),
         f"TTFT p50 was {fmt_ms(row['ttft_p50_ms'])}, p90 {fmt_ms(row['ttft_p90_ms'])}.",
     ]
     if row["running_max"] is not None:
@@ -324,7 +331,7 @@ PART_ROWS: dict[str, list[_Row]] = {
         ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
     ],
     "azure": [
-        ("requests (failed)", lambda r: f"{r['n_requests']:,} ({r['n_failed']:,})"),
+        ("requests (failed)", lambda r: f"{_requests(r)} ({r['n_failed']:,})"),
         ("running (median)", lambda r: fmt_count(r["running_median"]) + _cap(r)),
         ("waiting (median)", lambda r: fmt_count(r["waiting_median"])),
         ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
