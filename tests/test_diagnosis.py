@@ -306,3 +306,42 @@ def test_a_cut_short_run_is_judged_over_what_was_measured(tmp_path):
     assert d["window_start_s"] == pytest.approx(0.99) and d["window_end_s"] == pytest.approx(8.0)
     assert d["label"] == "reference", d["clue"]
     assert d["littles_ok"] and 0.9 < d["littles_ratio"] < 1.1, d
+
+
+SCRAPE_ERROR = "filledfirst:scrape_error"
+
+
+def gap_run(run_id, gap, errors):
+    """The reference run whose scrapes in `gap` failed (error samples if `errors`, else
+    nothing); the last good one before it caught a burst: 64 running, 9 waiting."""
+    run = reference_run(run_id)
+    lo, hi = gap
+    samples = [(t, m, v) for t, m, v in run["samples"] if not lo < t < hi]
+    samples = [(t, m, {RUNNING: 64, WAITING: 9}.get(m, v) if t == lo else v) for t, m, v in samples]
+    if errors:
+        samples += [(t, SCRAPE_ERROR, 1) for t in every(0.25, int((hi - lo) / 0.25) - 1, lo + 0.25)]
+    return run | {"samples": samples}
+
+
+def test_a_scrape_gap_is_not_filled_with_the_last_value(tmp_path):
+    # held over the 2 s gap, 9 waiting would be 11 % of the loaded time: no reference
+    d = run_of(tmp_path, **gap_run("errs", (8.0, 10.0), errors=True))
+    assert d["label"] == "reference", d["clue"]
+    assert d["waiting_share"] == pytest.approx(0.25 / (17.91 - 1.75), rel=0.01)  # ends at the failed scrape
+    assert d["scrape_coverage"] == pytest.approx((17.91 - 1.75) / 17.91, rel=0.01)
+    d = run_of(tmp_path, **gap_run("quiet", (8.0, 10.0), errors=False))
+    assert d["label"] == "reference", d["clue"]
+    assert d["waiting_share"] == pytest.approx(0.5 / (17.91 - 1.5), rel=0.01)  # held 2 x the interval
+
+
+def test_low_scrape_coverage_gives_no_label(tmp_path):
+    d = run_of(tmp_path, **gap_run("holes", (4.0, 16.0), errors=True))
+    assert d["scrape_coverage"] < 0.5
+    assert d["label"] == "unclassified" and d["clue"].startswith("scrapes cover only 3"), d["clue"]
+    assert "of the loaded window (needs >= 80 %)" in d["clue"]
+
+
+def test_a_short_window_needs_enough_scrapes(tmp_path):
+    reqs = queue(every(0.05, 10), 0.3, 64)  # arrivals over 0.45 s: one scrape inside the window
+    d = run_of(tmp_path, run_id="blip", requests=reqs, samples=gauges(reqs, 2, lambda n: n))
+    assert d["label"] == "unclassified" and d["clue"] == "1 scrape in the loaded window (needs >= 4)", d["clue"]

@@ -29,6 +29,7 @@ import polars as pl
 
 from filledfirst.analysis import signals
 from filledfirst.errors import UserError
+from filledfirst.scrape import SCRAPE_ERROR
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class DiagnosisRules:
     littles_min_ratio: float = 0.8
     littles_max_ratio: float = 1.25
     littles_min_arrivals: int = 20
+    scrape_hold_factor: float = 2.0  # x the scrape interval: how long a gauge value stands for
+    min_scrape_coverage: float = 0.8  # of the loaded window covered by held scrapes, else no label
+    min_window_scrapes: int = 4
     slo_ttft_ms: float = 1000.0
     slo_itl_ms: float = 200.0
 
@@ -82,19 +86,26 @@ SCHEMA = {
     "littles_L_server": pl.Float64, "littles_lambda_W": pl.Float64, "littles_ratio": pl.Float64,
     "littles_ok": pl.Boolean, "goodput_rps": pl.Float64, "slo_met_share": pl.Float64,
     "kv_bytes_per_token": pl.Float64, "kv_capacity_tokens": pl.Float64, "kv_fit_concurrency": pl.Float64,
-    "interference_ratio": pl.Float64,
+    "interference_ratio": pl.Float64, "scrape_coverage": pl.Float64, "window_scrapes": pl.Int64,
 }
 
-_WIN = "_diagnosis_window"  # per run: start, stop, at_cap (running count that counts as at the cap)
+# per run: start, stop, at_cap (running count that counts as at the cap), hold (how long
+# a scrape's value stands for)
+_WIN = "_diagnosis_window"
 
 _GAUGE_WINDOW = f"""
-WITH g AS (
-    SELECT g.*, w.start, w.stop, w.at_cap FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id)
+WITH attempts AS (  -- every scrape, good or failed
+    SELECT DISTINCT run_id, t FROM samples
+    WHERE metric IN ({signals._in_list(signals.RUNNING + signals.WAITING + signals.KV_USAGE + (SCRAPE_ERROR,))})
+),
+nxt AS (SELECT run_id, t, lead(t) OVER (PARTITION BY run_id ORDER BY t) AS t_next FROM attempts),
+g AS (
+    SELECT g.*, n.t_next, w.start, w.stop, w.at_cap, w.hold FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id)
+    LEFT JOIN nxt n USING (run_id, t)
     WHERE g.t <= w.stop
 ),
-seg AS (  -- each scrape holds until the next one, clipped to the window
-    SELECT *, greatest(t, start) AS a,
-           least(coalesce(lead(t) OVER (PARTITION BY run_id, signal ORDER BY t), stop), stop) AS b
+seg AS (  -- a scrape's value stands until the next attempt, however it went, and at most `hold`
+    SELECT *, greatest(t, start) AS a, least(coalesce(t_next, stop), t + hold, stop) AS b
     FROM g
 ),
 tw AS (
@@ -112,11 +123,13 @@ inside AS (
     SELECT run_id,
            quantile_cont(value, 0.5) FILTER (signal = 'running') AS running_median,
            max(value) FILTER (signal = 'running') AS running_max,
+           count(*) FILTER (signal = 'running') AS window_scrapes,
            quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS waiting_median,
            quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS kv_median_pct,
            max(value) FILTER (signal = 'kv_pct') AS kv_max_pct
     FROM g WHERE t >= start GROUP BY run_id
 ),
+span AS (SELECT run_id, any_value(stop) - any_value(start) AS length FROM g GROUP BY run_id),
 first AS (  -- over the whole run, on the run's clock
     SELECT g.run_id,
            min(t) FILTER (signal = 'waiting' AND value > 0) AS t_first_waiting,
@@ -126,8 +139,9 @@ first AS (  -- over the whole run, on the run's clock
 )
 SELECT run_id, coalesce(t_cap, 0) / t_run AS running_at_cap_share,
        coalesce(t_waiting, 0) / t_wait AS waiting_share, coalesce(t_kv_full, 0) / t_kv AS kv_full_share,
-       area / t_run AS littles_L_server, inside.* EXCLUDE (run_id), first.* EXCLUDE (run_id)
-FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id)
+       area / t_run AS littles_L_server, t_run / nullif(span.length, 0) AS scrape_coverage,
+       inside.* EXCLUDE (run_id), first.* EXCLUDE (run_id)
+FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id) LEFT JOIN span USING (run_id)
 """
 
 # Counter deltas inside the window (value at its end minus value at its start), per label set.
@@ -233,8 +247,12 @@ WITH r AS (
     SELECT run_id, min(t_scheduled) AS first, max(t_scheduled) AS last, max(t_done) AS done
     FROM requests WHERE status <> '{signals.NOT_SENT}' GROUP BY run_id
 ),
-s AS (SELECT run_id, max(t) AS scraped FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)}) GROUP BY run_id)
-SELECT r.*, s.scraped FROM r LEFT JOIN s USING (run_id)
+scrapes AS (SELECT DISTINCT run_id, t FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)})),
+s AS (  -- the interval as scraped, for runs whose run.json does not say it
+    SELECT run_id, max(t) AS scraped, median(dt) AS interval
+    FROM (SELECT *, t - lag(t) OVER (PARTITION BY run_id ORDER BY t) AS dt FROM scrapes) GROUP BY run_id
+)
+SELECT r.*, s.scraped, s.interval FROM r LEFT JOIN s USING (run_id)
 """
 
 
@@ -242,7 +260,7 @@ def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> 
     spans = {r[0]: r[1:] for r in con.execute(_SPANS).fetchall()}
     rows = []
     for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
-        first, last, done, scraped = spans.get(run_id, (None, None, None, None))
+        first, last, done, scraped, scraped_interval = spans.get(run_id, (None,) * 5)
         start = stop = None
         if first is not None:
             start, stop = first + rules.warmup_frac * (last - first), last
@@ -250,10 +268,14 @@ def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> 
                 start, stop = first, done if done is not None and done > first else first + 1.0
             if scraped is not None:  # a gauge is not known after the last scrape that read it
                 stop = min(stop, scraped)
-        cap = _cap(db_cap, metas.get(run_id, {}), rules)
+        meta = metas.get(run_id, {})
+        cap = _cap(db_cap, meta, rules)
+        interval = _get(meta, "scrape", "interval_s") or _get(meta, "spec", "scrape", "interval_s") or scraped_interval
         rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap,
-                     "at_cap": None if cap is None else rules.cap_frac * cap})
-    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "at_cap": pl.Float64}
+                     "at_cap": None if cap is None else rules.cap_frac * cap,
+                     "hold": rules.scrape_hold_factor * interval if interval else math.inf})
+    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "at_cap": pl.Float64,
+              "hold": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
 
@@ -456,13 +478,20 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
         return "failed", (row.get("error") or "no requests recorded").strip().splitlines()[0]
     if row["n_requests"] == row["n_not_sent"]:
         return "failed", "no request was sent"
+    if d["waiting_share"] is None:
+        return "unclassified", "no scheduler samples in the loaded window"
+    coverage, scrapes = d["scrape_coverage"], d["window_scrapes"] or 0
+    if _lt(coverage, r.min_scrape_coverage):
+        return "unclassified", (f"scrapes cover only {_pct(coverage)} of the loaded window "
+                                f"(needs >= {_pct(r.min_scrape_coverage)})")
+    if scrapes < r.min_window_scrapes:
+        return "unclassified", (f"{scrapes} scrape{'s' if scrapes != 1 else ''} in the loaded window "
+                                f"(needs >= {r.min_window_scrapes})")
     ratio = d["interference_ratio"]
     if _ge(ratio, r.interference_min_ratio):
         return "prefill-decode interference", (
             f"{row['n_during']} requests arriving during long prefills: TTFT p90 {ratio:.1f}x "
             f"that of the other {row['n_apart']}")
-    if d["waiting_share"] is None:
-        return "unclassified", "no scheduler samples in the loaded window"
     checks = _checks(d, r)
     fits = next((label for label, cs in checks.items() if all(ok for ok, _ in cs)), None)
     cap, cap_note = row["cap"], "" if row["cap"] is not None else "; max_num_seqs unknown: no at-cap signal"
