@@ -345,3 +345,54 @@ def test_a_short_window_needs_enough_scrapes(tmp_path):
     reqs = queue(every(0.05, 10), 0.3, 64)  # arrivals over 0.45 s: one scrape inside the window
     d = run_of(tmp_path, run_id="blip", requests=reqs, samples=gauges(reqs, 2, lambda n: n))
     assert d["label"] == "unclassified" and d["clue"] == "1 scrape in the loaded window (needs >= 4)", d["clue"]
+
+
+TTFT_HIST = "vllm:time_to_first_token_seconds"
+
+
+def hist_db(tmp_path, name, scrapes):
+    """scrapes: [(t, engine, {le: cumulative count})]: one histogram, stored as scraped."""
+    db = tmp_path / f"{name}.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute(DDL)
+    con.execute("INSERT INTO runs (run_id, experiment, status) VALUES (?, ?, 'ok')", [name, name])
+    for t, engine, buckets in scrapes:
+        for le, count in buckets.items():
+            con.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+                        [name, t, TTFT_HIST + "_bucket", f"engine={engine},le={le}", float(count)])
+    con.close()
+    return duckdb.connect(str(db), read_only=True)
+
+
+def quantile(con, q):
+    return signals.histogram_quantile(con, TTFT_HIST, q).to_dicts()[0]
+
+
+def test_histogram_quantile_edges(tmp_path):
+    first = hist_db(tmp_path, "first", [(0, 0, {"0.1": 0, "1.0": 0, "+Inf": 0}), (1, 0, {"0.1": 4, "1.0": 4, "+Inf": 4})])
+    assert quantile(first, 0.5) == {"run_id": "first", "value": pytest.approx(0.05), "bucket_lo": 0.0,
+                                    "bucket_hi": 0.1, "n": 4}
+    inf = hist_db(tmp_path, "inf", [(0, 0, {"0.1": 0, "1.0": 0, "+Inf": 0}), (1, 0, {"0.1": 1, "1.0": 1, "+Inf": 4})])
+    assert quantile(inf, 0.9)["value"] == 1.0  # above the last finite bound: that bound
+    zero = hist_db(tmp_path, "zero", [(0, 0, {"0.1": 3, "+Inf": 3}), (1, 0, {"0.1": 3, "+Inf": 3})])
+    assert quantile(zero, 0.5)["value"] is None and quantile(zero, 0.5)["n"] == 0
+    two = hist_db(tmp_path, "two", [(0, e, {"0.1": 0, "1.0": 0, "+Inf": 0}) for e in (0, 1)]
+                  + [(1, 0, {"0.1": 2, "1.0": 2, "+Inf": 2}), (1, 1, {"0.1": 0, "1.0": 2, "+Inf": 2})])
+    assert quantile(two, 0.5)["n"] == 4 and quantile(two, 0.5)["value"] == pytest.approx(0.1)
+
+
+def test_counter_resets_count_as_prometheus_increase_does(tmp_path):
+    # the server restarted at 1.5 s: its counts start again from 0
+    reset = hist_db(tmp_path, "reset", [(0, 0, {"0.1": 5, "1.0": 5, "+Inf": 5}), (1, 0, {"0.1": 9, "1.0": 9, "+Inf": 9}),
+                                        (2, 0, {"0.1": 0, "1.0": 2, "+Inf": 2}), (3, 0, {"0.1": 0, "1.0": 6, "+Inf": 6})])
+    # 4 + 6 observations: 4 below 0.1 s, 6 between 0.1 and 1 s
+    assert quantile(reset, 0.5) == {"run_id": "reset", "value": pytest.approx(0.1 + 0.9 / 6), "bucket_lo": 0.1,
+                                    "bucket_hi": 1.0, "n": 10}
+    run = kv_pressure_run("restart")
+    samples = [s for s in run["samples"] if s[1] != "vllm:num_preemptions_total"]
+    samples += [(t, "vllm:num_preemptions_total", t // 3 if t < 8 else (t - 8) // 3)
+                for t, m, _ in samples if m == RUNNING]
+    d = run_of(tmp_path, **run | {"samples": samples})
+    assert d["preemptions"] == 4  # 2 before the restart, 2 after, inside the window
+    with duckdb.connect(str(tmp_path / "restart.duckdb"), read_only=True) as con:
+        assert signals.run_summary(con)["preemptions"][0] == 2 + 8  # whole run: 0-2, then 0-8

@@ -144,20 +144,14 @@ SELECT run_id, coalesce(t_cap, 0) / t_run AS running_at_cap_share,
 FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id) LEFT JOIN span USING (run_id)
 """
 
-# Counter deltas inside the window (value at its end minus value at its start), per label set.
-_PREEMPTIONS = f"""
-WITH s AS (
-    SELECT s.run_id, s.metric, s.labels, s.t, s.value, w.start FROM samples s JOIN {_WIN} w USING (run_id)
-    WHERE s.metric IN ({signals._in_list(signals.PREEMPTIONS)}) AND s.t <= w.stop
-),
-per_series AS (
-    SELECT run_id, metric,
-           arg_max(value, t) - coalesce(arg_max(value, t) FILTER (WHERE t <= start), arg_min(value, t)) AS d
-    FROM s GROUP BY run_id, metric, labels
-),
-per_name AS (SELECT run_id, metric, sum(d) AS n FROM per_series GROUP BY run_id, metric)
-SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id
-"""
+# The counter's increase inside the window: from its last scrape at or before the window's
+# start (its first scrape if none) to its last one inside.
+_PREEMPTIONS = signals.preemptions_sql(f"""
+    SELECT * FROM (
+        SELECT s.*, max(s.t) FILTER (WHERE s.t <= w.start) OVER (PARTITION BY s.run_id, s.metric, s.labels) AS anchor
+        FROM samples s JOIN {_WIN} w USING (run_id)
+        WHERE s.metric IN ({signals._in_list(signals.PREEMPTIONS)}) AND s.t <= w.stop
+    ) WHERE anchor IS NULL OR t >= anchor""")
 
 _REQUESTS = f"""
 WITH itl AS (

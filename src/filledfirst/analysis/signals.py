@@ -14,13 +14,15 @@ Definitions (times are seconds on the run's one monotonic clock):
 - `not_sent` requests (a run cut short before their time) are neither ok nor failed:
   counted apart (n_not_sent), out of every rate and share, since the server never saw them.
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
-  engines, as a percentage. Preemptions: counter max - min over the run, per label set,
-  summed over label sets. Only differences of counters within a run are used, never
-  their absolute values: runs that share one server start (filledfirst.config.
-  server_groups) see counters that go on from the run before, and need no reset.
-- Server histograms (vLLM's TTFT, queue time, ...): bucket counts at the run's last scrape
-  minus its first, for the same reason; quantiles are interpolated linearly inside a
-  bucket, as Prometheus' histogram_quantile does.
+  engines, as a percentage. Counters (preemptions, histogram buckets) count by their
+  increase over the run, as Prometheus' `increase`: the sum of the rises between
+  consecutive scrapes of one label set, where a drop means the server restarted and
+  counts from 0. Never their absolute values: runs that share one server start
+  (filledfirst.config.server_groups) see counters that go on from the run before.
+  Preemptions: summed over label sets.
+- Server histograms (vLLM's TTFT, queue time, ...): each bucket's increase over the run;
+  quantiles are interpolated linearly inside a bucket, as Prometheus' histogram_quantile
+  does (the first bucket from 0; above the last finite bound, that bound).
 - Whole run for now: no warm-up or drain window is cut.
 """
 
@@ -102,16 +104,26 @@ FROM tagged
 GROUP BY run_id, t, signal
 """
 
-_PREEMPTIONS = f"""
-WITH per_series AS (
-    SELECT run_id, metric, max(value) - min(value) AS delta
-    FROM samples WHERE metric IN ({_in_list(PREEMPTIONS)})
-    GROUP BY run_id, metric, labels
-),
-per_name AS (SELECT run_id, metric, sum(delta) AS n FROM per_series GROUP BY run_id, metric)
--- If a scraper stored both spellings of the counter, they describe the same events.
-SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id
-"""
+def increase(source: str, keys: str) -> str:
+    """Per `keys` (the counter's series), its increase over the rows of `source` (columns
+    t, value and keys), as Prometheus' `increase` counts it (unextrapolated)."""
+    return f"""
+    SELECT {keys}, sum(CASE WHEN prev IS NULL THEN 0 WHEN value >= prev THEN value - prev ELSE value END) AS delta
+    FROM (SELECT {keys}, value, lag(value) OVER (PARTITION BY {keys} ORDER BY t) AS prev FROM ({source}))
+    GROUP BY {keys}"""
+
+
+def preemptions_sql(source: str) -> str:
+    """Per run: preemptions over the counter samples of `source` (a subset of `samples`)."""
+    return f"""
+    WITH per_name AS (
+        SELECT run_id, metric, sum(delta) AS n FROM ({increase(source, "run_id, metric, labels")}) GROUP BY run_id, metric
+    )
+    -- If a scraper stored both spellings of the counter, they describe the same events.
+    SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id"""
+
+
+_PREEMPTIONS = preemptions_sql(f"SELECT * FROM samples WHERE metric IN ({_in_list(PREEMPTIONS)})")
 
 
 def _pl(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
@@ -225,17 +237,13 @@ def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
 
 
 # Per run and bucket bound: how many observations the server added during the run.
-_HISTOGRAM_DELTAS = """
-WITH b AS (
-    SELECT run_id, t, value,
-           regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
-           regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
-    FROM samples WHERE metric = ?
-),
-per_series AS (
-    SELECT run_id, series, le, arg_max(value, t) - arg_min(value, t) AS delta
-    FROM b GROUP BY run_id, series, le
-)
+_BUCKETS = """
+SELECT run_id, t, value,
+       regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
+       regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
+FROM samples WHERE metric = ?"""
+_HISTOGRAM_DELTAS = f"""
+WITH per_series AS ({increase(_BUCKETS, "run_id, series, le")})
 SELECT run_id, CAST(le AS DOUBLE) AS le, sum(delta) AS cum
 FROM per_series GROUP BY run_id, le ORDER BY run_id, CAST(le AS DOUBLE)
 """
