@@ -233,7 +233,49 @@ def test_goodput_counts_ttft_and_each_requests_itl(tmp_path):
     reqs[3]["status"] = "http_error"
     tokens = {0: [0.1, 0.2, 0.3], 1: [2.5, 2.6], 2: [2.1, 2.2, 2.9]}  # request 2: a 700 ms gap
     d = run_of(tmp_path, run_id="slo", requests=reqs, tokens=tokens, samples=[])
-    assert d["slo_met_share"] == 0.25 and d["goodput_rps"] == pytest.approx(1 / 4.0)
+    # over the arrival span (0 to 3 s), the offered load's denominator
+    assert d["slo_met_share"] == 0.25 and d["goodput_rps"] == pytest.approx(1 / 3.0)
+
+
+def test_goodput_sees_a_stall_delivered_as_one_chunk(tmp_path):
+    reqs = [request(i, float(i), i + 0.1, i + 6.0) for i in range(2)]
+    tokens = {0: [0.1, 0.2, 0.3], 1: [(1.1, 1), (6.1, 50)]}  # 5 s without a token, then 50 at once
+    d = run_of(tmp_path, run_id="stall", requests=reqs, tokens=tokens, samples=[])
+    assert d["slo_met_share"] == 0.5
+
+
+def test_itl_merges_chunks_of_one_read_and_keeps_both_conventions(tmp_path):
+    reqs = [request(0, 0.0, 0.1, 0.4)]
+    tokens = {0: [0.1, 0.2, 0.2, 0.2, 0.3]}  # three chunks read at one instant
+    db = make_db(tmp_path / "itl.duckdb", [{"run_id": "itl", "requests": reqs, "samples": [], "tokens": tokens}])
+    with duckdb.connect(str(db), read_only=True) as con:
+        s = signals.run_summary(con).to_dicts()[0]
+    # chunks (0.1, 1), (0.2, 3), (0.3, 1): per token 100/3 and 100 ms; per chunk 100 and 100 ms
+    assert s["itl_p50_ms"] == pytest.approx((100 / 3 + 100) / 2)
+    assert s["itl_chunk_p50_ms"] == pytest.approx(100) and s["itl_chunk_p99_ms"] == pytest.approx(100)
+
+
+def test_goodput_and_offered_load_share_one_denominator(tmp_path):
+    run = reference_run("allmet")
+    db = make_db(tmp_path / "allmet.duckdb", [run])
+    with duckdb.connect(str(db), read_only=True) as con:
+        d = diagnose(con, DiagnosisRules()).to_dicts()[0]
+        rates = signals.run_rates(con).to_dicts()[0]
+    assert d["slo_met_share"] == 1.0 and d["goodput_rps"] == pytest.approx(rates["offered_rps"])
+
+
+def test_run_rates(tmp_path):
+    reqs = [request(i, 0.5 * i, 0.5 * i + 0.1, 0.5 * i + 1.1) | {"t_last_token": 0.5 * i + 1.1,
+                                                                 "output_tokens_received": 11} for i in range(5)]
+    reqs[4].update(status="not_sent", t_sent=None, t_first_token=None, t_done=None, t_last_token=None,
+                   output_tokens_received=None)
+    reqs[3].update(status="timeout", t_first_token=None, t_last_token=None, output_tokens_received=None)
+    db = make_db(tmp_path / "rates.duckdb", [{"run_id": "rates", "requests": reqs, "samples": []}])
+    with duckdb.connect(str(db), read_only=True) as con:
+        r = signals.run_rates(con).to_dicts()[0]
+    assert r["n_failed"] == 1 and r["offered_rps"] == pytest.approx(4 / 1.5)  # sent ones over their arrival span
+    assert r["tok_s_per_request"] == pytest.approx(10.0) and r["ttft_p50_ms"] == pytest.approx(100)
+    assert r["total_tok_s"] == pytest.approx(33 / (2.6 - 0.0))  # first send to last answer
 
 
 def test_kv_ledger(tmp_path):

@@ -154,12 +154,9 @@ _PREEMPTIONS = signals.preemptions_sql(f"""
     ) WHERE anchor IS NULL OR t >= anchor""")
 
 _REQUESTS = f"""
-WITH itl AS (
-    SELECT run_id, request_id, quantile_cont(itl_ms, 0.95) AS itl_p95 FROM ({signals._ITL_GAPS}) GROUP BY ALL
-),
-r AS (
-    SELECT r.*, w.start, w.stop, i.itl_p95, (r.t_first_token - r.t_scheduled) * 1000 AS ttft
-    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN itl i USING (run_id, request_id)
+WITH r AS (
+    SELECT r.*, w.start, w.stop, i.max_gap_ms, (r.t_first_token - r.t_scheduled) * 1000 AS ttft
+    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN ({signals._REQUEST_STALL}) i USING (run_id, request_id)
 )
 SELECT run_id,
        count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND t_sent IS NOT NULL) AS arrivals,
@@ -167,12 +164,12 @@ SELECT run_id,
        -- is; one never answered stays until the window's end; one never sent never arrived)
        sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
            FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
-       -- no ITL (a single chunk) cannot miss the ITL objective
+       -- a single chunk has no gap, so cannot miss the ITL objective
        count(*) FILTER (WHERE status = '{signals.OK}' AND ttft <= $slo_ttft
-                        AND coalesce(itl_p95, 0) <= $slo_itl) AS met,
-       count(*) FILTER (WHERE t_sent IS NOT NULL) AS n, max(t_done) - min(t_scheduled) FILTER (WHERE t_sent IS NOT NULL) AS span,
+                        AND coalesce(max_gap_ms, 0) <= $slo_itl) AS met,
+       any_value(o.n_sent) AS n, any_value(o.arrival_span_s) AS span,
        avg(prompt_tokens + output_tokens) AS mean_tokens
-FROM r GROUP BY run_id
+FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 """
 
 _INTERFERENCE = f"""

@@ -7,8 +7,13 @@ Prometheus names count as the KV gauge) changes in one place.
 Definitions (times are seconds on the run's one monotonic clock):
 - TTFT = t_first_token - t_scheduled. The load generator is open loop, so TTFT counts
   from the request's *arrival* (its scheduled time), including any client-side lag.
-- ITL = gap between consecutive token-carrying chunks of one request, divided by the
-  tokens in the later chunk; one value per gap, pooled over all requests of a group.
+- ITL: chunks of one request read at the same instant (one socket read) are one chunk
+  (their tokens added up), since the gaps between them are the client's parsing, not the
+  server's pace. Then, over the gaps between consecutive token-carrying chunks, pooled
+  over all requests of a group, two conventions:
+  itl_* = per token: the gap divided by the tokens of the later chunk (one value per gap);
+  itl_chunk_* = per chunk: the undivided gap, as `vllm bench serve` records ITL.
+  A request's stall (max_gap_ms) is its longest undivided gap: what the user waited.
 - Latency percentiles (TTFT, ITL) use only requests with status `ok`; failed requests are
   counted (n, n_failed) and never dropped from denominators of counts.
 - `not_sent` requests (a run cut short before their time) are neither ok nor failed:
@@ -75,17 +80,29 @@ FROM requests
 # chunk) carry no token, so they are dropped before the gaps are taken.
 _ITL_GAPS = f"""
 WITH chunks AS (
-    SELECT k.run_id, k.request_id, r.role, k."index" AS idx, k.t, k.n
+    SELECT k.run_id, k.request_id, r.role, k.t, sum(k.n) AS n
     FROM tokens k
     JOIN requests r USING (run_id, request_id)
     WHERE r.status = '{OK}' AND k.n > 0
+    GROUP BY k.run_id, k.request_id, r.role, k.t
 ),
 gaps AS (
-    SELECT run_id, request_id, role,
-           (t - lag(t) OVER (PARTITION BY run_id, request_id ORDER BY idx)) / n * 1000 AS itl_ms
+    SELECT run_id, request_id, role, n,
+           (t - lag(t) OVER (PARTITION BY run_id, request_id ORDER BY t)) * 1000 AS gap_ms
     FROM chunks
 )
-SELECT run_id, request_id, role, itl_ms FROM gaps WHERE itl_ms IS NOT NULL
+SELECT run_id, request_id, role, gap_ms / n AS itl_ms, gap_ms AS itl_chunk_ms FROM gaps WHERE gap_ms IS NOT NULL
+"""
+
+# Per request: its longest wait for a token once the first one came.
+_REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({_ITL_GAPS}) GROUP BY ALL"
+
+# Offered load: the sent requests over their arrival span. Goodput divides by the same span,
+# so a run where every request met its objective has goodput = offered load.
+OFFERED = f"""
+SELECT run_id, count(*) AS n_sent, max(t_scheduled) - min(t_scheduled) AS arrival_span_s,
+       count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps
+FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 """
 
 # Long-format scheduler signals: one value per (run, scrape time, signal).
@@ -153,7 +170,9 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     ),
     itl AS (
         SELECT run_id, quantile_cont(itl_ms, 0.5) AS itl_p50_ms,
-               quantile_cont(itl_ms, 0.99) AS itl_p99_ms
+               quantile_cont(itl_ms, 0.99) AS itl_p99_ms,
+               quantile_cont(itl_chunk_ms, 0.5) AS itl_chunk_p50_ms,
+               quantile_cont(itl_chunk_ms, 0.99) AS itl_chunk_p99_ms
         FROM ({_ITL_GAPS}) GROUP BY run_id
     ),
     g AS (
@@ -172,7 +191,7 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            coalesce(req.n_failed, 0) AS n_failed,
            coalesce(req.n_not_sent, 0) AS n_not_sent,
            req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, req.ttft_content_p50_ms,
-           itl.itl_p50_ms, itl.itl_p99_ms,
+           itl.itl_p50_ms, itl.itl_p99_ms, itl.itl_chunk_p50_ms, itl.itl_chunk_p99_ms,
            g.running_median, g.running_max, g.waiting_median, g.waiting_max,
            g.kv_median_pct, g.kv_max_pct,
            p.preemptions,
@@ -305,7 +324,7 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Per run, seed 001's throughput columns and the offered load: TTFT p50/p95, the median request's decode
     rate (tokens after the first / time from first to last token) and total output
     tokens per second over the run (first send to last answer). Failed requests add no
-    tokens but stay in the time span."""
+    tokens but stay in the time span; never-sent ones are in neither."""
     sql = f"""
     WITH r AS (
         SELECT run_id, status, t_sent, t_done, output_tokens_received AS out,
@@ -321,8 +340,8 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            quantile_cont(tok_s, 0.5) AS tok_s_per_request,
            sum(out) FILTER (WHERE status = '{OK}') / nullif(max(t_done) - min(t_sent), 0) AS total_tok_s,
            -- open loop: the schedule's arrival rate (closed loop: the rate it achieved)
-           count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps,
+           any_value(o.offered_rps) AS offered_rps, any_value(o.arrival_span_s) AS arrival_span_s,
            count(*) FILTER (WHERE {FAILED}) AS n_failed
-    FROM r GROUP BY run_id
+    FROM r LEFT JOIN ({OFFERED}) o USING (run_id) GROUP BY run_id
     """
     return _pl(con, sql)

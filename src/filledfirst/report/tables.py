@@ -172,6 +172,7 @@ SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
     ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
     ("ITL p99", lambda r: fmt_ms(r["itl_p99_ms"])),
+    ("ITL per chunk p50 / p99", lambda r: f"{fmt_ms(r.get('itl_chunk_p50_ms'))} / {fmt_ms(r.get('itl_chunk_p99_ms'))}"),
     ("running (median / max)",
      lambda r: f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{_cap(r)}"),
     ("waiting (median / max)",
