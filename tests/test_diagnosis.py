@@ -438,3 +438,22 @@ def test_counter_resets_count_as_prometheus_increase_does(tmp_path):
     assert d["preemptions"] == 4  # 2 before the restart, 2 after, inside the window
     with duckdb.connect(str(tmp_path / "restart.duckdb"), read_only=True) as con:
         assert signals.run_summary(con)["preemptions"][0] == 2 + 8  # whole run: 0-2, then 0-8
+
+
+def test_one_slow_request_behind_one_long_prompt_is_no_interference(tmp_path):
+    reqs = [request(i, t, t + 0.05, t + 0.5) for i, t in enumerate(every(0.25, 80)) if not 5 <= t <= 8]
+    reqs += [request(500, 5.0, 8.0, 8.1, role="long", prompt=4000), request(501, 5.05, 7.05, 7.2, role="probe")]
+    d = run_of(tmp_path, run_id="lone", requests=reqs, samples=gauges(reqs, 21, lambda n: n))
+    assert d["label"] == "reference", d["clue"]
+    assert d["interference_ratio"] is None
+
+
+def test_a_queue_behind_the_cap_is_no_interference(tmp_path):
+    # from 3 to 6 s the server sits at its cap of 8 with a queue: the long prompt sent at
+    # 3 s waits in it like everyone else, its "prefill" time is queue time
+    reqs = [request(i, t, t + (2.0 if 3 <= t < 6 else 0.05), t + 2.5) for i, t in enumerate(every(0.1, 100))]
+    reqs.append(request(100, 3.0, 6.0, 6.1, role="long", prompt=4000))
+    samples = series(12, lambda t: 8 if 3 <= t < 6 else 3, lambda t: 10 if 3 <= t < 6 else 0, lambda t: 10)
+    d = run_of(tmp_path, run_id="capq", cap=8, requests=reqs, samples=samples)
+    assert d["label"] != "prefill-decode interference", d["clue"]
+    assert d["interference_ratio"] is None

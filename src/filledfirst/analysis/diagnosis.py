@@ -43,6 +43,8 @@ class DiagnosisRules:
     kv_peak_pct: float = 95.0  # a peak this high with preemptions also counts as KV full
     long_prompt_factor: float = 10.0  # x the run's median prompt: a long prompt
     interference_min_ratio: float = 3.0
+    interference_min_requests: int = 5  # short requests arriving during long prefills
+    interference_min_share: float = 0.05  # of the sent short requests
     kv_full_min_share: float = 0.2
     waiting_min_share: float = 0.2
     kv_pressure_max_cap_share: float = 0.2
@@ -174,16 +176,27 @@ FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 
 _INTERFERENCE = f"""
 WITH med AS (SELECT run_id, median(prompt_tokens) * $factor AS long_from FROM requests GROUP BY run_id),
-r AS (SELECT r.*, m.long_from FROM requests r JOIN med m USING (run_id)),
-prefill AS (  -- a long prompt is in prefill from its send to its first token
-    SELECT run_id, t_sent, coalesce(t_first_token, t_done) AS t_end FROM r
-    WHERE prompt_tokens >= long_from AND t_sent IS NOT NULL
+r AS (SELECT r.*, m.long_from FROM requests r JOIN med m USING (run_id) WHERE r.t_sent IS NOT NULL),
+prefill AS (  -- a long prompt is in prefill from its send to its first token (its queue wait included)
+    SELECT run_id, t_sent, coalesce(t_first_token, t_done) AS t_end FROM r WHERE prompt_tokens >= long_from
 ),
-other AS (
+state AS (  -- the scheduler at each scrape, and whether a full server explains its queue
+    SELECT g.run_id, g.t,
+           bool_or(signal = 'waiting' AND value > 0)
+           AND bool_or((signal = 'running' AND value >= w.at_cap) OR (signal = 'kv_pct' AND value >= $kv_full))
+               AS limit_queue
+    FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id, g.t
+),
+short AS (
+    SELECT o.*, coalesce(s.limit_queue, false) AS limit_queue
+    FROM r o ASOF LEFT JOIN state s ON o.run_id = s.run_id AND o.t_scheduled >= s.t
+    WHERE o.prompt_tokens < o.long_from
+),
+other AS (  -- one that arrived into a queue of the cap or of full KV is no evidence either way
     SELECT o.run_id, CASE WHEN o.status = '{signals.OK}' THEN o.t_first_token - o.t_scheduled END AS ttft,
            EXISTS (SELECT 1 FROM prefill p WHERE p.run_id = o.run_id
                    AND o.t_scheduled BETWEEN p.t_sent AND p.t_end) AS during
-    FROM r o WHERE o.prompt_tokens < o.long_from
+    FROM short o WHERE NOT o.limit_queue
 )
 SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHERE NOT during) AS n_apart,
        quantile_cont(ttft, 0.9) FILTER (WHERE during) / quantile_cont(ttft, 0.9) FILTER (WHERE NOT during)
@@ -211,7 +224,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
             _q(con, _GAUGE_WINDOW, kv_full=rules.kv_full_pct),
             _q(con, _PREEMPTIONS),
             _q(con, _REQUESTS, slo_ttft=rules.slo_ttft_ms, slo_itl=rules.slo_itl_ms),
-            _q(con, _INTERFERENCE, factor=rules.long_prompt_factor),
+            _q(con, _INTERFERENCE, factor=rules.long_prompt_factor, kv_full=rules.kv_full_pct),
             _q(con, _CACHE_INFO),
             signals.histogram_quantile(con, "vllm:request_queue_time_seconds", 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
@@ -295,7 +308,7 @@ def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str])
         window_start_s=row["start"], window_end_s=row["stop"],
         failed_share=row["n_failed"] / n if n else None,
         first_crossings=_crossings(row, r) if n else None,
-        interference_ratio=row["interference_ratio"] if row.get("n_during") and row.get("n_apart") else None,
+        interference_ratio=row["interference_ratio"] if _enough_during(row, r) else None,
     )
     out.update(_littles(row, meta, r, notes))
     out.update(_goodput(row))
@@ -307,6 +320,13 @@ def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str])
     out["warnings"] = "; ".join(_warnings(out, row, r))
     out["notes"] = "; ".join(notes)
     return out
+
+
+def _enough_during(row: dict, r: DiagnosisRules) -> bool:
+    """One slow request behind one long prompt is an anecdote, not a pattern."""
+    during, apart = row.get("n_during") or 0, row.get("n_apart") or 0
+    return (apart > 0 and during >= r.interference_min_requests
+            and during >= r.interference_min_share * (during + apart))
 
 
 def _crossings(row: dict, r: DiagnosisRules) -> str:
