@@ -69,8 +69,10 @@ def make_db(path, runs):
                     [run_id, run_id, run.get("status", "ok"), run.get("error"), f"2026-01-01T00:00:{i:02d}",
                      run.get("cap", 64), json.dumps(run.get("meta", {}))])
         reqs = [{k: v for k, v in r.items() if not k.startswith("_")} | {"run_id": run_id} for r in run["requests"]]
-        samples = [{"run_id": run_id, "t": t, "metric": m, "labels": run.get("labels", {}).get(m, "engine=0"),
-                    "value": float(v)} for t, m, v in run["samples"]]
+        # a sample is (t, metric, value) or (t, metric, value, labels)
+        samples = [{"run_id": run_id, "t": t, "metric": m,
+                    "value": float(v), "labels": rest[0] if rest else run.get("labels", {}).get(m, "engine=0")}
+                   for t, m, v, *rest in run["samples"]]
         # a chunk is a time (one token) or (time, tokens)
         tokens = [{"run_id": run_id, "request_id": rid, "index": k, "t": float(c[0] if isinstance(c, tuple) else c),
                    "n": c[1] if isinstance(c, tuple) else 1}
@@ -217,10 +219,14 @@ def test_littles_law_is_skipped_for_closed_loops_and_few_arrivals(tmp_path):
 
 
 def test_unknown_cap_gives_no_at_cap_signal(tmp_path):
+    # not knowing the cap is not knowing it was not reached: neither reference nor KV pressure
     d = run_of(tmp_path, **reference_run("nocap") | {"cap": None})
-    assert d["running_at_cap_share"] is None and d["cap"] is None and d["label"] == "reference"
-    assert d["clue"].endswith("; max_num_seqs unknown: no at-cap signal")
+    assert d["running_at_cap_share"] is None and d["cap"] is None and d["label"] == "unclassified"
+    assert "reference: running at cap unknown (no max_num_seqs) (needs < 20 %)" in d["clue"]
     assert "cap unknown" in d["first_crossings"]
+    d = run_of(tmp_path, **kv_pressure_run("kvnocap") | {"cap": None})
+    assert d["label"] == "unclassified", d["clue"]
+    assert "KV-capacity pressure: running at cap unknown (no max_num_seqs) (needs < 20 %)" in d["clue"]
     # the cap from the run's settings, then from the rules
     meta = {"server": {"settings": {"max_num_seqs": 16}}}
     assert run_of(tmp_path, **reference_run("meta") | {"cap": None, "meta": meta})["cap"] == 16
@@ -457,3 +463,23 @@ def test_a_queue_behind_the_cap_is_no_interference(tmp_path):
     d = run_of(tmp_path, run_id="capq", cap=8, requests=reqs, samples=samples)
     assert d["label"] != "prefill-decode interference", d["clue"]
     assert d["interference_ratio"] is None
+
+
+def test_kv_full_time_and_preemptions_stop_the_sequence_limit_label(tmp_path):
+    # vLLM preempts only when it cannot allocate KV: then KV, not the cap, is (also) full
+    reqs = queue(every(0.1, 200), 1.2, 8)
+    samples = [(t, m, 0.95 if m == KV and 10 <= t < 15 else v) for t, m, v in gauges(reqs, 32, lambda n: 1.5 * n)]
+    samples += [(t, "vllm:num_preemptions_total", t // 5) for t, m, _ in samples if m == RUNNING]
+    d = run_of(tmp_path, run_id="limkv", cap=8, requests=reqs, samples=samples)
+    assert d["label"] == "unclassified", d["clue"]
+    assert "active-sequence limit: KV full 28 %, 3 preemptions (needs < 5 % and none)" in d["clue"]
+
+
+def test_the_cap_counts_once_per_engine(tmp_path):
+    # two engines of max_num_seqs 8, each running 5: far from 2 x 8
+    samples = [(t, m, v, f"engine={e}") for t, m, v in series(21, lambda t: 5, lambda t: 0, lambda t: 10)
+               for e in (0, 1)]
+    d = run_of(tmp_path, run_id="dp", cap=8, requests=queue(every(0.1, 200), 1.0, 10), samples=samples)
+    assert d["running_median"] == 10 and d["running_at_cap_share"] == 0
+    assert d["label"] == "reference", d["clue"]
+    assert d["clue"] == "waiting 0 % of the time, running median 10 of 2 x 8, KV median 10 %"

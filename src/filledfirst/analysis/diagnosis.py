@@ -49,6 +49,8 @@ class DiagnosisRules:
     waiting_min_share: float = 0.2
     kv_pressure_max_cap_share: float = 0.2
     seq_limit_min_cap_share: float = 0.5
+    seq_limit_max_kv_full_share: float = 0.05  # vLLM preempts only when KV runs out:
+    seq_limit_max_preemptions: int = 0  # then the cap is not all that filled
     reference_max_waiting_share: float = 0.1
     reference_max_cap_share: float = 0.2
     reference_max_kv_full_share: float = 0.05
@@ -78,7 +80,7 @@ LABELS = ("failed", "prefill-decode interference", "KV-capacity pressure", "acti
 
 SCHEMA = {
     "run_id": pl.String, "experiment": pl.String, "expect": pl.String, "label": pl.String,
-    "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64,
+    "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64, "engines": pl.Int64,
     "window_start_s": pl.Float64, "window_end_s": pl.Float64,
     "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "running_median": pl.Float64,
     "running_max": pl.Float64, "kv_median_pct": pl.Float64, "kv_max_pct": pl.Float64,
@@ -251,12 +253,17 @@ WITH r AS (
     SELECT run_id, min(t_scheduled) AS first, max(t_scheduled) AS last, max(t_done) AS done
     FROM requests WHERE status <> '{signals.NOT_SENT}' GROUP BY run_id
 ),
-scrapes AS (SELECT DISTINCT run_id, t FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)})),
+running AS (SELECT * FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)})),
+scrapes AS (SELECT DISTINCT run_id, t FROM running),
+engines AS (  -- running is summed over engines, each with its own max_num_seqs
+    SELECT run_id, count(DISTINCT regexp_extract(labels, '(^|,)engine=([^,]*)', 2)) AS engines
+    FROM running GROUP BY run_id
+),
 s AS (  -- the interval as scraped, for runs whose run.json does not say it
     SELECT run_id, max(t) AS scraped, median(dt) AS interval
     FROM (SELECT *, t - lag(t) OVER (PARTITION BY run_id ORDER BY t) AS dt FROM scrapes) GROUP BY run_id
 )
-SELECT r.*, s.scraped, s.interval FROM r LEFT JOIN s USING (run_id)
+SELECT r.*, s.scraped, s.interval, e.engines FROM r LEFT JOIN s USING (run_id) LEFT JOIN engines e USING (run_id)
 """
 
 
@@ -264,7 +271,8 @@ def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> 
     spans = {r[0]: r[1:] for r in con.execute(_SPANS).fetchall()}
     rows = []
     for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
-        first, last, done, scraped, scraped_interval = spans.get(run_id, (None,) * 5)
+        first, last, done, scraped, scraped_interval, engines = spans.get(run_id, (None,) * 6)
+        engines = engines or 1
         start = stop = None
         if first is not None:
             start, stop = first + rules.warmup_frac * (last - first), last
@@ -275,10 +283,11 @@ def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> 
         meta = metas.get(run_id, {})
         cap = _cap(db_cap, meta, rules)
         interval = _get(meta, "scrape", "interval_s") or _get(meta, "spec", "scrape", "interval_s") or scraped_interval
-        rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap,
-                     "at_cap": None if cap is None else rules.cap_frac * cap,
+        rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap, "engines": engines,
+                     "at_cap": None if cap is None else rules.cap_frac * cap * engines,
                      "hold": rules.scrape_hold_factor * interval if interval else math.inf})
-    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "at_cap": pl.Float64,
+    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "engines": pl.Int64,
+              "at_cap": pl.Float64,
               "hold": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
@@ -439,8 +448,8 @@ def _count(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
-def _of(cap: int | None) -> str:
-    return f" of {cap}" if cap is not None else ""
+def _of(cap: int | None, engines: int = 1) -> str:
+    return "" if cap is None else f" of {cap}" if engines == 1 else f" of {engines} x {cap}"
 
 
 def _ge(a: float | None, b: float) -> bool:
@@ -451,11 +460,12 @@ def _lt(a: float | None, b: float) -> bool:
     return a is not None and a < b
 
 
+
 def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
     """Each load pattern's conditions, in rule order, each with what was measured."""
     cap_share, ws, kvf, kvmed = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"], d["kv_median_pct"]
-    at_cap = cap_share or 0.0  # unknown cap: nothing is known to be at it
-    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["kv_max_pct"], r.kv_peak_pct) and (d["preemptions"] or 0) > 0)
+    preempted = d["preemptions"] or 0
+    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["kv_max_pct"], r.kv_peak_pct) and preempted > 0)
     cap_text = f"running at cap {_pct(cap_share) if cap_share is not None else 'unknown (no max_num_seqs)'}"
 
     def check(ok: bool, measured: str, needs: str) -> tuple[bool, str]:
@@ -467,17 +477,22 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
             check(kv_full, f"KV >= {r.kv_full_pct:g} % for {_pct(kvf)}",
                   f"{_pct(r.kv_full_min_share)}, or a peak >= {r.kv_peak_pct:g} % with preemptions"),
             waiting,
-            check(at_cap < r.kv_pressure_max_cap_share, cap_text, f"< {_pct(r.kv_pressure_max_cap_share)}"),
+            # an unknown cap is no headroom: nothing says the cap was not reached
+            check(_lt(cap_share, r.kv_pressure_max_cap_share), cap_text, f"< {_pct(r.kv_pressure_max_cap_share)}"),
         ],
         "active-sequence limit": [
             check(_ge(cap_share, r.seq_limit_min_cap_share), cap_text, f">= {_pct(r.seq_limit_min_cap_share)}"),
             waiting,
             check(_lt(kvmed, r.kv_full_pct), f"KV median {_num(kvmed)} %", f"< {r.kv_full_pct:g} %"),
+            check(_lt(kvf, r.seq_limit_max_kv_full_share) and preempted <= r.seq_limit_max_preemptions,
+                  f"KV full {_pct(kvf)}, {_count(preempted)} preemptions",
+                  f"< {_pct(r.seq_limit_max_kv_full_share)} and "
+                  + ("none" if r.seq_limit_max_preemptions == 0 else f"<= {r.seq_limit_max_preemptions}")),
         ],
         "reference": [
             check(_lt(ws, r.reference_max_waiting_share), f"waiting {_pct(ws)}",
                   f"< {_pct(r.reference_max_waiting_share)}"),
-            check(at_cap < r.reference_max_cap_share, cap_text, f"< {_pct(r.reference_max_cap_share)}"),
+            check(_lt(cap_share, r.reference_max_cap_share), cap_text, f"< {_pct(r.reference_max_cap_share)}"),
             check(_lt(kvf, r.reference_max_kv_full_share), f"KV full {_pct(kvf)}",
                   f"< {_pct(r.reference_max_kv_full_share)}"),
         ],
@@ -505,17 +520,19 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
             f"that of the other {row['n_apart']}")
     checks = _checks(d, r)
     fits = next((label for label, cs in checks.items() if all(ok for ok, _ in cs)), None)
-    cap, cap_note = row["cap"], "" if row["cap"] is not None else "; max_num_seqs unknown: no at-cap signal"
+    cap, engines = row["cap"], row["engines"]
+    cap_note = "" if cap is not None else "; max_num_seqs unknown: no at-cap signal"
     if fits == "KV-capacity pressure":
         return fits, (f"KV at or above {r.kv_full_pct:g} % for {_pct(d['kv_full_share'])} of the loaded time, "
-                      f"{d['preemptions'] or 0:.0f} preemptions, running at most {_count(d['running_max'])}{_of(cap)}, "
+                      f"{d['preemptions'] or 0:.0f} preemptions, running at most {_count(d['running_max'])}{_of(cap, engines)}, "
                       f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}")
     if fits == "active-sequence limit":
-        return fits, (f"running at >= {math.ceil(r.cap_frac * cap)} of {cap} for {_pct(d['running_at_cap_share'])} "
+        return fits, (f"running at >= {math.ceil(r.cap_frac * cap * engines)}{_of(cap, engines)} for "
+                      f"{_pct(d['running_at_cap_share'])} "
                       f"of the loaded time while KV median was {_num(d['kv_median_pct'])} %")
     if fits == "reference":
         return fits, (f"waiting {_pct(d['waiting_share'])} of the time, running median {_count(d['running_median'])}"
-                      f"{_of(cap)}, KV median {_num(d['kv_median_pct'])} %{cap_note}")
+                      f"{_of(cap, engines)}, KV median {_num(d['kv_median_pct'])} %{cap_note}")
     return "unclassified", "fits no pattern: " + "; ".join(
         f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items())
 
