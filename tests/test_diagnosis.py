@@ -483,3 +483,52 @@ def test_the_cap_counts_once_per_engine(tmp_path):
     assert d["running_median"] == 10 and d["running_at_cap_share"] == 0
     assert d["label"] == "reference", d["clue"]
     assert d["clue"] == "waiting 0 % of the time, running median 10 of 2 x 8, KV median 10 %"
+
+
+QWEN2_7B = {"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "hidden_size": 3584, "torch_dtype": "bfloat16"}
+LLAMA3_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "head_dim": 128, "torch_dtype": "bfloat16"}
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_attention_heads": 128,
+               "num_key_value_heads": 128, "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+               "qk_nope_head_dim": 128, "v_head_dim": 128, "torch_dtype": "bfloat16"}
+QWEN3_NEXT = {"model_type": "qwen3_next", "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+              "head_dim": 256, "hidden_size": 2048, "torch_dtype": "bfloat16",
+              "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+LLAVA = {"model_type": "llava", "torch_dtype": "float16",  # the dtype outside text_config
+         "text_config": {k: v for k, v in LLAMA3_8B.items() if k != "torch_dtype"}}
+TINY_FP32 = {"model_type": "qwen2", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "hidden_size": 128, "torch_dtype": "float32"}
+
+
+@pytest.mark.parametrize("name, config, dtype, cache, expected", [
+    ("qwen2", QWEN2_7B, "auto", "", 2 * 28 * 4 * 128 * 2),
+    ("llama", LLAMA3_8B, "auto", "", 2 * 32 * 8 * 128 * 2),
+    ("mla", DEEPSEEK_V3, "auto", "", (512 + 64) * 61 * 2),  # one latent per layer, not K and V per head
+    ("hybrid", QWEN3_NEXT, "auto", "", None),  # linear-attention layers hold a fixed state
+    ("text_config", LLAVA, "auto", "", 2 * 32 * 8 * 128 * 2),
+    ("fp32_auto", TINY_FP32, "auto", "", None),  # vLLM's choice for float32 depends on the platform
+    ("fp32_asked", TINY_FP32, "float32", "", 2 * 2 * 2 * 32 * 4),
+    ("fp8", QWEN2_7B, "auto", "cache_dtype=fp8_e4m3,", 2 * 28 * 4 * 128 * 1),
+    ("fp8_unknown", QWEN2_7B, "auto", "cache_dtype=fp8_ds_mla,", None),
+    ("engine", DEEPSEEK_V3, "auto", "kv_cache_memory_bytes=1000000,kv_cache_size_tokens=4000,", 250),
+])
+def test_kv_bytes_per_token_by_model_family(tmp_path, name, config, dtype, cache, expected):
+    model = tmp_path / name
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    run = reference_run(name) | {"meta": {"model": {"path": str(model), "dtype": dtype}}}
+    run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1, cache + "block_size=16,engine=0,num_gpu_blocks=250")]
+    d = run_of(tmp_path, **run)
+    assert d["kv_bytes_per_token"] == expected
+    assert d["kv_capacity_tokens"] == (4000 if name == "engine" else 250 * 16)
+    if expected is None:
+        assert "KV bytes per token not known" in d["notes"]
+
+
+def test_kv_capacity_adds_up_engines(tmp_path):
+    run = reference_run("dp2")
+    labels = "block_size=16,engine={e},kv_cache_memory_bytes=800,kv_cache_size_tokens=100,num_gpu_blocks=7"
+    run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1, labels.format(e=e)) for e in (0, 1)]
+    d = run_of(tmp_path, **run)
+    assert d["kv_capacity_tokens"] == 200 and d["kv_bytes_per_token"] == 8

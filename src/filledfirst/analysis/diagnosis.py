@@ -206,8 +206,11 @@ SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHER
 FROM other GROUP BY run_id
 """
 
+# Every engine's cache settings at the last scrape that had them.
 _CACHE_INFO = """
-SELECT run_id, arg_max(labels, t) AS cache_labels FROM samples WHERE metric = 'vllm:cache_config_info' GROUP BY run_id
+WITH c AS (SELECT * FROM samples WHERE metric = 'vllm:cache_config_info'),
+last AS (SELECT run_id, max(t) AS t FROM c GROUP BY run_id)
+SELECT run_id, list(DISTINCT labels ORDER BY labels) AS cache_labels FROM c JOIN last USING (run_id, t) GROUP BY run_id
 """
 
 
@@ -385,8 +388,13 @@ def _goodput(row: dict) -> dict:
             "slo_met_share": met / n if met is not None and n else None}
 
 
+# fp8 variants with other layouts (e.g. fp8_ds_mla) are left unknown rather than guessed.
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                 "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# config.json keys of models whose layers do not all keep K and V per token: linear
+# attention or state-space layers (a fixed state), layers sharing another's KV.
+_NOT_PER_TOKEN_KEYS = ("layers_block_type", "attn_type_list", "full_attention_interval", "num_kv_shared_layers",
+                       "kv_sharing_target_layer_name", "mamba_d_state", "linear_attn_config")
 
 
 def _label_value(labels: str | None, key: str) -> str | None:
@@ -394,16 +402,35 @@ def _label_value(labels: str | None, key: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _label_int(labels: str, key: str) -> int | None:
+    value = _label_value(labels, key)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _engine_tokens(labels: str) -> int | None:
+    tokens = _label_int(labels, "kv_cache_size_tokens")
+    blocks, block_size = _label_int(labels, "num_gpu_blocks"), _label_int(labels, "block_size")
+    return tokens if tokens is not None else blocks * block_size if blocks is not None and block_size else None
+
+
 def _kv_ledger(row: dict, meta: dict, notes: list[str]) -> dict:
-    """Seed 004's ledger: bytes per token from the model's shape, capacity from the
-    server's own block count; NULL where either is unknown (never an error)."""
-    labels = row.get("cache_labels")
-    blocks, block_size = _label_value(labels, "num_gpu_blocks"), _label_value(labels, "block_size")
-    capacity = float(blocks) * float(block_size) if (blocks or "").isdigit() and (block_size or "").isdigit() else None
+    """Seed 004's ledger. What the engines report comes first (capacity in tokens, and bytes
+    per token as their KV memory over those tokens); bytes per token from config.json only
+    for the families whose KV is plain per-token K and V, or MLA's latent. NULL, with the
+    reason in the notes, where it is not known: never a wrong number."""
+    engines = row.get("cache_labels") or []
+    tokens = [_engine_tokens(labels) for labels in engines]
+    memory = [_label_int(labels, "kv_cache_memory_bytes") for labels in engines]
+    capacity = float(sum(tokens)) if engines and None not in tokens else None  # type: ignore[arg-type]
+    per_token: float | None
+    if capacity and None not in memory:
+        per_token = sum(memory) / capacity  # type: ignore[arg-type]
+    else:
+        cache_dtypes = {_label_value(labels, "cache_dtype") for labels in engines} - {None}
+        per_token, why = _kv_bytes_per_token(meta, next(iter(cache_dtypes)) if len(cache_dtypes) == 1 else None)
+        if per_token is None and row["n_requests"]:
+            notes.append(f"KV bytes per token not known ({why})")
     mean_tokens = row.get("mean_tokens")
-    per_token = _kv_bytes_per_token(meta, _label_value(labels, "cache_dtype"))
-    if per_token is None and row["n_requests"]:
-        notes.append("KV bytes per token unknown (no local model config)")
     return {"kv_bytes_per_token": per_token, "kv_capacity_tokens": capacity,
             "kv_fit_concurrency": capacity / mean_tokens if capacity and mean_tokens else None}
 
@@ -415,25 +442,38 @@ def _model_config(path: str, repo_root: str) -> dict | None:
     return json.loads(found.read_text()) if found is not None else None
 
 
-def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> float | None:
+def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> tuple[float | None, str]:
+    """Bytes per token from the model's shape, and why not when it cannot be told."""
     from filledfirst.config import REPO_ROOT
 
     model = meta.get("model") or {}
-    path = model.get("path")
     try:
-        cfg = _model_config(str(path), str(REPO_ROOT))
-        if cfg is None:
-            return None
-        cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the language model's shape here
+        top = _model_config(str(model.get("path")), str(REPO_ROOT))
+    except (OSError, ValueError) as exc:
+        return None, f"config.json unreadable: {type(exc).__name__}"
+    if top is None:
+        return None, "no local model config.json and no KV memory from the engine"
+    cfg = top.get("text_config") or top  # multimodal wrappers keep the language model's shape here
+    layer_types = set(cfg.get("layer_types") or ())
+    if layer_types - {"full_attention", "attention"} or any(k in cfg for k in _NOT_PER_TOKEN_KEYS):
+        return None, f"{cfg.get('model_type', 'this model')}: hybrid, linear-attention or shared-KV layers"
+    dtype = cache_dtype if cache_dtype not in (None, "auto") else model.get("dtype") or "auto"
+    if dtype == "auto":
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype")
+        if dtype in ("float32", "float"):
+            return None, "dtype auto with a float32 config: vLLM picks 16 or 32 bits by platform"
+    nbytes = _DTYPE_BYTES.get(str(dtype))
+    if nbytes is None:
+        return None, f"bytes of KV dtype {dtype} not known"
+    try:
+        layers = cfg["num_hidden_layers"]
+        if cfg.get("kv_lora_rank"):  # MLA: one compressed latent and the rope key per layer
+            return float(layers * (cfg["kv_lora_rank"] + cfg.get("qk_rope_head_dim", 0)) * nbytes), ""
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        dtype = cache_dtype if cache_dtype not in (None, "auto") else model.get("dtype", "auto")
-        if dtype == "auto":
-            dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        nbytes = _DTYPE_BYTES[str(dtype)]
-        return float(2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * nbytes)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
+        return float(2 * layers * (cfg.get("num_key_value_heads") or heads) * head_dim * nbytes), ""
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        return None, f"config.json lacks {exc}"
 
 
 def _pct(x: float | None) -> str:
