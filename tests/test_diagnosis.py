@@ -532,3 +532,14 @@ def test_kv_capacity_adds_up_engines(tmp_path):
     run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1, labels.format(e=e)) for e in (0, 1)]
     d = run_of(tmp_path, **run)
     assert d["kv_capacity_tokens"] == 200 and d["kv_bytes_per_token"] == 8
+
+
+def test_first_token_timeouts_stand_beside_the_ttft_percentiles(tmp_path):
+    run = reference_run("slowfirst")
+    for r in run["requests"][10:12]:
+        r.update(status="timeout", t_first_token=None)  # no first token in time: not in the percentiles
+    run["requests"][20].update(status="timeout")  # the whole request timed out after its first token
+    d = run_of(tmp_path, **run)
+    assert d["ttft_timeouts"] == 2
+    with duckdb.connect(str(tmp_path / "slowfirst.duckdb"), read_only=True) as con:
+        assert signals.run_summary(con)["ttft_timeouts"][0] == 2

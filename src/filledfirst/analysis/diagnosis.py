@@ -85,7 +85,7 @@ SCHEMA = {
     "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "running_median": pl.Float64,
     "running_max": pl.Float64, "kv_median_pct": pl.Float64, "kv_max_pct": pl.Float64,
     "kv_full_share": pl.Float64, "waiting_median": pl.Float64, "preemptions": pl.Float64,
-    "queue_time_p50_ms": pl.Float64, "ttft_p50_ms": pl.Float64, "ttft_p90_ms": pl.Float64,
+    "queue_time_p50_ms": pl.Float64, "ttft_p50_ms": pl.Float64, "ttft_p90_ms": pl.Float64, "ttft_timeouts": pl.Int64,
     "failed_share": pl.Float64, "lag_p99_ms": pl.Float64, "first_crossings": pl.String,
     "littles_L_server": pl.Float64, "littles_lambda_W": pl.Float64, "littles_ratio": pl.Float64,
     "littles_ok": pl.Boolean, "goodput_rps": pl.Float64, "slo_met_share": pl.Float64,
@@ -220,6 +220,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     run.json does not carry `spec.expect` (e.g. from the config the CLI was given)."""
     summary = signals.run_summary(con).select(
         "run_id", "experiment", "status", "error", "n_requests", "n_failed", "n_not_sent", "ttft_p50_ms", "ttft_p90_ms",
+        "ttft_timeouts",
         "lag_p99_ms", "max_num_seqs")
     metas = signals.run_meta(con)
     window = _windows(con, summary, metas, rules)

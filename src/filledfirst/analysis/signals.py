@@ -15,7 +15,9 @@ Definitions (times are seconds on the run's one monotonic clock):
   itl_chunk_* = per chunk: the undivided gap, as `vllm bench serve` records ITL.
   A request's stall (max_gap_ms) is its longest undivided gap: what the user waited.
 - Latency percentiles (TTFT, ITL) use only requests with status `ok`; failed requests are
-  counted (n, n_failed) and never dropped from denominators of counts.
+  counted (n, n_failed) and never dropped from denominators of counts. Requests that timed
+  out before any token (ttft_timeouts) have a TTFT above the timeout the percentiles
+  cannot show: they stand beside the percentiles wherever those are shown.
 - `not_sent` requests (a run cut short before their time) are neither ok nor failed:
   counted apart (n_not_sent), out of every rate and share, since the server never saw them.
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
@@ -62,6 +64,7 @@ def _in_list(names: tuple[str, ...]) -> str:
 _REQUEST_TTFT = f"""
 SELECT run_id, request_id, role, status, error, t_scheduled,
        CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
+       t_first_token IS NULL AS ttft_missing,
        -- dispatch lag: how late the client sent; large values mean the client, not the
        -- server, was the limit (open loop; ~0 by construction in a closed loop)
        (t_sent - t_scheduled) * 1000 AS lag_ms,
@@ -158,6 +161,7 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                count(*) FILTER (WHERE status = '{OK}') AS n_ok,
                count(*) FILTER (WHERE {FAILED}) AS n_failed,
                count(*) FILTER (WHERE status = '{NOT_SENT}') AS n_not_sent,
+               count(*) FILTER (WHERE status = 'timeout' AND ttft_missing) AS ttft_timeouts,
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms,
@@ -190,7 +194,8 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            coalesce(req.n_ok, 0) AS n_ok,
            coalesce(req.n_failed, 0) AS n_failed,
            coalesce(req.n_not_sent, 0) AS n_not_sent,
-           req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, req.ttft_content_p50_ms,
+           req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, coalesce(req.ttft_timeouts, 0) AS ttft_timeouts,
+           req.ttft_content_p50_ms,
            itl.itl_p50_ms, itl.itl_p99_ms, itl.itl_chunk_p50_ms, itl.itl_chunk_p99_ms,
            g.running_median, g.running_max, g.waiting_median, g.waiting_max,
            g.kv_median_pct, g.kv_max_pct,

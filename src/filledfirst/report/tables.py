@@ -170,6 +170,7 @@ SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("failed requests", lambda r: f"{r['n_failed']:,}"),
     ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
     ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
+    ("no first token in time (timeouts)", lambda r: f"{r.get('ttft_timeouts') or 0:,}"),
     ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
     ("ITL p99", lambda r: fmt_ms(r["itl_p99_ms"])),
     ("ITL per chunk p50 / p99", lambda r: f"{fmt_ms(r.get('itl_chunk_p50_ms'))} / {fmt_ms(r.get('itl_chunk_p99_ms'))}"),
@@ -276,7 +277,8 @@ def run_sentence(row: Mapping[str, Any]) -> str:
     parts = [
         f"{row['n_requests']:,} requests, {row['n_failed']:,} failed"
         + (f", {row['n_not_sent']:,} never sent." if row.get("n_not_sent") else "."),
-        f"TTFT p50 was {fmt_ms(row['ttft_p50_ms'])}, p90 {fmt_ms(row['ttft_p90_ms'])}.",
+        f"TTFT p50 was {fmt_ms(row['ttft_p50_ms'])}, p90 {fmt_ms(row['ttft_p90_ms'])}"
+        + (f" ({row['ttft_timeouts']:,} more got no first token in time)." if row.get("ttft_timeouts") else "."),
     ]
     if row["running_max"] is not None:
         cap = row.get("max_num_seqs")
