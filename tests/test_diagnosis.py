@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, write_diagnosis
+from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, stored_rules, write_diagnosis
 from filledfirst.cli import main
 from filledfirst.config import SCHEMA_PATH
 from filledfirst.errors import UserError
@@ -543,3 +543,18 @@ def test_first_token_timeouts_stand_beside_the_ttft_percentiles(tmp_path):
     assert d["ttft_timeouts"] == 2
     with duckdb.connect(str(tmp_path / "slowfirst.duckdb"), read_only=True) as con:
         assert signals.run_summary(con)["ttft_timeouts"][0] == 2
+
+
+def test_the_report_states_the_thresholds_the_diagnosis_used(tmp_path):
+    from filledfirst.report import tables
+
+    rules = DiagnosisRules(kv_full_pct=80, warmup_frac=0.25, cap_frac=0.75)
+    db = make_db(tmp_path / "th.duckdb", [reference_run()])
+    write_diagnosis(db, rules)
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = stored_rules(con)
+        rows = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
+    assert stored == rules
+    html = tables.evidence_table(rows, stored) + tables.evidence_intro(stored)
+    assert "KV &gt;= 80 %" in html and "25 % warm-up" in html and "&gt;= 75 % of max_num_seqs" in html
+    assert "90 %" not in html and "10 %" not in html

@@ -20,7 +20,7 @@ import functools
 import json
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -608,4 +608,16 @@ def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
         con.register("_diagnosis_new", df.to_arrow())
         con.execute("CREATE OR REPLACE TABLE diagnosis AS SELECT * FROM _diagnosis_new")
         con.unregister("_diagnosis_new")
+        # The report states the thresholds the labels were made with, not the defaults.
+        con.execute("CREATE OR REPLACE TABLE diagnosis_rules (rules JSON)")
+        con.execute("INSERT INTO diagnosis_rules VALUES (?)", [json.dumps(asdict(rules))])
     return df
+
+
+def stored_rules(con: duckdb.DuckDBPyConnection) -> DiagnosisRules:
+    """The rules the stored diagnosis was made with (the defaults for a database without)."""
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'diagnosis_rules'"
+                       ).fetchall()[0][0]:
+        return DiagnosisRules()
+    rows = con.execute("SELECT rules FROM diagnosis_rules").fetchall()
+    return DiagnosisRules.from_config(json.loads(rows[0][0]) if rows else None)

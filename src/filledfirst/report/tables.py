@@ -9,7 +9,10 @@ from __future__ import annotations
 import html
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from filledfirst.analysis.diagnosis import DiagnosisRules
 
 DASH = "—"  # a signal that was not measured (failed run, no ok request, no scrape)
 
@@ -432,9 +435,25 @@ def _share(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.0f} %"
 
 
-def evidence_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
-    """The numbers behind each label: loaded window, shares, first crossings, Little's law,
-    goodput and the KV ledger (seed 004)."""
+def evidence_intro(rules: DiagnosisRules) -> str:
+    """What the evidence table's columns are, with the thresholds the labels were made with."""
+    return para(
+        f"The evidence: the loaded window (arrivals of sent requests after a {_share(rules.warmup_frac)} "
+        f"warm-up, drain excluded, ending at the last scrape) and how much of it the scrapes cover (a "
+        f"value stands for at most {rules.scrape_hold_factor:g}x the scrape interval; no label below "
+        f"{_share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
+        f"{_share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
+        f"{rules.kv_full_pct:g} %; when each limit first crossed; Little's law (the server's mean "
+        "running + waiting over the client's mean requests in flight); goodput (requests meeting "
+        f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
+        "second of the arrival span, the offered load's denominator; failed ones never); and the KV "
+        "ledger (bytes per token from vLLM's KV memory and tokens, else from the model's config; the "
+        "capacity vLLM reported, and how many requests of this workload's mean length fit).")
+
+
+def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> str:
+    """The numbers behind each label: loaded window, scrape coverage, shares, first
+    crossings, Little's law, goodput and the KV ledger (seed 004)."""
     body = []
     for d in diagnosis:
         ratio = d.get("littles_ratio")
@@ -447,13 +466,14 @@ def evidence_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
         goodput = d.get("goodput_rps")
         body.append([
             d["experiment"], f"{fmt_s(d.get('window_start_s'))} to {fmt_s(d.get('window_end_s'))}",
-            _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")), _share(d.get("kv_full_share")),
+            _share(d.get("scrape_coverage")), _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")), _share(d.get("kv_full_share")),
             d.get("first_crossings") or "", little,
             "n/a" if goodput is None else f"{goodput:.2f} req/s ({_share(d.get('slo_met_share'))} met the SLO)",
             ledger,
         ])
     return html_table(
-        ["run", "loaded window", "at the cap", "waiting", "KV >= 90 %", "first crossings",
+        ["run", "loaded window", "scrape coverage", "at the cap", "waiting", f"KV >= {rules.kv_full_pct:g} %",
+         "first crossings",
          "Little's law L / λW", "goodput", "KV ledger"],
         body,
     )
