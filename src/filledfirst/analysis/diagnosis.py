@@ -2,12 +2,14 @@
 
 Every number comes from the DuckDB tables (through `signals` where it defines one); the
 rules are the seed's patterns table made explicit, with thresholds in `DiagnosisRules`.
-Scheduler signals are judged over the *loaded window*: from the first arrival plus
-`warmup_frac` of the arrival span (the server still filling) to the last arrival (after
-it the queue only drains, which would make any overload look like a long tail of
-waiting). Shares and Little's L are time-weighted (a scrape's value holds until the
-next one); medians and maxima are over the scrapes inside the window; preemptions are
-the counter's growth inside it. TTFT, dispatch lag and vLLM's queue time keep their
+Scheduler signals are judged over the *loaded window*: from the first arrival of a sent
+request plus `warmup_frac` of the sent requests' arrival span (the server still filling)
+to their last arrival (after it the queue only drains, which would make any overload look
+like a long tail of waiting), cut at the last scrape. Shares and Little's L are
+time-weighted: a scrape's value holds until the next scrape attempt, good or failed, and
+at most `scrape_hold_factor` x the scrape interval, so a gap is not filled; medians and
+maxima are over the scrapes inside the window; preemptions are the counter's increase
+inside it. TTFT, dispatch lag and vLLM's queue time keep their
 whole-run definitions from `signals`, first crossings are on the run's clock.
 
 Columns beyond the ones the report reads: `notes` (what could not be checked and why),
