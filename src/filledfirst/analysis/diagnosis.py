@@ -13,7 +13,8 @@ inside it. TTFT, dispatch lag and vLLM's queue time keep their
 whole-run definitions from `signals`, first crossings are on the run's clock.
 
 Columns beyond the ones the report reads: `notes` (what could not be checked and why),
-`cap` (the max_num_seqs used), `running_median`, `running_max`.
+`cap` (the max_num_seqs used, per engine), `engines`, `window_scrapes`, `running_median`,
+`running_max`.
 """
 
 from __future__ import annotations
