@@ -76,3 +76,53 @@ def test_a_bad_value_leaves_the_columns_aligned_and_a_table_leaves_them_appendab
     table = cols.to_table()
     cols.append(TokenRecord(1, 1, 0.7, 2))  # while the table is alive
     assert table.num_rows == 1 and len(cols) == 2
+
+
+async def _scrape_slowly(delays: list[float], interval_s: float, run_for_s: float):
+    """A /metrics double answering after delays[k] on its k-th call (0 after them); returns
+    the scraper and when each GET reached the server, on the scraper's clock."""
+    import asyncio
+    import time
+
+    import aiohttp
+    from aiohttp import web
+
+    from filledfirst.scrape import Scraper
+
+    t0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    arrived: list[float] = []
+
+    async def metrics(request):
+        arrived.append(clock())
+        await asyncio.sleep(delays[len(arrived) - 1] if len(arrived) <= len(delays) else 0.0)
+        return web.Response(text=EXPOSITION)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]
+        scraper = Scraper(f"http://127.0.0.1:{port}/metrics", interval_s, clock)
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+            task = asyncio.create_task(scraper.run(session, stop))
+            await asyncio.sleep(run_for_s)
+            stop.set()
+            await task
+    finally:
+        await runner.cleanup()
+    return scraper, arrived
+
+
+def test_a_scrape_is_timed_at_the_answer_and_missed_ticks_are_skipped():
+    import asyncio
+
+    scraper, arrived = asyncio.run(_scrape_slowly([0.45], interval_s=0.1, run_for_s=0.9))
+    times = sorted({s.t for s in scraper.samples if s.metric == "vllm:num_requests_running"})
+    assert times[0] >= arrived[0] + 0.4  # the values are the server's at its answer, not at our ask
+    ticks = [int(a / 0.1) for a in arrived]
+    assert len(set(ticks)) == len(ticks), arrived  # no burst of catch-up scrapes after the slow one

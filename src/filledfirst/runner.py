@@ -73,6 +73,8 @@ class _Run:
         server_alive: Callable[[], bool] | None, server_log: Path | None = None,
     ) -> None:
         self.replay = Replay(self.schedule, base_url, settings, progress=progress, server_alive=server_alive)
+        # The diagnosis holds a scraped value for a multiple of this, also for external replays.
+        self.meta["scrape"] = {"interval_s": settings.scrape_interval_s}
         log.info("replaying %d requests against %s", len(self.schedule), base_url)
         asyncio.run(self.replay.run())
         self.meta["timings"]["replay_s"] = self.replay.t_end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Callable
 
@@ -53,10 +54,13 @@ class Scraper:
         self.errors = 0
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
-        t = self.clock()
+        t = self.clock()  # a failed scrape: what it did not see began when it asked
         started = time.perf_counter()
         try:
             async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=max(self.interval_s * 4, 2.0))) as resp:
+                # The page is rendered before its headers go out: the values are the
+                # server's at its answer, which a slow scrape reaches long after asking.
+                t = self.clock()
                 text = await resp.text()
                 if resp.status != 200:
                     raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text[:200])
@@ -76,12 +80,14 @@ class Scraper:
         self.samples.append(SampleRecord(t, SCRAPE_ERROR, f"error={what}", 1.0))
 
     async def run(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
-        """Scrape on a fixed grid (no drift) until `stop`, then once more for the final counters."""
+        """Scrape on a fixed grid (no drift) until `stop`, then once more for the final counters.
+        Ticks a slow scrape overran are skipped: catching up would fire scrapes back to back
+        and weigh one instant several times."""
         n = 0
         start = self.clock()
         while not stop.is_set():
             await self.scrape_once(session)
-            n += 1
+            n = max(n + 1, math.floor((self.clock() - start) / self.interval_s) + 1)
             delay = start + n * self.interval_s - self.clock()
             try:
                 await asyncio.wait_for(stop.wait(), timeout=max(delay, 0))

@@ -2,16 +2,19 @@
 
 Every number comes from the DuckDB tables (through `signals` where it defines one); the
 rules are the seed's patterns table made explicit, with thresholds in `DiagnosisRules`.
-Scheduler signals are judged over the *loaded window*: from the first arrival plus
-`warmup_frac` of the arrival span (the server still filling) to the last arrival (after
-it the queue only drains, which would make any overload look like a long tail of
-waiting). Shares and Little's L are time-weighted (a scrape's value holds until the
-next one); medians and maxima are over the scrapes inside the window; preemptions are
-the counter's growth inside it. TTFT, dispatch lag and vLLM's queue time keep their
+Scheduler signals are judged over the *loaded window*: from the first arrival of a sent
+request plus `warmup_frac` of the sent requests' arrival span (the server still filling)
+to their last arrival (after it the queue only drains, which would make any overload look
+like a long tail of waiting), cut at the last scrape. Shares and Little's L are
+time-weighted: a scrape's value holds until the next scrape attempt, good or failed, and
+at most `scrape_hold_factor` x the scrape interval, so a gap is not filled; medians and
+maxima are over the scrapes inside the window; preemptions are the counter's increase
+inside it. TTFT, dispatch lag and vLLM's queue time keep their
 whole-run definitions from `signals`, first crossings are on the run's clock.
 
 Columns beyond the ones the report reads: `notes` (what could not be checked and why),
-`cap` (the max_num_seqs used), `running_median`, `running_max`.
+`cap` (the max_num_seqs used, per engine), `engines`, `window_scrapes`, `running_median`,
+`running_max`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import functools
 import json
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,6 +32,7 @@ import polars as pl
 
 from filledfirst.analysis import signals
 from filledfirst.errors import UserError
+from filledfirst.scrape import SCRAPE_ERROR
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,14 @@ class DiagnosisRules:
     kv_peak_pct: float = 95.0  # a peak this high with preemptions also counts as KV full
     long_prompt_factor: float = 10.0  # x the run's median prompt: a long prompt
     interference_min_ratio: float = 3.0
+    interference_min_requests: int = 5  # short requests arriving during long prefills
+    interference_min_share: float = 0.05  # of the sent short requests
     kv_full_min_share: float = 0.2
     waiting_min_share: float = 0.2
     kv_pressure_max_cap_share: float = 0.2
     seq_limit_min_cap_share: float = 0.5
+    seq_limit_max_kv_full_share: float = 0.05  # vLLM preempts only when KV runs out:
+    seq_limit_max_preemptions: int = 0  # then the cap is not all that filled
     reference_max_waiting_share: float = 0.1
     reference_max_cap_share: float = 0.2
     reference_max_kv_full_share: float = 0.05
@@ -54,6 +62,9 @@ class DiagnosisRules:
     littles_min_ratio: float = 0.8
     littles_max_ratio: float = 1.25
     littles_min_arrivals: int = 20
+    scrape_hold_factor: float = 2.0  # x the scrape interval: how long a gauge value stands for
+    min_scrape_coverage: float = 0.8  # of the loaded window covered by held scrapes, else no label
+    min_window_scrapes: int = 4
     slo_ttft_ms: float = 1000.0
     slo_itl_ms: float = 200.0
 
@@ -72,29 +83,36 @@ LABELS = ("failed", "prefill-decode interference", "KV-capacity pressure", "acti
 
 SCHEMA = {
     "run_id": pl.String, "experiment": pl.String, "expect": pl.String, "label": pl.String,
-    "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64,
+    "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64, "engines": pl.Int64,
     "window_start_s": pl.Float64, "window_end_s": pl.Float64,
     "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "running_median": pl.Float64,
     "running_max": pl.Float64, "kv_median_pct": pl.Float64, "kv_max_pct": pl.Float64,
     "kv_full_share": pl.Float64, "waiting_median": pl.Float64, "preemptions": pl.Float64,
-    "queue_time_p50_ms": pl.Float64, "ttft_p50_ms": pl.Float64, "ttft_p90_ms": pl.Float64,
+    "queue_time_p50_ms": pl.Float64, "ttft_p50_ms": pl.Float64, "ttft_p90_ms": pl.Float64, "ttft_timeouts": pl.Int64,
     "failed_share": pl.Float64, "lag_p99_ms": pl.Float64, "first_crossings": pl.String,
     "littles_L_server": pl.Float64, "littles_lambda_W": pl.Float64, "littles_ratio": pl.Float64,
     "littles_ok": pl.Boolean, "goodput_rps": pl.Float64, "slo_met_share": pl.Float64,
     "kv_bytes_per_token": pl.Float64, "kv_capacity_tokens": pl.Float64, "kv_fit_concurrency": pl.Float64,
-    "interference_ratio": pl.Float64,
+    "interference_ratio": pl.Float64, "scrape_coverage": pl.Float64, "window_scrapes": pl.Int64,
 }
 
-_WIN = "_diagnosis_window"  # per run: start, stop, at_cap (running count that counts as at the cap)
+# per run: start, stop, at_cap (running count that counts as at the cap), hold (how long
+# a scrape's value stands for)
+_WIN = "_diagnosis_window"
 
 _GAUGE_WINDOW = f"""
-WITH g AS (
-    SELECT g.*, w.start, w.stop, w.at_cap FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id)
+WITH attempts AS (  -- every scrape, good or failed
+    SELECT DISTINCT run_id, t FROM samples
+    WHERE metric IN ({signals._in_list(signals.RUNNING + signals.WAITING + signals.KV_USAGE + (SCRAPE_ERROR,))})
+),
+nxt AS (SELECT run_id, t, lead(t) OVER (PARTITION BY run_id ORDER BY t) AS t_next FROM attempts),
+g AS (
+    SELECT g.*, n.t_next, w.start, w.stop, w.at_cap, w.hold FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id)
+    LEFT JOIN nxt n USING (run_id, t)
     WHERE g.t <= w.stop
 ),
-seg AS (  -- each scrape holds until the next one, clipped to the window
-    SELECT *, greatest(t, start) AS a,
-           least(coalesce(lead(t) OVER (PARTITION BY run_id, signal ORDER BY t), stop), stop) AS b
+seg AS (  -- a scrape's value stands until the next attempt, however it went, and at most `hold`
+    SELECT *, greatest(t, start) AS a, least(coalesce(t_next, stop), t + hold, stop) AS b
     FROM g
 ),
 tw AS (
@@ -112,11 +130,13 @@ inside AS (
     SELECT run_id,
            quantile_cont(value, 0.5) FILTER (signal = 'running') AS running_median,
            max(value) FILTER (signal = 'running') AS running_max,
+           count(*) FILTER (signal = 'running') AS window_scrapes,
            quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS waiting_median,
            quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS kv_median_pct,
            max(value) FILTER (signal = 'kv_pct') AS kv_max_pct
     FROM g WHERE t >= start GROUP BY run_id
 ),
+span AS (SELECT run_id, any_value(stop) - any_value(start) AS length FROM g GROUP BY run_id),
 first AS (  -- over the whole run, on the run's clock
     SELECT g.run_id,
            min(t) FILTER (signal = 'waiting' AND value > 0) AS t_first_waiting,
@@ -126,58 +146,62 @@ first AS (  -- over the whole run, on the run's clock
 )
 SELECT run_id, coalesce(t_cap, 0) / t_run AS running_at_cap_share,
        coalesce(t_waiting, 0) / t_wait AS waiting_share, coalesce(t_kv_full, 0) / t_kv AS kv_full_share,
-       area / t_run AS littles_L_server, inside.* EXCLUDE (run_id), first.* EXCLUDE (run_id)
-FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id)
+       area / t_run AS littles_L_server, t_run / nullif(span.length, 0) AS scrape_coverage,
+       inside.* EXCLUDE (run_id), first.* EXCLUDE (run_id)
+FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id) LEFT JOIN span USING (run_id)
 """
 
-# Counter deltas inside the window (value at its end minus value at its start), per label set.
-_PREEMPTIONS = f"""
-WITH s AS (
-    SELECT s.run_id, s.metric, s.labels, s.t, s.value, w.start FROM samples s JOIN {_WIN} w USING (run_id)
-    WHERE s.metric IN ({signals._in_list(signals.PREEMPTIONS)}) AND s.t <= w.stop
-),
-per_series AS (
-    SELECT run_id, metric,
-           arg_max(value, t) - coalesce(arg_max(value, t) FILTER (WHERE t <= start), arg_min(value, t)) AS d
-    FROM s GROUP BY run_id, metric, labels
-),
-per_name AS (SELECT run_id, metric, sum(d) AS n FROM per_series GROUP BY run_id, metric)
-SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id
-"""
+# The counter's increase inside the window: from its last scrape at or before the window's
+# start (its first scrape if none) to its last one inside.
+_PREEMPTIONS = signals.preemptions_sql(f"""
+    SELECT * FROM (
+        SELECT s.*, max(s.t) FILTER (WHERE s.t <= w.start) OVER (PARTITION BY s.run_id, s.metric, s.labels) AS anchor
+        FROM samples s JOIN {_WIN} w USING (run_id)
+        WHERE s.metric IN ({signals._in_list(signals.PREEMPTIONS)}) AND s.t <= w.stop
+    ) WHERE anchor IS NULL OR t >= anchor""")
 
 _REQUESTS = f"""
-WITH itl AS (
-    SELECT run_id, request_id, quantile_cont(itl_ms, 0.95) AS itl_p95 FROM ({signals._ITL_GAPS}) GROUP BY ALL
-),
-r AS (
-    SELECT r.*, w.start, w.stop, i.itl_p95, (r.t_first_token - r.t_scheduled) * 1000 AS ttft
-    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN itl i USING (run_id, request_id)
+WITH r AS (
+    SELECT r.*, w.start, w.stop, i.max_gap_ms, (r.t_first_token - r.t_scheduled) * 1000 AS ttft
+    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN ({signals._REQUEST_STALL}) i USING (run_id, request_id)
 )
 SELECT run_id,
-       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop) AS arrivals,
+       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND t_sent IS NOT NULL) AS arrivals,
        -- every request's time in the system inside the window (from its arrival, as W
        -- is; one never answered stays until the window's end; one never sent never arrived)
        sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
            FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
-       -- no ITL (a single chunk) cannot miss the ITL objective
+       -- a single chunk has no gap, so cannot miss the ITL objective
        count(*) FILTER (WHERE status = '{signals.OK}' AND ttft <= $slo_ttft
-                        AND coalesce(itl_p95, 0) <= $slo_itl) AS met,
-       count(*) AS n, max(t_done) - min(t_scheduled) AS span, avg(prompt_tokens + output_tokens) AS mean_tokens
-FROM r GROUP BY run_id
+                        AND coalesce(max_gap_ms, 0) <= $slo_itl) AS met,
+       any_value(o.n_sent) AS n, any_value(o.arrival_span_s) AS span,
+       avg(prompt_tokens + output_tokens) AS mean_tokens
+FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 """
 
 _INTERFERENCE = f"""
 WITH med AS (SELECT run_id, median(prompt_tokens) * $factor AS long_from FROM requests GROUP BY run_id),
-r AS (SELECT r.*, m.long_from FROM requests r JOIN med m USING (run_id)),
-prefill AS (  -- a long prompt is in prefill from its send to its first token
-    SELECT run_id, t_sent, coalesce(t_first_token, t_done) AS t_end FROM r
-    WHERE prompt_tokens >= long_from AND t_sent IS NOT NULL
+r AS (SELECT r.*, m.long_from FROM requests r JOIN med m USING (run_id) WHERE r.t_sent IS NOT NULL),
+prefill AS (  -- a long prompt is in prefill from its send to its first token (its queue wait included)
+    SELECT run_id, t_sent, coalesce(t_first_token, t_done) AS t_end FROM r WHERE prompt_tokens >= long_from
 ),
-other AS (
+state AS (  -- the scheduler at each scrape, and whether a full server explains its queue
+    SELECT g.run_id, g.t,
+           bool_or(signal = 'waiting' AND value > 0)
+           AND bool_or((signal = 'running' AND value >= w.at_cap) OR (signal = 'kv_pct' AND value >= $kv_full))
+               AS limit_queue
+    FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id, g.t
+),
+short AS (
+    SELECT o.*, coalesce(s.limit_queue, false) AS limit_queue
+    FROM r o ASOF LEFT JOIN state s ON o.run_id = s.run_id AND o.t_scheduled >= s.t
+    WHERE o.prompt_tokens < o.long_from
+),
+other AS (  -- one that arrived into a queue of the cap or of full KV is no evidence either way
     SELECT o.run_id, CASE WHEN o.status = '{signals.OK}' THEN o.t_first_token - o.t_scheduled END AS ttft,
            EXISTS (SELECT 1 FROM prefill p WHERE p.run_id = o.run_id
                    AND o.t_scheduled BETWEEN p.t_sent AND p.t_end) AS during
-    FROM r o WHERE o.prompt_tokens < o.long_from
+    FROM short o WHERE NOT o.limit_queue
 )
 SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHERE NOT during) AS n_apart,
        quantile_cont(ttft, 0.9) FILTER (WHERE during) / quantile_cont(ttft, 0.9) FILTER (WHERE NOT during)
@@ -185,8 +209,11 @@ SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHER
 FROM other GROUP BY run_id
 """
 
+# Every engine's cache settings at the last scrape that had them.
 _CACHE_INFO = """
-SELECT run_id, arg_max(labels, t) AS cache_labels FROM samples WHERE metric = 'vllm:cache_config_info' GROUP BY run_id
+WITH c AS (SELECT * FROM samples WHERE metric = 'vllm:cache_config_info'),
+last AS (SELECT run_id, max(t) AS t FROM c GROUP BY run_id)
+SELECT run_id, list(DISTINCT labels ORDER BY labels) AS cache_labels FROM c JOIN last USING (run_id, t) GROUP BY run_id
 """
 
 
@@ -195,7 +222,8 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     """One row per run. `expect`: experiment -> designed-for label, for runs whose
     run.json does not carry `spec.expect` (e.g. from the config the CLI was given)."""
     summary = signals.run_summary(con).select(
-        "run_id", "experiment", "status", "error", "n_requests", "n_failed", "ttft_p50_ms", "ttft_p90_ms",
+        "run_id", "experiment", "status", "error", "n_requests", "n_failed", "n_not_sent", "ttft_p50_ms", "ttft_p90_ms",
+        "ttft_timeouts",
         "lag_p99_ms", "max_num_seqs")
     metas = signals.run_meta(con)
     window = _windows(con, summary, metas, rules)
@@ -205,7 +233,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
             _q(con, _GAUGE_WINDOW, kv_full=rules.kv_full_pct),
             _q(con, _PREEMPTIONS),
             _q(con, _REQUESTS, slo_ttft=rules.slo_ttft_ms, slo_itl=rules.slo_itl_ms),
-            _q(con, _INTERFERENCE, factor=rules.long_prompt_factor),
+            _q(con, _INTERFERENCE, factor=rules.long_prompt_factor, kv_full=rules.kv_full_pct),
             _q(con, _CACHE_INFO),
             signals.histogram_quantile(con, "vllm:request_queue_time_seconds", 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
@@ -225,21 +253,49 @@ def _q(con: duckdb.DuckDBPyConnection, sql: str, **params: Any) -> pl.DataFrame:
     return out
 
 
+# Only what was measured: arrivals of requests that were sent (a run cut short has
+# `not_sent` rows up to its schedule's end), and the server's gauges up to its last scrape.
+_SPANS = f"""
+WITH r AS (
+    SELECT run_id, min(t_scheduled) AS first, max(t_scheduled) AS last, max(t_done) AS done
+    FROM requests WHERE status <> '{signals.NOT_SENT}' GROUP BY run_id
+),
+running AS (SELECT * FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)})),
+scrapes AS (SELECT DISTINCT run_id, t FROM running),
+engines AS (  -- running is summed over engines, each with its own max_num_seqs
+    SELECT run_id, count(DISTINCT regexp_extract(labels, '(^|,)engine=([^,]*)', 2)) AS engines
+    FROM running GROUP BY run_id
+),
+s AS (  -- the interval as scraped, for runs whose run.json does not say it
+    SELECT run_id, max(t) AS scraped, median(dt) AS interval
+    FROM (SELECT *, t - lag(t) OVER (PARTITION BY run_id ORDER BY t) AS dt FROM scrapes) GROUP BY run_id
+)
+SELECT r.*, s.scraped, s.interval, e.engines FROM r LEFT JOIN s USING (run_id) LEFT JOIN engines e USING (run_id)
+"""
+
+
 def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> pl.DataFrame:
-    spans = {r[0]: r[1:] for r in con.execute(
-        "SELECT run_id, min(t_scheduled), max(t_scheduled), max(t_done) FROM requests GROUP BY run_id").fetchall()}
+    spans = {r[0]: r[1:] for r in con.execute(_SPANS).fetchall()}
     rows = []
     for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
-        first, last, done = spans.get(run_id, (None, None, None))
+        first, last, done, scraped, scraped_interval, engines = spans.get(run_id, (None,) * 6)
+        engines = engines or 1
         start = stop = None
         if first is not None:
             start, stop = first + rules.warmup_frac * (last - first), last
             if stop - start <= 0:  # one burst: no loaded window, judge the whole run instead
                 start, stop = first, done if done is not None and done > first else first + 1.0
-        cap = _cap(db_cap, metas.get(run_id, {}), rules)
-        rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap,
-                     "at_cap": None if cap is None else rules.cap_frac * cap})
-    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "at_cap": pl.Float64}
+            if scraped is not None:  # a gauge is not known after the last scrape that read it
+                stop = min(stop, scraped)
+        meta = metas.get(run_id, {})
+        cap = _cap(db_cap, meta, rules)
+        interval = _get(meta, "scrape", "interval_s") or _get(meta, "spec", "scrape", "interval_s") or scraped_interval
+        rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap, "engines": engines,
+                     "at_cap": None if cap is None else rules.cap_frac * cap * engines,
+                     "hold": rules.scrape_hold_factor * interval if interval else math.inf})
+    schema = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "engines": pl.Int64,
+              "at_cap": pl.Float64,
+              "hold": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
 
@@ -261,14 +317,14 @@ def _get(d: Any, *keys: str) -> Any:
 
 def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str]) -> dict:
     notes: list[str] = []
-    n = row["n_requests"]
+    n = row["n_requests"] - row["n_not_sent"]  # what the server saw
     out = {k: row.get(k) for k in SCHEMA}
     out.update(
         expect=meta.get("expect") or expect.get(row["experiment"]),
         window_start_s=row["start"], window_end_s=row["stop"],
         failed_share=row["n_failed"] / n if n else None,
         first_crossings=_crossings(row, r) if n else None,
-        interference_ratio=row["interference_ratio"] if row.get("n_during") and row.get("n_apart") else None,
+        interference_ratio=row["interference_ratio"] if _enough_during(row, r) else None,
     )
     out.update(_littles(row, meta, r, notes))
     out.update(_goodput(row))
@@ -280,6 +336,13 @@ def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str])
     out["warnings"] = "; ".join(_warnings(out, row, r))
     out["notes"] = "; ".join(notes)
     return out
+
+
+def _enough_during(row: dict, r: DiagnosisRules) -> bool:
+    """One slow request behind one long prompt is an anecdote, not a pattern."""
+    during, apart = row.get("n_during") or 0, row.get("n_apart") or 0
+    return (apart > 0 and during >= r.interference_min_requests
+            and during >= r.interference_min_share * (during + apart))
 
 
 def _crossings(row: dict, r: DiagnosisRules) -> str:
@@ -324,13 +387,18 @@ def _littles(row: dict, meta: dict, r: DiagnosisRules, notes: list[str]) -> dict
 
 
 def _goodput(row: dict) -> dict:
-    met, n, span = row.get("met"), row["n_requests"], row.get("span")
+    met, n, span = row.get("met"), row.get("n"), row.get("span")
     return {"goodput_rps": met / span if met is not None and span else None,
             "slo_met_share": met / n if met is not None and n else None}
 
 
+# fp8 variants with other layouts (e.g. fp8_ds_mla) are left unknown rather than guessed.
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                 "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# config.json keys of models whose layers do not all keep K and V per token: linear
+# attention or state-space layers (a fixed state), layers sharing another's KV.
+_NOT_PER_TOKEN_KEYS = ("layers_block_type", "attn_type_list", "full_attention_interval", "num_kv_shared_layers",
+                       "kv_sharing_target_layer_name", "mamba_d_state", "linear_attn_config")
 
 
 def _label_value(labels: str | None, key: str) -> str | None:
@@ -338,16 +406,35 @@ def _label_value(labels: str | None, key: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _label_int(labels: str, key: str) -> int | None:
+    value = _label_value(labels, key)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _engine_tokens(labels: str) -> int | None:
+    tokens = _label_int(labels, "kv_cache_size_tokens")
+    blocks, block_size = _label_int(labels, "num_gpu_blocks"), _label_int(labels, "block_size")
+    return tokens if tokens is not None else blocks * block_size if blocks is not None and block_size else None
+
+
 def _kv_ledger(row: dict, meta: dict, notes: list[str]) -> dict:
-    """Seed 004's ledger: bytes per token from the model's shape, capacity from the
-    server's own block count; NULL where either is unknown (never an error)."""
-    labels = row.get("cache_labels")
-    blocks, block_size = _label_value(labels, "num_gpu_blocks"), _label_value(labels, "block_size")
-    capacity = float(blocks) * float(block_size) if (blocks or "").isdigit() and (block_size or "").isdigit() else None
+    """Seed 004's ledger. What the engines report comes first (capacity in tokens, and bytes
+    per token as their KV memory over those tokens); bytes per token from config.json only
+    for the families whose KV is plain per-token K and V, or MLA's latent. NULL, with the
+    reason in the notes, where it is not known: never a wrong number."""
+    engines = row.get("cache_labels") or []
+    tokens = [_engine_tokens(labels) for labels in engines]
+    memory = [_label_int(labels, "kv_cache_memory_bytes") for labels in engines]
+    capacity = float(sum(tokens)) if engines and None not in tokens else None  # type: ignore[arg-type]
+    per_token: float | None
+    if capacity and None not in memory:
+        per_token = sum(memory) / capacity  # type: ignore[arg-type]
+    else:
+        cache_dtypes = {_label_value(labels, "cache_dtype") for labels in engines} - {None}
+        per_token, why = _kv_bytes_per_token(meta, next(iter(cache_dtypes)) if len(cache_dtypes) == 1 else None)
+        if per_token is None and row["n_requests"]:
+            notes.append(f"KV bytes per token not known ({why})")
     mean_tokens = row.get("mean_tokens")
-    per_token = _kv_bytes_per_token(meta, _label_value(labels, "cache_dtype"))
-    if per_token is None and row["n_requests"]:
-        notes.append("KV bytes per token unknown (no local model config)")
     return {"kv_bytes_per_token": per_token, "kv_capacity_tokens": capacity,
             "kv_fit_concurrency": capacity / mean_tokens if capacity and mean_tokens else None}
 
@@ -359,25 +446,38 @@ def _model_config(path: str, repo_root: str) -> dict | None:
     return json.loads(found.read_text()) if found is not None else None
 
 
-def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> float | None:
+def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> tuple[float | None, str]:
+    """Bytes per token from the model's shape, and why not when it cannot be told."""
     from filledfirst.config import REPO_ROOT
 
     model = meta.get("model") or {}
-    path = model.get("path")
     try:
-        cfg = _model_config(str(path), str(REPO_ROOT))
-        if cfg is None:
-            return None
-        cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the language model's shape here
+        top = _model_config(str(model.get("path")), str(REPO_ROOT))
+    except (OSError, ValueError) as exc:
+        return None, f"config.json unreadable: {type(exc).__name__}"
+    if top is None:
+        return None, "no local model config.json and no KV memory from the engine"
+    cfg = top.get("text_config") or top  # multimodal wrappers keep the language model's shape here
+    layer_types = set(cfg.get("layer_types") or ())
+    if layer_types - {"full_attention", "attention"} or any(k in cfg for k in _NOT_PER_TOKEN_KEYS):
+        return None, f"{cfg.get('model_type', 'this model')}: hybrid, linear-attention or shared-KV layers"
+    dtype = cache_dtype if cache_dtype not in (None, "auto") else model.get("dtype") or "auto"
+    if dtype == "auto":
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype")
+        if dtype in ("float32", "float"):
+            return None, "dtype auto with a float32 config: vLLM picks 16 or 32 bits by platform"
+    nbytes = _DTYPE_BYTES.get(str(dtype))
+    if nbytes is None:
+        return None, f"bytes of KV dtype {dtype} not known"
+    try:
+        layers = cfg["num_hidden_layers"]
+        if cfg.get("kv_lora_rank"):  # MLA: one compressed latent and the rope key per layer
+            return float(layers * (cfg["kv_lora_rank"] + cfg.get("qk_rope_head_dim", 0)) * nbytes), ""
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        dtype = cache_dtype if cache_dtype not in (None, "auto") else model.get("dtype", "auto")
-        if dtype == "auto":
-            dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        nbytes = _DTYPE_BYTES[str(dtype)]
-        return float(2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * nbytes)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
+        return float(2 * layers * (cfg.get("num_key_value_heads") or heads) * head_dim * nbytes), ""
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        return None, f"config.json lacks {exc}"
 
 
 def _pct(x: float | None) -> str:
@@ -392,8 +492,8 @@ def _count(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
-def _of(cap: int | None) -> str:
-    return f" of {cap}" if cap is not None else ""
+def _of(cap: int | None, engines: int = 1) -> str:
+    return "" if cap is None else f" of {cap}" if engines == 1 else f" of {engines} x {cap}"
 
 
 def _ge(a: float | None, b: float) -> bool:
@@ -404,11 +504,12 @@ def _lt(a: float | None, b: float) -> bool:
     return a is not None and a < b
 
 
+
 def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
     """Each load pattern's conditions, in rule order, each with what was measured."""
     cap_share, ws, kvf, kvmed = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"], d["kv_median_pct"]
-    at_cap = cap_share or 0.0  # unknown cap: nothing is known to be at it
-    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["kv_max_pct"], r.kv_peak_pct) and (d["preemptions"] or 0) > 0)
+    preempted = d["preemptions"] or 0
+    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["kv_max_pct"], r.kv_peak_pct) and preempted > 0)
     cap_text = f"running at cap {_pct(cap_share) if cap_share is not None else 'unknown (no max_num_seqs)'}"
 
     def check(ok: bool, measured: str, needs: str) -> tuple[bool, str]:
@@ -420,17 +521,22 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
             check(kv_full, f"KV >= {r.kv_full_pct:g} % for {_pct(kvf)}",
                   f"{_pct(r.kv_full_min_share)}, or a peak >= {r.kv_peak_pct:g} % with preemptions"),
             waiting,
-            check(at_cap < r.kv_pressure_max_cap_share, cap_text, f"< {_pct(r.kv_pressure_max_cap_share)}"),
+            # an unknown cap is no headroom: nothing says the cap was not reached
+            check(_lt(cap_share, r.kv_pressure_max_cap_share), cap_text, f"< {_pct(r.kv_pressure_max_cap_share)}"),
         ],
         "active-sequence limit": [
             check(_ge(cap_share, r.seq_limit_min_cap_share), cap_text, f">= {_pct(r.seq_limit_min_cap_share)}"),
             waiting,
             check(_lt(kvmed, r.kv_full_pct), f"KV median {_num(kvmed)} %", f"< {r.kv_full_pct:g} %"),
+            check(_lt(kvf, r.seq_limit_max_kv_full_share) and preempted <= r.seq_limit_max_preemptions,
+                  f"KV full {_pct(kvf)}, {_count(preempted)} preemptions",
+                  f"< {_pct(r.seq_limit_max_kv_full_share)} and "
+                  + ("none" if r.seq_limit_max_preemptions == 0 else f"<= {r.seq_limit_max_preemptions}")),
         ],
         "reference": [
             check(_lt(ws, r.reference_max_waiting_share), f"waiting {_pct(ws)}",
                   f"< {_pct(r.reference_max_waiting_share)}"),
-            check(at_cap < r.reference_max_cap_share, cap_text, f"< {_pct(r.reference_max_cap_share)}"),
+            check(_lt(cap_share, r.reference_max_cap_share), cap_text, f"< {_pct(r.reference_max_cap_share)}"),
             check(_lt(kvf, r.reference_max_kv_full_share), f"KV full {_pct(kvf)}",
                   f"< {_pct(r.reference_max_kv_full_share)}"),
         ],
@@ -440,37 +546,51 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
 def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
     if row["status"] == "failed" or not row["n_requests"]:
         return "failed", (row.get("error") or "no requests recorded").strip().splitlines()[0]
+    if row["n_requests"] == row["n_not_sent"]:
+        return "failed", "no request was sent"
+    if d["waiting_share"] is None:
+        return "unclassified", "no scheduler samples in the loaded window"
+    coverage, scrapes = d["scrape_coverage"], d["window_scrapes"] or 0
+    if _lt(coverage, r.min_scrape_coverage):
+        return "unclassified", (f"scrapes cover only {_pct(coverage)} of the loaded window "
+                                f"(needs >= {_pct(r.min_scrape_coverage)})")
+    if scrapes < r.min_window_scrapes:
+        return "unclassified", (f"{scrapes} scrape{'s' if scrapes != 1 else ''} in the loaded window "
+                                f"(needs >= {r.min_window_scrapes})")
     ratio = d["interference_ratio"]
     if _ge(ratio, r.interference_min_ratio):
         return "prefill-decode interference", (
             f"{row['n_during']} requests arriving during long prefills: TTFT p90 {ratio:.1f}x "
             f"that of the other {row['n_apart']}")
-    if d["waiting_share"] is None:
-        return "unclassified", "no scheduler samples in the loaded window"
     checks = _checks(d, r)
     fits = next((label for label, cs in checks.items() if all(ok for ok, _ in cs)), None)
-    cap, cap_note = row["cap"], "" if row["cap"] is not None else "; max_num_seqs unknown: no at-cap signal"
+    cap, engines = row["cap"], row["engines"]
+    cap_note = "" if cap is not None else "; max_num_seqs unknown: no at-cap signal"
     if fits == "KV-capacity pressure":
         return fits, (f"KV at or above {r.kv_full_pct:g} % for {_pct(d['kv_full_share'])} of the loaded time, "
-                      f"{d['preemptions'] or 0:.0f} preemptions, running at most {_count(d['running_max'])}{_of(cap)}, "
+                      f"{d['preemptions'] or 0:.0f} preemptions, running at most {_count(d['running_max'])}{_of(cap, engines)}, "
                       f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}")
     if fits == "active-sequence limit":
-        return fits, (f"running at >= {math.ceil(r.cap_frac * cap)} of {cap} for {_pct(d['running_at_cap_share'])} "
+        return fits, (f"running at >= {math.ceil(r.cap_frac * cap * engines)}{_of(cap, engines)} for "
+                      f"{_pct(d['running_at_cap_share'])} "
                       f"of the loaded time while KV median was {_num(d['kv_median_pct'])} %")
     if fits == "reference":
         return fits, (f"waiting {_pct(d['waiting_share'])} of the time, running median {_count(d['running_median'])}"
-                      f"{_of(cap)}, KV median {_num(d['kv_median_pct'])} %{cap_note}")
+                      f"{_of(cap, engines)}, KV median {_num(d['kv_median_pct'])} %{cap_note}")
     return "unclassified", "fits no pattern: " + "; ".join(
         f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items())
 
 
 def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
-    out = ["partial run"] if row["status"] == "partial" else []
+    out = []
+    if row["status"] == "partial" or row["n_not_sent"]:
+        unsent = row["n_not_sent"]
+        out.append("partial run" + (f" ({unsent} of {row['n_requests']} requests never sent)" if unsent else ""))
     lag, failed = d["lag_p99_ms"], d["failed_share"]
     if lag is not None and lag > r.max_lag_ms:
         out.append(f"client-limited (dispatch lag p99 {lag:.0f} ms > {r.max_lag_ms:g} ms)")
     if failed is not None and failed > r.max_failed_share:
-        out.append(f"errors ({_pct(failed)} of requests failed)")
+        out.append(f"errors ({_pct(failed)} of sent requests failed)")
     if not d["littles_ok"]:
         big_l, lambda_w = d["littles_L_server"], d["littles_lambda_W"]
         out.append(f"Little's law mismatch (L {big_l:.1f} against lambda W {lambda_w:.1f})")
@@ -491,4 +611,16 @@ def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
         con.register("_diagnosis_new", df.to_arrow())
         con.execute("CREATE OR REPLACE TABLE diagnosis AS SELECT * FROM _diagnosis_new")
         con.unregister("_diagnosis_new")
+        # The report states the thresholds the labels were made with, not the defaults.
+        con.execute("CREATE OR REPLACE TABLE diagnosis_rules (rules JSON)")
+        con.execute("INSERT INTO diagnosis_rules VALUES (?)", [json.dumps(asdict(rules))])
     return df
+
+
+def stored_rules(con: duckdb.DuckDBPyConnection) -> DiagnosisRules:
+    """The rules the stored diagnosis was made with (the defaults for a database without)."""
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'diagnosis_rules'"
+                       ).fetchall()[0][0]:
+        return DiagnosisRules()
+    rows = con.execute("SELECT rules FROM diagnosis_rules").fetchall()
+    return DiagnosisRules.from_config(json.loads(rows[0][0]) if rows else None)

@@ -7,18 +7,29 @@ Prometheus names count as the KV gauge) changes in one place.
 Definitions (times are seconds on the run's one monotonic clock):
 - TTFT = t_first_token - t_scheduled. The load generator is open loop, so TTFT counts
   from the request's *arrival* (its scheduled time), including any client-side lag.
-- ITL = gap between consecutive token-carrying chunks of one request, divided by the
-  tokens in the later chunk; one value per gap, pooled over all requests of a group.
+- ITL: chunks of one request read at the same instant (one socket read) are one chunk
+  (their tokens added up), since the gaps between them are the client's parsing, not the
+  server's pace. Then, over the gaps between consecutive token-carrying chunks, pooled
+  over all requests of a group, two conventions:
+  itl_* = per token: the gap divided by the tokens of the later chunk (one value per gap);
+  itl_chunk_* = per chunk: the undivided gap, as `vllm bench serve` records ITL.
+  A request's stall (max_gap_ms) is its longest undivided gap: what the user waited.
 - Latency percentiles (TTFT, ITL) use only requests with status `ok`; failed requests are
-  counted (n, n_failed) and never dropped from denominators of counts.
+  counted (n, n_failed) and never dropped from denominators of counts. Requests that timed
+  out before any token (ttft_timeouts) have a TTFT above the timeout the percentiles
+  cannot show: they stand beside the percentiles wherever those are shown.
+- `not_sent` requests (a run cut short before their time) are neither ok nor failed:
+  counted apart (n_not_sent), out of every rate and share, since the server never saw them.
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
-  engines, as a percentage. Preemptions: counter max - min over the run, per label set,
-  summed over label sets. Only differences of counters within a run are used, never
-  their absolute values: runs that share one server start (filledfirst.config.
-  server_groups) see counters that go on from the run before, and need no reset.
-- Server histograms (vLLM's TTFT, queue time, ...): bucket counts at the run's last scrape
-  minus its first, for the same reason; quantiles are interpolated linearly inside a
-  bucket, as Prometheus' histogram_quantile does.
+  engines, as a percentage. Counters (preemptions, histogram buckets) count by their
+  increase over the run, as Prometheus' `increase`: the sum of the rises between
+  consecutive scrapes of one label set, where a drop means the server restarted and
+  counts from 0. Never their absolute values: runs that share one server start
+  (filledfirst.config.server_groups) see counters that go on from the run before.
+  Preemptions: summed over label sets.
+- Server histograms (vLLM's TTFT, queue time, ...): each bucket's increase over the run;
+  quantiles are interpolated linearly inside a bucket, as Prometheus' histogram_quantile
+  does (the first bucket from 0; above the last finite bound, that bound).
 - Whole run for now: no warm-up or drain window is cut.
 """
 
@@ -39,6 +50,9 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 
 OK = "ok"
+NOT_SENT = "not_sent"
+# A request the server saw and did not answer in full.
+FAILED = f"status NOT IN ('{OK}', '{NOT_SENT}')"
 
 
 def _in_list(names: tuple[str, ...]) -> str:
@@ -50,6 +64,7 @@ def _in_list(names: tuple[str, ...]) -> str:
 _REQUEST_TTFT = f"""
 SELECT run_id, request_id, role, status, error, t_scheduled,
        CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
+       t_first_token IS NULL AS ttft_missing,
        -- dispatch lag: how late the client sent; large values mean the client, not the
        -- server, was the limit (open loop; ~0 by construction in a closed loop)
        (t_sent - t_scheduled) * 1000 AS lag_ms,
@@ -68,17 +83,29 @@ FROM requests
 # chunk) carry no token, so they are dropped before the gaps are taken.
 _ITL_GAPS = f"""
 WITH chunks AS (
-    SELECT k.run_id, k.request_id, r.role, k."index" AS idx, k.t, k.n
+    SELECT k.run_id, k.request_id, r.role, k.t, sum(k.n) AS n
     FROM tokens k
     JOIN requests r USING (run_id, request_id)
     WHERE r.status = '{OK}' AND k.n > 0
+    GROUP BY k.run_id, k.request_id, r.role, k.t
 ),
 gaps AS (
-    SELECT run_id, request_id, role,
-           (t - lag(t) OVER (PARTITION BY run_id, request_id ORDER BY idx)) / n * 1000 AS itl_ms
+    SELECT run_id, request_id, role, n,
+           (t - lag(t) OVER (PARTITION BY run_id, request_id ORDER BY t)) * 1000 AS gap_ms
     FROM chunks
 )
-SELECT run_id, request_id, role, itl_ms FROM gaps WHERE itl_ms IS NOT NULL
+SELECT run_id, request_id, role, gap_ms / n AS itl_ms, gap_ms AS itl_chunk_ms FROM gaps WHERE gap_ms IS NOT NULL
+"""
+
+# Per request: its longest wait for a token once the first one came.
+_REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({_ITL_GAPS}) GROUP BY ALL"
+
+# Offered load: the sent requests over their arrival span. Goodput divides by the same span,
+# so a run where every request met its objective has goodput = offered load.
+OFFERED = f"""
+SELECT run_id, count(*) AS n_sent, max(t_scheduled) - min(t_scheduled) AS arrival_span_s,
+       count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps
+FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 """
 
 # Long-format scheduler signals: one value per (run, scrape time, signal).
@@ -97,16 +124,26 @@ FROM tagged
 GROUP BY run_id, t, signal
 """
 
-_PREEMPTIONS = f"""
-WITH per_series AS (
-    SELECT run_id, metric, max(value) - min(value) AS delta
-    FROM samples WHERE metric IN ({_in_list(PREEMPTIONS)})
-    GROUP BY run_id, metric, labels
-),
-per_name AS (SELECT run_id, metric, sum(delta) AS n FROM per_series GROUP BY run_id, metric)
--- If a scraper stored both spellings of the counter, they describe the same events.
-SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id
-"""
+def increase(source: str, keys: str) -> str:
+    """Per `keys` (the counter's series), its increase over the rows of `source` (columns
+    t, value and keys), as Prometheus' `increase` counts it (unextrapolated)."""
+    return f"""
+    SELECT {keys}, sum(CASE WHEN prev IS NULL THEN 0 WHEN value >= prev THEN value - prev ELSE value END) AS delta
+    FROM (SELECT {keys}, value, lag(value) OVER (PARTITION BY {keys} ORDER BY t) AS prev FROM ({source}))
+    GROUP BY {keys}"""
+
+
+def preemptions_sql(source: str) -> str:
+    """Per run: preemptions over the counter samples of `source` (a subset of `samples`)."""
+    return f"""
+    WITH per_name AS (
+        SELECT run_id, metric, sum(delta) AS n FROM ({increase(source, "run_id, metric, labels")}) GROUP BY run_id, metric
+    )
+    -- If a scraper stored both spellings of the counter, they describe the same events.
+    SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id"""
+
+
+_PREEMPTIONS = preemptions_sql(f"SELECT * FROM samples WHERE metric IN ({_in_list(PREEMPTIONS)})")
 
 
 def _pl(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
@@ -122,6 +159,9 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     WITH req AS (
         SELECT run_id, count(*) AS n_requests,
                count(*) FILTER (WHERE status = '{OK}') AS n_ok,
+               count(*) FILTER (WHERE {FAILED}) AS n_failed,
+               count(*) FILTER (WHERE status = '{NOT_SENT}') AS n_not_sent,
+               count(*) FILTER (WHERE status = 'timeout' AND ttft_missing) AS ttft_timeouts,
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                quantile_cont(ttft_ms, 0.99) AS ttft_p99_ms,
@@ -134,7 +174,9 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     ),
     itl AS (
         SELECT run_id, quantile_cont(itl_ms, 0.5) AS itl_p50_ms,
-               quantile_cont(itl_ms, 0.99) AS itl_p99_ms
+               quantile_cont(itl_ms, 0.99) AS itl_p99_ms,
+               quantile_cont(itl_chunk_ms, 0.5) AS itl_chunk_p50_ms,
+               quantile_cont(itl_chunk_ms, 0.99) AS itl_chunk_p99_ms
         FROM ({_ITL_GAPS}) GROUP BY run_id
     ),
     g AS (
@@ -150,9 +192,11 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     SELECT r.run_id, r.experiment, r.description, r.status, r.error,
            coalesce(req.n_requests, 0) AS n_requests,
            coalesce(req.n_ok, 0) AS n_ok,
-           coalesce(req.n_requests - req.n_ok, 0) AS n_failed,
-           req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, req.ttft_content_p50_ms,
-           itl.itl_p50_ms, itl.itl_p99_ms,
+           coalesce(req.n_failed, 0) AS n_failed,
+           coalesce(req.n_not_sent, 0) AS n_not_sent,
+           req.ttft_p50_ms, req.ttft_p90_ms, req.ttft_p99_ms, coalesce(req.ttft_timeouts, 0) AS ttft_timeouts,
+           req.ttft_content_p50_ms,
+           itl.itl_p50_ms, itl.itl_p99_ms, itl.itl_chunk_p50_ms, itl.itl_chunk_p99_ms,
            g.running_median, g.running_max, g.waiting_median, g.waiting_max,
            g.kv_median_pct, g.kv_max_pct,
            p.preemptions,
@@ -173,7 +217,7 @@ def role_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     sql = f"""
     WITH req AS (
         SELECT run_id, role, count(*) AS n,
-               count(*) FILTER (WHERE status <> '{OK}') AS n_failed,
+               count(*) FILTER (WHERE {FAILED}) AS n_failed,
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                min(t_scheduled) AS first_arrival
@@ -217,17 +261,13 @@ def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
 
 
 # Per run and bucket bound: how many observations the server added during the run.
-_HISTOGRAM_DELTAS = """
-WITH b AS (
-    SELECT run_id, t, value,
-           regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
-           regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
-    FROM samples WHERE metric = ?
-),
-per_series AS (
-    SELECT run_id, series, le, arg_max(value, t) - arg_min(value, t) AS delta
-    FROM b GROUP BY run_id, series, le
-)
+_BUCKETS = """
+SELECT run_id, t, value,
+       regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
+       regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
+FROM samples WHERE metric = ?"""
+_HISTOGRAM_DELTAS = f"""
+WITH per_series AS ({increase(_BUCKETS, "run_id, series, le")})
 SELECT run_id, CAST(le AS DOUBLE) AS le, sum(delta) AS cum
 FROM per_series GROUP BY run_id, le ORDER BY run_id, CAST(le AS DOUBLE)
 """
@@ -289,7 +329,7 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Per run, seed 001's throughput columns and the offered load: TTFT p50/p95, the median request's decode
     rate (tokens after the first / time from first to last token) and total output
     tokens per second over the run (first send to last answer). Failed requests add no
-    tokens but stay in the time span."""
+    tokens but stay in the time span; never-sent ones are in neither."""
     sql = f"""
     WITH r AS (
         SELECT run_id, status, t_sent, t_done, output_tokens_received AS out,
@@ -305,8 +345,8 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            quantile_cont(tok_s, 0.5) AS tok_s_per_request,
            sum(out) FILTER (WHERE status = '{OK}') / nullif(max(t_done) - min(t_sent), 0) AS total_tok_s,
            -- open loop: the schedule's arrival rate (closed loop: the rate it achieved)
-           count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps,
-           count(*) FILTER (WHERE status <> '{OK}') AS n_failed
-    FROM r GROUP BY run_id
+           any_value(o.offered_rps) AS offered_rps, any_value(o.arrival_span_s) AS arrival_span_s,
+           count(*) FILTER (WHERE {FAILED}) AS n_failed
+    FROM r LEFT JOIN ({OFFERED}) o USING (run_id) GROUP BY run_id
     """
     return _pl(con, sql)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import html
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from filledfirst.analysis.diagnosis import DiagnosisRules
 
 DASH = "—"  # a signal that was not measured (failed run, no ok request, no scrape)
 
@@ -159,13 +162,21 @@ def _cap(row: Mapping[str, Any]) -> str:
 
 # (label, formatter) per run_summary row; one list so the per-run and the side-by-side
 # tables can never disagree on what a row means.
+def _requests(r: Mapping[str, Any]) -> str:
+    """Never-sent requests are no failures: the server never saw them."""
+    unsent = r.get("n_not_sent") or 0
+    return f"{r['n_requests']:,}" + (f" ({unsent:,} never sent)" if unsent else "")
+
+
 SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
-    ("requests", lambda r: f"{r['n_requests']:,}"),
+    ("requests", _requests),
     ("failed requests", lambda r: f"{r['n_failed']:,}"),
     ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
     ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
+    ("no first token in time (timeouts)", lambda r: f"{r.get('ttft_timeouts') or 0:,}"),
     ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
     ("ITL p99", lambda r: fmt_ms(r["itl_p99_ms"])),
+    ("ITL per chunk p50 / p99", lambda r: f"{fmt_ms(r.get('itl_chunk_p50_ms'))} / {fmt_ms(r.get('itl_chunk_p99_ms'))}"),
     ("running (median / max)",
      lambda r: f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{_cap(r)}"),
     ("waiting (median / max)",
@@ -226,10 +237,10 @@ def role_table(rows: Sequence[Mapping[str, Any]]) -> str:
 def runs_table(rows: Sequence[Mapping[str, Any]]) -> str:
     body = (
         [r["run_id"], r["experiment"], r["status"], f"{r['n_requests']:,}", f"{r['n_failed']:,}",
-         fmt_s(r["duration_s"]), r["error"] or ""]
+         f"{r.get('n_not_sent') or 0:,}", fmt_s(r["duration_s"]), r["error"] or ""]
         for r in rows
     )
-    return html_table(["run", "experiment", "status", "requests", "failed", "duration", "error"], body)
+    return html_table(["run", "experiment", "status", "requests", "failed", "never sent", "duration", "error"], body)
 
 
 def _about(x: float) -> str:
@@ -267,8 +278,10 @@ def run_sentence(row: Mapping[str, Any]) -> str:
     if row["n_requests"] == 0:
         return f"No requests were measured (run status: {row['status']})."
     parts = [
-        f"{row['n_requests']:,} requests, {row['n_failed']:,} failed.",
-        f"TTFT p50 was {fmt_ms(row['ttft_p50_ms'])}, p90 {fmt_ms(row['ttft_p90_ms'])}.",
+        f"{row['n_requests']:,} requests, {row['n_failed']:,} failed"
+        + (f", {row['n_not_sent']:,} never sent." if row.get("n_not_sent") else "."),
+        f"TTFT p50 was {fmt_ms(row['ttft_p50_ms'])}, p90 {fmt_ms(row['ttft_p90_ms'])}"
+        + (f" ({row['ttft_timeouts']:,} more got no first token in time)." if row.get("ttft_timeouts") else "."),
     ]
     if row["running_max"] is not None:
         cap = row.get("max_num_seqs")
@@ -324,7 +337,7 @@ PART_ROWS: dict[str, list[_Row]] = {
         ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
     ],
     "azure": [
-        ("requests (failed)", lambda r: f"{r['n_requests']:,} ({r['n_failed']:,})"),
+        ("requests (failed)", lambda r: f"{_requests(r)} ({r['n_failed']:,})"),
         ("running (median)", lambda r: fmt_count(r["running_median"]) + _cap(r)),
         ("waiting (median)", lambda r: fmt_count(r["waiting_median"])),
         ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
@@ -422,9 +435,25 @@ def _share(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.0f} %"
 
 
-def evidence_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
-    """The numbers behind each label: loaded window, shares, first crossings, Little's law,
-    goodput and the KV ledger (seed 004)."""
+def evidence_intro(rules: DiagnosisRules) -> str:
+    """What the evidence table's columns are, with the thresholds the labels were made with."""
+    return para(
+        f"The evidence: the loaded window (arrivals of sent requests after a {_share(rules.warmup_frac)} "
+        f"warm-up, drain excluded, ending at the last scrape) and how much of it the scrapes cover (a "
+        f"value stands for at most {rules.scrape_hold_factor:g}x the scrape interval; no label below "
+        f"{_share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
+        f"{_share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
+        f"{rules.kv_full_pct:g} %; when each limit first crossed; Little's law (the server's mean "
+        "running + waiting over the client's mean requests in flight); goodput (requests meeting "
+        f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
+        "second of the arrival span, the offered load's denominator; failed ones never); and the KV "
+        "ledger (bytes per token from vLLM's KV memory and tokens, else from the model's config; the "
+        "capacity vLLM reported, and how many requests of this workload's mean length fit).")
+
+
+def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> str:
+    """The numbers behind each label: loaded window, scrape coverage, shares, first
+    crossings, Little's law, goodput and the KV ledger (seed 004)."""
     body = []
     for d in diagnosis:
         ratio = d.get("littles_ratio")
@@ -437,13 +466,14 @@ def evidence_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
         goodput = d.get("goodput_rps")
         body.append([
             d["experiment"], f"{fmt_s(d.get('window_start_s'))} to {fmt_s(d.get('window_end_s'))}",
-            _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")), _share(d.get("kv_full_share")),
+            _share(d.get("scrape_coverage")), _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")), _share(d.get("kv_full_share")),
             d.get("first_crossings") or "", little,
             "n/a" if goodput is None else f"{goodput:.2f} req/s ({_share(d.get('slo_met_share'))} met the SLO)",
             ledger,
         ])
     return html_table(
-        ["run", "loaded window", "at the cap", "waiting", "KV >= 90 %", "first crossings",
+        ["run", "loaded window", "scrape coverage", "at the cap", "waiting", f"KV >= {rules.kv_full_pct:g} %",
+         "first crossings",
          "Little's law L / λW", "goodput", "KV ledger"],
         body,
     )
