@@ -15,8 +15,10 @@ pytestmark = pytest.mark.engine
 
 def fault_config(tmp_path):
     cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
+    # 16 short requests over 4.5 s: never a queue against a cap of 64 at any CPU speed,
+    # and enough scrapes in the loaded window for a label.
     light = {"kind": "synthetic", "phases": [
-        {"role": "decode", "count": 6, "interval_s": 0.3, "prompt_tokens": 50, "output_tokens": 16}]}
+        {"role": "decode", "count": 16, "interval_s": 0.3, "prompt_tokens": 50, "output_tokens": 16}]}
     cfg["workloads"] = {"light": light}
     cfg["experiments"] = {
         "good": {"workload": "light"},
