@@ -131,7 +131,7 @@ def kv_pressure_run(run_id="kv"):
 def test_kv_capacity_pressure(tmp_path):
     d = run_of(tmp_path, **kv_pressure_run())
     assert d["label"] == "KV-capacity pressure", d["clue"]
-    assert d["running_at_cap_share"] == 0 and d["kv_full_share"] > 0.9 and d["preemptions"] == 4
+    assert d["running_at_cap_share"] == 0 and d["kv_full_share"] > 0.9 and d["window_preemptions"] == 4
     assert d["clue"].startswith("KV at or above 90 % for 100 % of the loaded time, 4 preemptions, "
                                 "running at most 10 of 64, waiting in 100 % of the time")
 
@@ -441,7 +441,7 @@ def test_counter_resets_count_as_prometheus_increase_does(tmp_path):
     samples += [(t, "vllm:num_preemptions_total", t // 3 if t < 8 else (t - 8) // 3)
                 for t, m, _ in samples if m == RUNNING]
     d = run_of(tmp_path, **run | {"samples": samples})
-    assert d["preemptions"] == 4  # 2 before the restart, 2 after, inside the window
+    assert d["window_preemptions"] == 4  # 2 before the restart, 2 after, inside the window
     with duckdb.connect(str(tmp_path / "restart.duckdb"), read_only=True) as con:
         assert signals.run_summary(con)["preemptions"][0] == 2 + 8  # whole run: 0-2, then 0-8
 
@@ -480,7 +480,7 @@ def test_the_cap_counts_once_per_engine(tmp_path):
     samples = [(t, m, v, f"engine={e}") for t, m, v in series(21, lambda t: 5, lambda t: 0, lambda t: 10)
                for e in (0, 1)]
     d = run_of(tmp_path, run_id="dp", cap=8, requests=queue(every(0.1, 200), 1.0, 10), samples=samples)
-    assert d["running_median"] == 10 and d["running_at_cap_share"] == 0
+    assert d["window_running_median"] == 10 and d["running_at_cap_share"] == 0
     assert d["label"] == "reference", d["clue"]
     assert d["clue"] == "waiting 0 % of the time, running median 10 of 2 x 8, KV median 10 %"
 

@@ -10,21 +10,16 @@ from typing import Callable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from filledfirst import metrics
+from filledfirst.metrics import SCRAPE_ERROR, SCRAPE_SECONDS
 from filledfirst.records import RecordColumns, SampleRecord
-
-# The scraper's own health, stored beside the server's samples.
-SCRAPE_SECONDS = "filledfirst:scrape_duration_seconds"
-SCRAPE_ERROR = "filledfirst:scrape_error"
-
-# vLLM renamed the KV gauge; both mean the used fraction (0-1) of the KV cache.
-KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
 def parse_metrics(text: str, t: float) -> list[SampleRecord]:
     out = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if not s.name.startswith("vllm:"):
+            if not s.name.startswith(metrics.PREFIX):
                 continue
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out.append(SampleRecord(t, s.name, labels, float(s.value)))
@@ -35,11 +30,11 @@ def latest_gauges(samples: list[SampleRecord]) -> dict[str, float]:
     """running / waiting / kv from one scrape, summed over engines (kv: the fullest engine)."""
     view = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
     for s in samples:
-        if s.metric == "vllm:num_requests_running":
+        if s.metric in metrics.RUNNING:
             view["running"] += s.value
-        elif s.metric == "vllm:num_requests_waiting":
+        elif s.metric in metrics.WAITING:
             view["waiting"] += s.value
-        elif s.metric in KV_USAGE_NAMES:
+        elif s.metric in metrics.KV_USAGE:
             view["kv"] = max(view["kv"], s.value)
     return view
 

@@ -9,12 +9,15 @@ like a long tail of waiting), cut at the last scrape. Shares and Little's L are
 time-weighted: a scrape's value holds until the next scrape attempt, good or failed, and
 at most `scrape_hold_factor` x the scrape interval, so a gap is not filled; medians and
 maxima are over the scrapes inside the window; preemptions are the counter's increase
-inside it. TTFT, dispatch lag and vLLM's queue time keep their
-whole-run definitions from `signals`, first crossings are on the run's clock.
+inside it. Every column measured over the window is named `window_*` (or is a share of
+it), so it is never confused with `signals.run_summary`'s whole-run column of the same
+signal (`window_running_max` against `running_max`). TTFT, dispatch lag and vLLM's queue
+time keep their whole-run definitions from `signals`, first crossings are on the run's
+clock.
 
 Columns beyond the ones the report reads: `notes` (what could not be checked and why),
-`cap` (the max_num_seqs used, per engine), `engines`, `window_scrapes`, `running_median`,
-`running_max`.
+`cap` (the max_num_seqs used, per engine), `engines`, `window_scrapes`,
+`window_running_median`, `window_running_max`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import polars as pl
 
 from filledfirst.analysis import signals
 from filledfirst.errors import UserError
-from filledfirst.scrape import SCRAPE_ERROR
+from filledfirst.metrics import (
+    CACHE_CONFIG_INFO, KV_USAGE, PREEMPTIONS, QUEUE_TIME_HISTOGRAM, RUNNING, SCRAPE_ERROR, WAITING, sql_list,
+)
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,9 @@ SCHEMA = {
     "run_id": pl.String, "experiment": pl.String, "expect": pl.String, "label": pl.String,
     "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64, "engines": pl.Int64,
     "window_start_s": pl.Float64, "window_end_s": pl.Float64,
-    "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "running_median": pl.Float64,
-    "running_max": pl.Float64, "kv_median_pct": pl.Float64, "kv_max_pct": pl.Float64,
-    "kv_full_share": pl.Float64, "waiting_median": pl.Float64, "preemptions": pl.Float64,
+    "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "window_running_median": pl.Float64,
+    "window_running_max": pl.Float64, "window_kv_median_pct": pl.Float64, "window_kv_max_pct": pl.Float64,
+    "kv_full_share": pl.Float64, "window_waiting_median": pl.Float64, "window_preemptions": pl.Float64,
     "queue_time_p50_ms": pl.Float64, "ttft_p50_ms": pl.Float64, "ttft_p90_ms": pl.Float64, "ttft_timeouts": pl.Int64,
     "failed_share": pl.Float64, "lag_p99_ms": pl.Float64, "first_crossings": pl.String,
     "littles_L_server": pl.Float64, "littles_lambda_W": pl.Float64, "littles_ratio": pl.Float64,
@@ -103,11 +108,11 @@ _WIN = "_diagnosis_window"
 _GAUGE_WINDOW = f"""
 WITH attempts AS (  -- every scrape, good or failed
     SELECT DISTINCT run_id, t FROM samples
-    WHERE metric IN ({signals._in_list(signals.RUNNING + signals.WAITING + signals.KV_USAGE + (SCRAPE_ERROR,))})
+    WHERE metric IN ({sql_list(RUNNING + WAITING + KV_USAGE + (SCRAPE_ERROR,))})
 ),
 nxt AS (SELECT run_id, t, lead(t) OVER (PARTITION BY run_id ORDER BY t) AS t_next FROM attempts),
 g AS (
-    SELECT g.*, n.t_next, w.start, w.stop, w.at_cap, w.hold FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id)
+    SELECT g.*, n.t_next, w.start, w.stop, w.at_cap, w.hold FROM ({signals.GAUGES}) g JOIN {_WIN} w USING (run_id)
     LEFT JOIN nxt n USING (run_id, t)
     WHERE g.t <= w.stop
 ),
@@ -128,12 +133,12 @@ tw AS (
 ),
 inside AS (
     SELECT run_id,
-           quantile_cont(value, 0.5) FILTER (signal = 'running') AS running_median,
-           max(value) FILTER (signal = 'running') AS running_max,
+           quantile_cont(value, 0.5) FILTER (signal = 'running') AS window_running_median,
+           max(value) FILTER (signal = 'running') AS window_running_max,
            count(*) FILTER (signal = 'running') AS window_scrapes,
-           quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS waiting_median,
-           quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS kv_median_pct,
-           max(value) FILTER (signal = 'kv_pct') AS kv_max_pct
+           quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS window_waiting_median,
+           quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS window_kv_median_pct,
+           max(value) FILTER (signal = 'kv_pct') AS window_kv_max_pct
     FROM g WHERE t >= start GROUP BY run_id
 ),
 span AS (SELECT run_id, any_value(stop) - any_value(start) AS length FROM g GROUP BY run_id),
@@ -142,7 +147,7 @@ first AS (  -- over the whole run, on the run's clock
            min(t) FILTER (signal = 'waiting' AND value > 0) AS t_first_waiting,
            min(t) FILTER (signal = 'running' AND value >= at_cap) AS t_first_cap,
            min(t) FILTER (signal = 'kv_pct' AND value >= $kv_full) AS t_first_kv
-    FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id
+    FROM ({signals.GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id
 )
 SELECT run_id, coalesce(t_cap, 0) / t_run AS running_at_cap_share,
        coalesce(t_waiting, 0) / t_wait AS waiting_share, coalesce(t_kv_full, 0) / t_kv AS kv_full_share,
@@ -157,13 +162,13 @@ _PREEMPTIONS = signals.preemptions_sql(f"""
     SELECT * FROM (
         SELECT s.*, max(s.t) FILTER (WHERE s.t <= w.start) OVER (PARTITION BY s.run_id, s.metric, s.labels) AS anchor
         FROM samples s JOIN {_WIN} w USING (run_id)
-        WHERE s.metric IN ({signals._in_list(signals.PREEMPTIONS)}) AND s.t <= w.stop
+        WHERE s.metric IN ({sql_list(PREEMPTIONS)}) AND s.t <= w.stop
     ) WHERE anchor IS NULL OR t >= anchor""")
 
 _REQUESTS = f"""
 WITH r AS (
-    SELECT r.*, w.start, w.stop, i.max_gap_ms, (r.t_first_token - r.t_scheduled) * 1000 AS ttft
-    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN ({signals._REQUEST_STALL}) i USING (run_id, request_id)
+    SELECT r.*, w.start, w.stop, i.max_gap_ms, {signals.ttft_ms('r')} AS ttft
+    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN ({signals.REQUEST_STALL}) i USING (run_id, request_id)
 )
 SELECT run_id,
        count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND t_sent IS NOT NULL) AS arrivals,
@@ -172,7 +177,7 @@ SELECT run_id,
        sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
            FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
        -- a single chunk has no gap, so cannot miss the ITL objective
-       count(*) FILTER (WHERE status = '{signals.OK}' AND ttft <= $slo_ttft
+       count(*) FILTER (WHERE ttft <= $slo_ttft
                         AND coalesce(max_gap_ms, 0) <= $slo_itl) AS met,
        any_value(o.n_sent) AS n, any_value(o.arrival_span_s) AS span,
        avg(prompt_tokens + output_tokens) AS mean_tokens
@@ -190,7 +195,7 @@ state AS (  -- the scheduler at each scrape, and whether a full server explains 
            bool_or(signal = 'waiting' AND value > 0)
            AND bool_or((signal = 'running' AND value >= w.at_cap) OR (signal = 'kv_pct' AND value >= $kv_full))
                AS limit_queue
-    FROM ({signals._GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id, g.t
+    FROM ({signals.GAUGES}) g JOIN {_WIN} w USING (run_id) GROUP BY g.run_id, g.t
 ),
 short AS (
     SELECT o.*, coalesce(s.limit_queue, false) AS limit_queue
@@ -198,7 +203,7 @@ short AS (
     WHERE o.prompt_tokens < o.long_from
 ),
 other AS (  -- one that arrived into a queue of the cap or of full KV is no evidence either way
-    SELECT o.run_id, CASE WHEN o.status = '{signals.OK}' THEN o.t_first_token - o.t_scheduled END AS ttft,
+    SELECT o.run_id, {signals.ttft_ms('o')} AS ttft,
            EXISTS (SELECT 1 FROM prefill p WHERE p.run_id = o.run_id
                    AND o.t_scheduled BETWEEN p.t_sent AND p.t_end) AS during
     FROM short o WHERE NOT o.limit_queue
@@ -210,8 +215,8 @@ FROM other GROUP BY run_id
 """
 
 # Every engine's cache settings at the last scrape that had them.
-_CACHE_INFO = """
-WITH c AS (SELECT * FROM samples WHERE metric = 'vllm:cache_config_info'),
+_CACHE_INFO = f"""
+WITH c AS (SELECT * FROM samples WHERE metric = '{CACHE_CONFIG_INFO}'),
 last AS (SELECT run_id, max(t) AS t FROM c GROUP BY run_id)
 SELECT run_id, list(DISTINCT labels ORDER BY labels) AS cache_labels FROM c JOIN last USING (run_id, t) GROUP BY run_id
 """
@@ -230,12 +235,12 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     con.register(_WIN, window.to_arrow())
     try:
         parts = [
-            _q(con, _GAUGE_WINDOW, kv_full=rules.kv_full_pct),
-            _q(con, _PREEMPTIONS),
-            _q(con, _REQUESTS, slo_ttft=rules.slo_ttft_ms, slo_itl=rules.slo_itl_ms),
-            _q(con, _INTERFERENCE, factor=rules.long_prompt_factor, kv_full=rules.kv_full_pct),
-            _q(con, _CACHE_INFO),
-            signals.histogram_quantile(con, "vllm:request_queue_time_seconds", 0.5).select(
+            signals.query(con, _GAUGE_WINDOW, {"kv_full": rules.kv_full_pct}),
+            signals.query(con, _PREEMPTIONS).rename({"preemptions": "window_preemptions"}),
+            signals.query(con, _REQUESTS, {"slo_ttft": rules.slo_ttft_ms, "slo_itl": rules.slo_itl_ms}),
+            signals.query(con, _INTERFERENCE, {"factor": rules.long_prompt_factor, "kv_full": rules.kv_full_pct}),
+            signals.query(con, _CACHE_INFO),
+            signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAM, 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
         ]
     finally:
@@ -247,12 +252,6 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
-def _q(con: duckdb.DuckDBPyConnection, sql: str, **params: Any) -> pl.DataFrame:
-    out = pl.from_arrow(con.sql(sql, params=params or None).to_arrow_table())
-    assert isinstance(out, pl.DataFrame)
-    return out
-
-
 # Only what was measured: arrivals of requests that were sent (a run cut short has
 # `not_sent` rows up to its schedule's end), and the server's gauges up to its last scrape.
 _SPANS = f"""
@@ -260,7 +259,7 @@ WITH r AS (
     SELECT run_id, min(t_scheduled) AS first, max(t_scheduled) AS last, max(t_done) AS done
     FROM requests WHERE status <> '{signals.NOT_SENT}' GROUP BY run_id
 ),
-running AS (SELECT * FROM samples WHERE metric IN ({signals._in_list(signals.RUNNING)})),
+running AS (SELECT * FROM samples WHERE metric IN ({sql_list(RUNNING)})),
 scrapes AS (SELECT DISTINCT run_id, t FROM running),
 engines AS (  -- running is summed over engines, each with its own max_num_seqs
     SELECT run_id, count(DISTINCT regexp_extract(labels, '(^|,)engine=([^,]*)', 2)) AS engines
@@ -347,7 +346,7 @@ def _enough_during(row: dict, r: DiagnosisRules) -> bool:
 
 def _crossings(row: dict, r: DiagnosisRules) -> str:
     """When each limit was first touched, on the run's clock (whole run, not the window)."""
-    if row.get("running_median") is None and row.get("t_first_waiting") is None:
+    if row.get("window_running_median") is None and row.get("t_first_waiting") is None:
         return "no scheduler samples"
     events = [("waiting>0", row.get("t_first_waiting")),
               ("running at cap", row.get("t_first_cap") if row["cap"] is not None else "unknown"),
@@ -507,9 +506,9 @@ def _lt(a: float | None, b: float) -> bool:
 
 def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
     """Each load pattern's conditions, in rule order, each with what was measured."""
-    cap_share, ws, kvf, kvmed = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"], d["kv_median_pct"]
-    preempted = d["preemptions"] or 0
-    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["kv_max_pct"], r.kv_peak_pct) and preempted > 0)
+    cap_share, ws, kvf, kvmed = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"], d["window_kv_median_pct"]
+    preempted = d["window_preemptions"] or 0
+    kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["window_kv_max_pct"], r.kv_peak_pct) and preempted > 0)
     cap_text = f"running at cap {_pct(cap_share) if cap_share is not None else 'unknown (no max_num_seqs)'}"
 
     def check(ok: bool, measured: str, needs: str) -> tuple[bool, str]:
@@ -568,15 +567,15 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
     cap_note = "" if cap is not None else "; max_num_seqs unknown: no at-cap signal"
     if fits == "KV-capacity pressure":
         return fits, (f"KV at or above {r.kv_full_pct:g} % for {_pct(d['kv_full_share'])} of the loaded time, "
-                      f"{d['preemptions'] or 0:.0f} preemptions, running at most {_count(d['running_max'])}{_of(cap, engines)}, "
+                      f"{d['window_preemptions'] or 0:.0f} preemptions, running at most {_count(d['window_running_max'])}{_of(cap, engines)}, "
                       f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}")
     if fits == "active-sequence limit":
         return fits, (f"running at >= {math.ceil(r.cap_frac * cap * engines)}{_of(cap, engines)} for "
                       f"{_pct(d['running_at_cap_share'])} "
-                      f"of the loaded time while KV median was {_num(d['kv_median_pct'])} %")
+                      f"of the loaded time while KV median was {_num(d['window_kv_median_pct'])} %")
     if fits == "reference":
-        return fits, (f"waiting {_pct(d['waiting_share'])} of the time, running median {_count(d['running_median'])}"
-                      f"{_of(cap, engines)}, KV median {_num(d['kv_median_pct'])} %{cap_note}")
+        return fits, (f"waiting {_pct(d['waiting_share'])} of the time, running median {_count(d['window_running_median'])}"
+                      f"{_of(cap, engines)}, KV median {_num(d['window_kv_median_pct'])} %{cap_note}")
     return "unclassified", "fits no pattern: " + "; ".join(
         f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items())
 

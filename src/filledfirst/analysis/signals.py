@@ -1,8 +1,9 @@
 """Every signal the report shows, defined once, as SQL over the DuckDB store.
 
 The report, tests and any later diagnosis read numbers only through these functions, so a
-definition (what TTFT is measured from, how ITL treats multi-token chunks, which
-Prometheus names count as the KV gauge) changes in one place.
+definition (what TTFT is measured from, how ITL treats multi-token chunks) changes in one
+place; which Prometheus names count as which signal is `filledfirst.metrics`. Every
+column here is over the whole run; the diagnosis's loaded-window ones are `window_*`.
 
 Definitions (times are seconds on the run's one monotonic clock):
 - TTFT = t_first_token - t_scheduled. The load generator is open loop, so TTFT counts
@@ -41,13 +42,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-# vLLM renamed the KV gauge; older builds expose the gpu_ name (also on the CPU).
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-# The counter's sample name carries `_total`; a scraper that stores the family name keeps
-# it without. `_created` (a timestamp) must never match, hence an explicit list.
-PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, TTFT_HISTOGRAM, WAITING, sql_list
 
 OK = "ok"
 NOT_SENT = "not_sent"
@@ -55,23 +50,31 @@ NOT_SENT = "not_sent"
 FAILED = f"status NOT IN ('{OK}', '{NOT_SENT}')"
 
 
-def _in_list(names: tuple[str, ...]) -> str:
-    # Constant metric names from this module, never user input: safe to inline.
-    return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+def ok_ms(t_end: str, t_start: str = "t_scheduled", alias: str = "") -> str:
+    """`t_end - t_start` of a `requests` row in ms, NULL unless the request succeeded
+    (`alias`: the table's alias in the query, if it needs one)."""
+    a = f"{alias}." if alias else ""
+    return f"CASE WHEN {a}status = '{OK}' THEN ({a}{t_end} - {a}{t_start}) * 1000 END"
+
+
+def ttft_ms(alias: str = "") -> str:
+    """TTFT in ms, the one definition: from arrival (t_scheduled) to the first token, NULL
+    unless the request succeeded."""
+    return ok_ms("t_first_token", alias=alias)
 
 
 # Per-request TTFT in ms, NULL unless the request succeeded and produced a first token.
-_REQUEST_TTFT = f"""
+REQUEST_TTFT = f"""
 SELECT run_id, request_id, role, status, error, t_scheduled,
-       CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
+       {ttft_ms()} AS ttft_ms,
        t_first_token IS NULL AS ttft_missing,
        -- dispatch lag: how late the client sent; large values mean the client, not the
        -- server, was the limit (open loop; ~0 by construction in a closed loop)
        (t_sent - t_scheduled) * 1000 AS lag_ms,
        -- from the moment the request left: what the server's own TTFT histogram can see
-       CASE WHEN status = '{OK}' THEN (t_first_token - t_sent) * 1000 END AS ttft_from_send_ms,
+       {ok_ms("t_first_token", "t_sent")} AS ttft_from_send_ms,
        -- first content token: later than the first token when a model reasons first
-       CASE WHEN status = '{OK}' THEN (t_first_content - t_scheduled) * 1000 END AS ttft_content_ms,
+       {ok_ms("t_first_content")} AS ttft_content_ms,
        reasoning_tokens,
        -- usage against what was asked: token-id prompts must match exactly
        status = '{OK}' AND (prompt_tokens_received IS DISTINCT FROM prompt_tokens
@@ -81,7 +84,7 @@ FROM requests
 
 # One row per inter-chunk gap of an ok request. Chunks with n = 0 (e.g. the final usage
 # chunk) carry no token, so they are dropped before the gaps are taken.
-_ITL_GAPS = f"""
+ITL_GAPS = f"""
 WITH chunks AS (
     SELECT k.run_id, k.request_id, r.role, k.t, sum(k.n) AS n
     FROM tokens k
@@ -98,7 +101,7 @@ SELECT run_id, request_id, role, gap_ms / n AS itl_ms, gap_ms AS itl_chunk_ms FR
 """
 
 # Per request: its longest wait for a token once the first one came.
-_REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({_ITL_GAPS}) GROUP BY ALL"
+REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({ITL_GAPS}) GROUP BY ALL"
 
 # Offered load: the sent requests over their arrival span. Goodput divides by the same span,
 # so a run where every request met its objective has goodput = offered load.
@@ -109,14 +112,14 @@ FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 """
 
 # Long-format scheduler signals: one value per (run, scrape time, signal).
-_GAUGES = f"""
+GAUGES = f"""
 WITH tagged AS (
     SELECT run_id, t, value,
-           CASE WHEN metric IN ({_in_list(RUNNING)}) THEN 'running'
-                WHEN metric IN ({_in_list(WAITING)}) THEN 'waiting'
+           CASE WHEN metric IN ({sql_list(RUNNING)}) THEN 'running'
+                WHEN metric IN ({sql_list(WAITING)}) THEN 'waiting'
                 ELSE 'kv_pct' END AS signal
     FROM samples
-    WHERE metric IN ({_in_list(RUNNING + WAITING + KV_USAGE)})
+    WHERE metric IN ({sql_list(RUNNING + WAITING + KV_USAGE)})
 )
 SELECT run_id, t, signal,
        CASE WHEN signal = 'kv_pct' THEN max(value) * 100 ELSE sum(value) END AS value
@@ -143,11 +146,13 @@ def preemptions_sql(source: str) -> str:
     SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id"""
 
 
-_PREEMPTIONS = preemptions_sql(f"SELECT * FROM samples WHERE metric IN ({_in_list(PREEMPTIONS)})")
+_PREEMPTIONS = preemptions_sql(f"SELECT * FROM samples WHERE metric IN ({sql_list(PREEMPTIONS)})")
 
 
-def _pl(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
-    # Via Arrow: keeps column types even when no row matches.
+def query(con: duckdb.DuckDBPyConnection, sql: str,
+          params: list[Any] | dict[str, Any] | None = None) -> pl.DataFrame:
+    """The one way analysis code reads a query into polars: via Arrow, which keeps column
+    types even when no row matches. `params`: positional (`?`) or named (`$name`)."""
     out = pl.from_arrow(con.sql(sql, params=params or None).to_arrow_table())
     assert isinstance(out, pl.DataFrame)
     return out
@@ -170,14 +175,14 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                quantile_cont(lag_ms, 0.99) AS lag_p99_ms,
                CAST(coalesce(sum(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens,
                count(*) FILTER (WHERE usage_mismatch) AS n_usage_mismatch
-        FROM ({_REQUEST_TTFT}) GROUP BY run_id
+        FROM ({REQUEST_TTFT}) GROUP BY run_id
     ),
     itl AS (
         SELECT run_id, quantile_cont(itl_ms, 0.5) AS itl_p50_ms,
                quantile_cont(itl_ms, 0.99) AS itl_p99_ms,
                quantile_cont(itl_chunk_ms, 0.5) AS itl_chunk_p50_ms,
                quantile_cont(itl_chunk_ms, 0.99) AS itl_chunk_p99_ms
-        FROM ({_ITL_GAPS}) GROUP BY run_id
+        FROM ({ITL_GAPS}) GROUP BY run_id
     ),
     g AS (
         SELECT run_id,
@@ -187,7 +192,7 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                max(value) FILTER (WHERE signal = 'waiting') AS waiting_max,
                quantile_cont(value, 0.5) FILTER (WHERE signal = 'kv_pct') AS kv_median_pct,
                max(value) FILTER (WHERE signal = 'kv_pct') AS kv_max_pct
-        FROM ({_GAUGES}) GROUP BY run_id
+        FROM ({GAUGES}) GROUP BY run_id
     )
     SELECT r.run_id, r.experiment, r.description, r.status, r.error,
            coalesce(req.n_requests, 0) AS n_requests,
@@ -209,7 +214,7 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     LEFT JOIN ({_PREEMPTIONS}) p USING (run_id)
     ORDER BY r.started_at NULLS LAST, r.run_id
     """
-    return _pl(con, sql)
+    return query(con, sql)
 
 
 def role_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -221,12 +226,12 @@ def role_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                quantile_cont(ttft_ms, 0.5) AS ttft_p50_ms,
                quantile_cont(ttft_ms, 0.9) AS ttft_p90_ms,
                min(t_scheduled) AS first_arrival
-        FROM ({_REQUEST_TTFT}) GROUP BY run_id, role
+        FROM ({REQUEST_TTFT}) GROUP BY run_id, role
     ),
     itl AS (
         SELECT run_id, role, quantile_cont(itl_ms, 0.5) AS itl_p50_ms,
                quantile_cont(itl_ms, 0.99) AS itl_p99_ms
-        FROM ({_ITL_GAPS}) GROUP BY run_id, role
+        FROM ({ITL_GAPS}) GROUP BY run_id, role
     )
     SELECT req.run_id, req.role, req.n, req.n_failed, req.ttft_p50_ms, req.ttft_p90_ms,
            itl.itl_p50_ms, itl.itl_p99_ms
@@ -234,22 +239,22 @@ def role_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     -- first arrival order: roles appear in the order the workload starts them
     ORDER BY req.run_id, req.first_arrival, req.role
     """
-    return _pl(con, sql)
+    return query(con, sql)
 
 
 def timeseries(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     """Long format: t, signal (running | waiting | kv_pct), value; ordered by time."""
-    sql = f"SELECT t, signal, value FROM ({_GAUGES}) WHERE run_id = ? ORDER BY signal, t"
-    return _pl(con, sql, [run_id])
+    sql = f"SELECT t, signal, value FROM ({GAUGES}) WHERE run_id = ? ORDER BY signal, t"
+    return query(con, sql, [run_id])
 
 
 def request_points(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     """Per request: request_id, t_scheduled, ttft_ms (NULL if failed), role, status, error."""
     sql = f"""
     SELECT request_id, t_scheduled, ttft_ms, role, status, error
-    FROM ({_REQUEST_TTFT}) WHERE run_id = ? ORDER BY t_scheduled, request_id
+    FROM ({REQUEST_TTFT}) WHERE run_id = ? ORDER BY t_scheduled, request_id
     """
-    return _pl(con, sql, [run_id])
+    return query(con, sql, [run_id])
 
 
 def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
@@ -276,7 +281,7 @@ FROM per_series GROUP BY run_id, le ORDER BY run_id, CAST(le AS DOUBLE)
 def histogram_quantile(con: duckdb.DuckDBPyConnection, histogram: str, q: float) -> pl.DataFrame:
     """Per run: the q-quantile of a server histogram (e.g. `vllm:time_to_first_token_seconds`)
     over the run, with the bucket it fell in and the number of observations."""
-    deltas = _pl(con, _HISTOGRAM_DELTAS, [histogram + "_bucket"])
+    deltas = query(con, _HISTOGRAM_DELTAS, [histogram + "_bucket"])
     rows = []
     for (run_id,), g in deltas.group_by(["run_id"], maintain_order=True):
         les, cums = g["le"].to_list(), g["cum"].to_list()
@@ -300,11 +305,11 @@ def histogram_quantile(con: duckdb.DuckDBPyConnection, histogram: str, q: float)
 def ttft_against_server(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Our TTFT p50 (from send, as the server sees it) beside the median of vLLM's own TTFT
     histogram for the same run: a check of the client, and of what HTTP adds."""
-    ours = _pl(con, f"""
+    ours = query(con, f"""
         SELECT run_id, quantile_cont(ttft_from_send_ms, 0.5) AS client_ttft_p50_ms,
                count(ttft_from_send_ms) AS n_client
-        FROM ({_REQUEST_TTFT}) GROUP BY run_id""")
-    server = histogram_quantile(con, "vllm:time_to_first_token_seconds", 0.5).select(
+        FROM ({REQUEST_TTFT}) GROUP BY run_id""")
+    server = histogram_quantile(con, TTFT_HISTOGRAM, 0.5).select(
         "run_id",
         (pl.col("value") * 1000).alias("server_ttft_p50_ms"),
         (pl.col("bucket_lo") * 1000).alias("bucket_lo_ms"),
@@ -334,7 +339,7 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     WITH r AS (
         SELECT run_id, status, t_sent, t_done, output_tokens_received AS out,
                t_scheduled,
-               CASE WHEN status = '{OK}' THEN (t_first_token - t_scheduled) * 1000 END AS ttft_ms,
+               {ttft_ms()} AS ttft_ms,
                CASE WHEN status = '{OK}' AND t_last_token > t_first_token
                     THEN (output_tokens_received - 1) / (t_last_token - t_first_token) END AS tok_s
         FROM requests
@@ -349,4 +354,4 @@ def run_rates(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            count(*) FILTER (WHERE {FAILED}) AS n_failed
     FROM r LEFT JOIN ({OFFERED}) o USING (run_id) GROUP BY run_id
     """
-    return _pl(con, sql)
+    return query(con, sql)
