@@ -173,7 +173,7 @@ def test_a_kept_run_is_not_reused_when_its_experiment_changed(group, monkeypatch
     cfg, jobs, state = group
     first_a = interrupted_at_b_then_cleaned(group, monkeypatch)
     if change == "spec":  # in a's spec, not in its server's identity: a stays in the group
-        cfg["experiments"]["a"]["loadgen"] = {"request_timeout_s": 99}
+        cfg["experiments"]["a"]["description"] = "changed"
     else:
         phases = [{**phase, "output_tokens": 9} for phase in cfg["workloads"]["light"]["phases"]]
         write_synthetic_schedule({**cfg["workloads"]["light"], "phases": phases}, jobs[0].schedule)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from filledfirst.errors import UserError
+from filledfirst.study import LOADGEN, SCRAPE
 
 log = logging.getLogger("filledfirst")
 
@@ -30,6 +31,16 @@ def _cmd_model_tiny(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from e
     return 0
+
+
+def _catalog_entry(configs: list[Path], section: str, name: str):
+    """One named entry of a config's catalog (`traces`, `workloads`), typed."""
+    from filledfirst.config import load_study
+
+    catalog = getattr(load_study(configs), section)
+    if name not in catalog:
+        raise UserError(f"{section}: no {name!r} in the config ({sorted(catalog)})")
+    return catalog[name]
 
 
 def _add_trace(sub) -> None:
@@ -66,11 +77,9 @@ def _add_trace(sub) -> None:
 
 
 def _cmd_trace_fetch(args) -> int:
-    from filledfirst.config import load_config
     from filledfirst.trace.fetch import fetch_trace
 
-    cfg = load_config(args.configs)
-    fetch_trace(cfg["traces"][args.trace], args.out)
+    fetch_trace(_catalog_entry(args.configs, "traces", args.trace), args.out)
     return 0
 
 
@@ -112,11 +121,9 @@ def _add_workload(sub) -> None:
 
 
 def _cmd_workload_synth(args) -> int:
-    from filledfirst.config import load_config
     from filledfirst.workloads.synthetic import write_synthetic_schedule
 
-    cfg = load_config(args.configs)
-    write_synthetic_schedule(cfg["workloads"][args.workload], args.out)
+    write_synthetic_schedule(_catalog_entry(args.configs, "workloads", args.workload), args.out)
     return 0
 
 
@@ -172,18 +179,20 @@ def _add_replay(sub) -> None:
     p.add_argument("--token-ids", nargs=2, type=int, metavar=("LOW", "HIGH"),
                    help="prompt token ids are drawn from [LOW, HIGH), clear of special tokens "
                    "(required unless --prompt text)")
-    p.add_argument("--api", choices=("completions", "chat"), default="completions",
+    p.add_argument("--api", choices=("completions", "chat"), default=LOADGEN.api,
                    help="chat counts reasoning deltas apart from content (needs --prompt text)")
-    p.add_argument("--prompt", choices=("token_ids", "text"), default="token_ids",
+    p.add_argument("--prompt", choices=("token_ids", "text"), default=LOADGEN.prompt,
                    help="text: about one token per word, for servers that refuse token ids")
     p.add_argument("--name", default="replay", help="the run's name in the database and the report")
     p.add_argument("--api-key-env", help="name of the environment variable holding the API key")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds for a whole request")
-    p.add_argument("--connect-timeout", type=float, default=None)
-    p.add_argument("--first-token-timeout", type=float, default=None)
-    p.add_argument("--drain-timeout", type=float, default=600.0)
-    p.add_argument("--scrape-interval", type=float, default=0.25)
+    # The defaults are the config schema's (loadgen, scrape), as a study's run gets them.
+    p.add_argument("--seed", type=int, default=LOADGEN.seed)
+    p.add_argument("--request-timeout", type=float, default=LOADGEN.request_timeout_s,
+                   help="seconds for a whole request")
+    p.add_argument("--connect-timeout", type=float, default=LOADGEN.connect_timeout_s)
+    p.add_argument("--first-token-timeout", type=float, default=LOADGEN.first_token_timeout_s)
+    p.add_argument("--drain-timeout", type=float, default=LOADGEN.drain_timeout_s)
+    p.add_argument("--scrape-interval", type=float, default=SCRAPE.interval_s)
     p.add_argument("--closed", type=int, metavar="N", default=None,
                    help="closed loop with N workers instead of the schedule's arrival times")
     p.add_argument("--no-progress", action="store_true")
@@ -238,11 +247,15 @@ def _add_diagnose(sub) -> None:
 
 def _cmd_diagnose(args) -> int:
     from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
-    from filledfirst.config import load_config
+    from filledfirst.config import load_study
 
-    cfg = load_config(args.configs) if args.configs else {}
-    expect = {name: e["expect"] for name, e in cfg.get("experiments", {}).items() if e.get("expect")}
-    df = write_diagnosis(args.db, DiagnosisRules.from_config(cfg.get("diagnosis")), expect)
+    if args.configs:
+        study = load_study(args.configs)
+        rules = study.diagnosis
+        expect = {name: e.expect for name, e in study.experiments.items() if e.expect}
+    else:
+        rules, expect = DiagnosisRules(), {}
+    df = write_diagnosis(args.db, rules, expect)
     rows = [(d["run_id"], d["expect"] or "", d["label"], d["clue"], d["warnings"]) for d in df.to_dicts()]
     if sys.stdout.isatty():
         from rich.console import Console

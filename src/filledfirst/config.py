@@ -10,9 +10,10 @@ from pathlib import Path
 import yaml
 
 from filledfirst.errors import UserError
+from filledfirst.paths import REPO_ROOT, SCHEMA_PATH
+from filledfirst.study import Study
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+__all__ = ["REPO_ROOT", "SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -38,6 +39,11 @@ def load_config(paths: list[Path]) -> dict:
         cfg = deep_merge(cfg, loaded)
     validate_config(cfg)
     return cfg
+
+
+def load_study(paths: list[Path]) -> Study:
+    """`load_config`, then converted once into the typed study (filledfirst.study)."""
+    return Study.from_dict(load_config(paths))
 
 
 def validate_config(cfg: dict) -> None:

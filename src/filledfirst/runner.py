@@ -25,6 +25,7 @@ import polars as pl
 
 from filledfirst import atomic, kept, rundir
 from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint
+from filledfirst.study import as_study
 from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -210,13 +211,14 @@ class _Group:
 
 
 def _experiment_meta(cfg: dict, experiment: str, spec: dict, server: dict) -> dict:
+    exp = as_study(cfg).experiments[experiment]
     return {
         "workload": spec["workload_name"],
         "description": spec["description"],
         # Report-only: which table of the study and which pattern the experiment was
         # designed for. Outside the spec, so relabelling never re-runs an experiment.
-        "part": cfg["experiments"][experiment].get("part"),
-        "expect": cfg["experiments"][experiment].get("expect"),
+        "part": exp.part,
+        "expect": exp.expect,
         "spec": spec,
         "spec_fingerprint": fingerprint(spec),
         "model": spec["model"],

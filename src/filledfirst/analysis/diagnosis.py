@@ -26,7 +26,7 @@ import functools
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -38,49 +38,9 @@ from filledfirst.errors import UserError
 from filledfirst.metrics import (
     CACHE_CONFIG_INFO, KV_USAGE, PREEMPTIONS, QUEUE_TIME_HISTOGRAM, RUNNING, SCRAPE_ERROR, WAITING, sql_list,
 )
+from filledfirst.study import DiagnosisRules  # the thresholds: the config's `diagnosis` section
 
-
-@dataclass(frozen=True)
-class DiagnosisRules:
-    """Every threshold of the labels and warnings; the config's `diagnosis` section."""
-
-    warmup_frac: float = 0.1  # of the arrival span, cut from the window's start
-    cap_frac: float = 0.9  # running >= this x max_num_seqs counts as "at the cap"
-    default_cap: int | None = None  # max_num_seqs when neither the run nor its meta has it
-    kv_full_pct: float = 90.0
-    kv_peak_pct: float = 95.0  # a peak this high with preemptions also counts as KV full
-    long_prompt_factor: float = 10.0  # x the run's median prompt: a long prompt
-    interference_min_ratio: float = 3.0
-    interference_min_requests: int = 5  # short requests arriving during long prefills
-    interference_min_share: float = 0.05  # of the sent short requests
-    kv_full_min_share: float = 0.2
-    waiting_min_share: float = 0.2
-    kv_pressure_max_cap_share: float = 0.2
-    seq_limit_min_cap_share: float = 0.5
-    seq_limit_max_kv_full_share: float = 0.05  # vLLM preempts only when KV runs out:
-    seq_limit_max_preemptions: int = 0  # then the cap is not all that filled
-    reference_max_waiting_share: float = 0.1
-    reference_max_cap_share: float = 0.2
-    reference_max_kv_full_share: float = 0.05
-    max_lag_ms: float = 50.0
-    max_failed_share: float = 0.01
-    littles_min_ratio: float = 0.8
-    littles_max_ratio: float = 1.25
-    littles_min_arrivals: int = 20
-    scrape_hold_factor: float = 2.0  # x the scrape interval: how long a gauge value stands for
-    min_scrape_coverage: float = 0.8  # of the loaded window covered by held scrapes, else no label
-    min_window_scrapes: int = 4
-    slo_ttft_ms: float = 1000.0
-    slo_itl_ms: float = 200.0
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> DiagnosisRules:
-        """From a config's `diagnosis` section (absent keys keep their defaults)."""
-        section = dict(section or {})
-        unknown = sorted(set(section) - {f.name for f in fields(cls)})
-        if unknown:
-            raise UserError(f"diagnosis: unknown setting(s) {unknown}")
-        return cls(**section)
+__all__ = ["DiagnosisRules", "diagnose", "stored_rules", "write_diagnosis"]
 
 
 LABELS = ("failed", "prefill-decode interference", "KV-capacity pressure", "active-sequence limit",

@@ -7,13 +7,17 @@ run copies the part written while it was the current one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
 from pathlib import Path
 
+import msgspec
+
 from filledfirst.engine.command import ServerCommand, build_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
+from filledfirst.study import Engine
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,12 @@ class SharedServer:
         # after up to startup_timeout_s each.
         self.start_error: ServerStartError | None = None
 
+    @functools.cached_property
+    def engine(self) -> Engine:
+        """How to start it, typed (absent keys take the schema's defaults); the spec's
+        `server` holds the merged vLLM settings apart."""
+        return msgspec.convert(self.spec["engine"], Engine)
+
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()
 
@@ -66,9 +76,7 @@ class SharedServer:
         return None
 
     def _start(self, experiment: str) -> None:
-        engine = self.spec["engine"]
-        host = engine.get("host", "127.0.0.1")
-        fixed_port = engine.get("port")
+        host, fixed_port = self.engine.host, self.engine.port
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = fixed_port or free_port(host)
             try:
@@ -83,16 +91,16 @@ class SharedServer:
                 log.warning("port %d was taken before vLLM could bind it; trying another", port)
 
     def _start_on(self, experiment: str, host: str, port: int) -> None:
-        engine = self.spec["engine"]
+        engine = self.engine
         self.cmd = build_command(
-            launcher=engine["launcher"], model=self.spec["model"], settings=self.spec["server"],
-            host=host, port=port, seed=engine.get("seed", 0), extra_env=engine.get("env", {}),
+            launcher=engine.launcher, model=self.spec["model"], settings=self.spec["server"],
+            host=host, port=port, seed=engine.seed, extra_env=dict(engine.env),
         )
         self.base_url = f"http://{host}:{port}"
         self.start_offset = self.log_offset()
         server = VllmServer(
             self.cmd, host=host, port=port, log_path=self.log_path,
-            startup_timeout_s=engine.get("startup_timeout_s", 600), nice=engine.get("server_nice", 0),
+            startup_timeout_s=engine.startup_timeout_s, nice=engine.server_nice,
         )
         server.__enter__()  # healthy, or stopped again and raised
         self.server, self.started_by, self.startup_s = server, experiment, server.startup_s

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
+from filledfirst.study import LOADGEN, SCRAPE, Loadgen, Scrape
+
 
 @dataclass(slots=True)
 class ReplaySettings:
@@ -12,33 +16,39 @@ class ReplaySettings:
     model: str
     token_low: int
     token_high: int
-    seed: int = 0
-    request_timeout_s: float = 600.0
-    drain_timeout_s: float = 600.0
-    scrape_interval_s: float = 0.25
+    # Defaults: the config schema's (filledfirst.study), for a replay outside a study.
+    seed: int = LOADGEN.seed
+    request_timeout_s: float = LOADGEN.request_timeout_s
+    drain_timeout_s: float = LOADGEN.drain_timeout_s
+    scrape_interval_s: float = SCRAPE.interval_s
     api_key: str | None = None  # from the environment only; never written anywhere
-    mode: str = "open"
-    concurrency: int | None = None
-    connect_timeout_s: float | None = None
-    first_token_timeout_s: float | None = None
-    api: str = "completions"  # or "chat"
-    prompt: str = "token_ids"  # or "text", for servers that refuse token ids (and chat)
+    mode: str = LOADGEN.mode
+    concurrency: int | None = LOADGEN.concurrency
+    connect_timeout_s: float | None = LOADGEN.connect_timeout_s
+    first_token_timeout_s: float | None = LOADGEN.first_token_timeout_s
+    api: str = LOADGEN.api  # or "chat"
+    prompt: str = LOADGEN.prompt  # or "text", for servers that refuse token ids (and chat)
 
     @classmethod
     def from_spec(cls, spec: dict) -> "ReplaySettings":
-        loadgen = spec["loadgen"]
+        """From an experiment's spec (filledfirst.config.experiment_spec, as run.json keeps
+        it): its merged loadgen and scrape sections, typed, so absent keys take the
+        schema's defaults."""
+        loadgen = msgspec.convert(spec["loadgen"], Loadgen)
+        scrape = msgspec.convert(spec["scrape"], Scrape)
+        ids = spec["model"]["prompt_token_ids"]
         return cls(
             model=spec["model"]["name"],
-            token_low=spec["model"]["prompt_token_ids"]["low"],
-            token_high=spec["model"]["prompt_token_ids"]["high"],
-            seed=loadgen.get("seed", 0),
-            request_timeout_s=loadgen.get("request_timeout_s", 600),
-            drain_timeout_s=loadgen.get("drain_timeout_s", 600),
-            scrape_interval_s=spec["scrape"].get("interval_s", 0.25),
-            mode=loadgen.get("mode", "open"),
-            concurrency=loadgen.get("concurrency"),
-            connect_timeout_s=loadgen.get("connect_timeout_s"),
-            first_token_timeout_s=loadgen.get("first_token_timeout_s"),
-            api=loadgen.get("api", "completions"),
-            prompt=loadgen.get("prompt", "token_ids"),
+            token_low=ids["low"],
+            token_high=ids["high"],
+            seed=loadgen.seed,
+            request_timeout_s=loadgen.request_timeout_s,
+            drain_timeout_s=loadgen.drain_timeout_s,
+            scrape_interval_s=scrape.interval_s,
+            mode=loadgen.mode,
+            concurrency=loadgen.concurrency,
+            connect_timeout_s=loadgen.connect_timeout_s,
+            first_token_timeout_s=loadgen.first_token_timeout_s,
+            api=loadgen.api,
+            prompt=loadgen.prompt,
         )

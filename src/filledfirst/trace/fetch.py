@@ -15,6 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
+import msgspec
+
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -27,6 +29,7 @@ from rich.progress import (
 
 from filledfirst.atomic import atomic_path
 from filledfirst.errors import UserError
+from filledfirst.study import Trace
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +38,13 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
-def fetch_trace(entry: dict, out: Path) -> None:
+def fetch_trace(entry: Trace | dict, out: Path) -> None:
     """`entry` is one item of the config's `traces` catalog: {url, file, sha256?, size?}."""
+    entry = entry if isinstance(entry, Trace) else msgspec.convert(entry, Trace)
     out = Path(out)
-    found = find_in_mirror(entry["file"])
+    found = find_in_mirror(entry.file)
     if found is not None:
-        log.info("copying %s from the mirror (%s) to %s", entry["file"], found, out)
+        log.info("copying %s from the mirror (%s) to %s", entry.file, found, out)
         with found.open("rb") as src:
             _copy_checked(src, out, entry, origin=str(found))
         return
@@ -62,15 +66,15 @@ def find_in_mirror(file: str) -> Path | None:
     return hits[0] if hits else None
 
 
-def _download(entry: dict, out: Path) -> None:
+def _download(entry: Trace, out: Path) -> None:
     """Stream `url` into `<out>.part`, resuming a `.part` left by an interrupted run with
     an HTTP Range request; verify size and sha256, and only then rename it onto `out`."""
-    url = entry["url"]
+    url = entry.url
     part = out.with_name(out.name + ".part")
     out.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
-    if entry.get("size") is not None and have > entry["size"]:
-        log.warning("%s is longer than %s should be; starting again", part, entry["file"])
+    if entry.size is not None and have > entry.size:
+        log.warning("%s is longer than %s should be; starting again", part, entry.file)
         have = 0
     digest = hashlib.sha256()
     if have:
@@ -95,7 +99,7 @@ def _download(entry: dict, out: Path) -> None:
                 with part.open("r+b" if have else "wb") as dst:
                     dst.seek(have)
                     dst.truncate()
-                    copied = _stream(resp, dst, digest, entry["file"], have, None if total is None else have + total)
+                    copied = _stream(resp, dst, digest, entry.file, have, None if total is None else have + total)
                 if total is not None and copied < total:
                     # urllib's read(n) ends quietly on a dropped connection; the length tells.
                     raise ConnectionError(f"connection closed after {have + copied:,} of {have + total:,} bytes")
@@ -103,8 +107,8 @@ def _download(entry: dict, out: Path) -> None:
         kept = part.stat().st_size if part.exists() else 0
         resume = f" {kept:,} bytes are kept in {part}; run again to resume." if kept else ""
         raise UserError(
-            f"could not download trace {entry['file']} from {url}: {exc}.{resume} "
-            f"On a machine without internet access, put {entry['file']} in a folder "
+            f"could not download trace {entry.file} from {url}: {exc}.{resume} "
+            f"On a machine without internet access, put {entry.file} in a folder "
             f"(any depth) and set {MIRROR_ENV} to that folder."
         ) from None
     size = part.stat().st_size
@@ -138,23 +142,23 @@ def _stream(src: BinaryIO, dst: BinaryIO, digest, label: str, done: int, total: 
     return copied
 
 
-def _copy_checked(src: BinaryIO, out: Path, entry: dict, *, origin: str) -> None:
+def _copy_checked(src: BinaryIO, out: Path, entry: Trace, *, origin: str) -> None:
     """Stream into a temp file beside `out`, hashing on the way; rename only if it checks."""
     digest = hashlib.sha256()
     with atomic_path(out, ".partial") as tmp:
         with tmp.open("wb") as dst:
-            copied = _stream(src, dst, digest, entry["file"], 0, entry.get("size"))
+            copied = _stream(src, dst, digest, entry.file, 0, entry.size)
         _check(entry, origin, copied, digest.hexdigest())
     log.info("%s: %d bytes, sha256 %s", out, copied, digest.hexdigest())
 
 
-def _check(entry: dict, origin: str, size: int, sha256: str) -> None:
-    expected = entry.get("sha256")
+def _check(entry: Trace, origin: str, size: int, sha256: str) -> None:
+    expected = entry.sha256
     if expected and expected != sha256:
         raise UserError(
-            f"sha256 mismatch for {entry['file']} from {origin}: expected {expected}, got {sha256}"
+            f"sha256 mismatch for {entry.file} from {origin}: expected {expected}, got {sha256}"
         )
-    if entry.get("size") is not None and entry["size"] != size:
+    if entry.size is not None and entry.size != size:
         raise UserError(
-            f"size mismatch for {entry['file']} from {origin}: expected {entry['size']} bytes, got {size}"
+            f"size mismatch for {entry.file} from {origin}: expected {entry.size} bytes, got {size}"
         )

@@ -1,0 +1,284 @@
+"""The study config as types: converted once, after the schema has validated the dict.
+
+Defaults live in exactly one place each:
+- a key whose schema entry has `default:` (workflow/schemas/config.schema.yaml) takes it
+  from there: the fields below read it with `schema_default`, so Snakemake (which fills
+  the schema's defaults into its `config` dict) and this module cannot disagree;
+- a key the schema cannot give a default (the workload kinds are a `oneOf`, whose
+  branches must not fill defaults) has it here, on its field, and the schema only
+  describes it.
+tests/test_study.py checks that every schema default is a field default here and that
+no other field default hides a second one.
+
+`Study.from_dict` is the one conversion; `filledfirst.config.load_study` loads, merges,
+validates and converts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Literal, Mapping
+
+import msgspec
+import yaml
+
+from filledfirst.errors import UserError
+from filledfirst.paths import SCHEMA_PATH
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def schema_default(*path: str) -> Any:
+    """The `default:` of the schema's property at `path` (section, then key; "*" for
+    any name of a catalog: `("experiments", "*", "isolate")`)."""
+    node: dict = _schema()
+    for key in path:
+        node = node["additionalProperties"] if key == "*" else node["properties"][key]
+    if "default" not in node:
+        raise KeyError(f"the schema gives {'.'.join(path)} no default")
+    return node["default"]
+
+
+def _d(*path: str) -> Any:
+    return schema_default(*path)
+
+
+class _Struct(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class StudyInfo(_Struct):
+    name: str
+    description: str = ""
+
+
+class TokenIds(_Struct):
+    low: int
+    high: int
+
+
+class TinyShape(_Struct):
+    layers: int | None = None
+    hidden_size: int | None = None
+
+
+class Model(_Struct):
+    name: str
+    source: Literal["tiny", "path", "hub"]
+    dtype: str
+    max_model_len: int
+    prompt_token_ids: TokenIds
+    path: str | None = None
+    load_format: str = _d("model", "load_format")
+    tiny: TinyShape | None = None
+
+
+class ServerSettings(_Struct):
+    """vLLM settings (engine.server, or an experiment's override); None: vLLM's own."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    gpu_memory_utilization: float | None = None
+    num_gpu_blocks_override: int | None = None
+    kv_cache_space_gib: int | None = None
+    enforce_eager: bool | None = None
+    extra_args: list[str] | None = None
+
+
+class ExternalServer(_Struct):
+    url: str
+    api_key_env: str | None = None
+
+
+class Engine(_Struct):
+    launcher: Literal["cpu", "gpu"]
+    host: str = _d("engine", "host")
+    port: int | None = None  # None: a free port per start
+    startup_timeout_s: float = _d("engine", "startup_timeout_s")
+    seed: int = _d("engine", "seed")
+    server_nice: int = _d("engine", "server_nice")
+    env: dict[str, str] = {}
+    server: ServerSettings = ServerSettings()
+
+
+class Loadgen(_Struct):
+    request_timeout_s: float = _d("loadgen", "request_timeout_s")
+    connect_timeout_s: float | None = None  # None: no limit of its own
+    first_token_timeout_s: float | None = None
+    drain_timeout_s: float = _d("loadgen", "drain_timeout_s")
+    seed: int = _d("loadgen", "seed")
+    mode: Literal["open", "closed"] = _d("loadgen", "mode")
+    concurrency: int | None = None
+    api: Literal["completions", "chat"] = _d("loadgen", "api")
+    prompt: Literal["token_ids", "text"] = _d("loadgen", "prompt")
+
+
+class LoadMode(_Struct):
+    """An experiment's override of the study's loadgen: None keeps the study's."""
+
+    mode: Literal["open", "closed"] | None = None
+    concurrency: int | None = None
+
+
+class Scrape(_Struct):
+    interval_s: float = _d("scrape", "interval_s")
+
+
+class Trace(_Struct):
+    url: str
+    file: str
+    sha256: str | None = None
+    size: int | None = None
+
+
+class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
+    trace: str
+    minutes: float
+    description: str = ""
+    # The schema's oneOf branches cannot carry defaults: these are the only ones.
+    start_offset_s: float = 0.0
+    start: str | None = None  # a timestamp instead of start_offset_s
+    skip_bad: bool = False
+    keep_every: int = 1
+    phase: int = 0
+    time_scale: float = 1.0
+
+
+class SyntheticPhase(_Struct):
+    role: str
+    count: int
+    prompt_tokens: int
+    output_tokens: int
+    start_s: float = 0.0
+    interval_s: float = 0.0
+    arrival: Literal["constant", "poisson", "gamma"] = "constant"
+    cv: float = 1.0
+
+
+class SyntheticWorkload(_Struct, tag_field="kind", tag="synthetic"):
+    phases: list[SyntheticPhase]
+    description: str = ""
+    seed: int = 0
+
+
+Workload = TraceWorkload | SyntheticWorkload
+
+
+class Experiment(_Struct):
+    workload: str
+    description: str = ""
+    # Either vLLM settings on top of engine.server or an external endpoint (`url`): see
+    # `external` and `settings`.
+    server: dict[str, Any] = {}
+    loadgen: LoadMode = LoadMode()
+    part: str | None = None
+    expect: str | None = None
+    isolate: bool = _d("experiments", "*", "isolate")
+
+    @property
+    def external(self) -> ExternalServer | None:
+        return msgspec.convert(self.server, ExternalServer) if "url" in self.server else None
+
+    @property
+    def settings(self) -> ServerSettings:
+        """The experiment's own overrides (not merged with engine.server); empty for an
+        external endpoint."""
+        return ServerSettings() if "url" in self.server else msgspec.convert(self.server, ServerSettings)
+
+
+class Report(_Struct):
+    title: str | None = None
+
+
+class Cluster(_Struct):
+    gpus_per_job: int | None = None  # None: 1 with the gpu launcher, 0 with the cpu one
+    gpu_model: str | None = None
+    cpus_per_job: int = _d("cluster", "cpus_per_job")
+    mem_mb: int = _d("cluster", "mem_mb")
+    startup_allowance_s: float | None = None  # None: engine.startup_timeout_s
+    drain_allowance_s: float | None = None  # None: the experiment's loadgen.drain_timeout_s
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosisRules:
+    """Every threshold of the labels and warnings; the config's `diagnosis` section (the
+    meaning of each is its schema description)."""
+
+    warmup_frac: float = _d("diagnosis", "warmup_frac")
+    cap_frac: float = _d("diagnosis", "cap_frac")
+    default_cap: int | None = _d("diagnosis", "default_cap")
+    kv_full_pct: float = _d("diagnosis", "kv_full_pct")
+    kv_peak_pct: float = _d("diagnosis", "kv_peak_pct")
+    long_prompt_factor: float = _d("diagnosis", "long_prompt_factor")
+    interference_min_ratio: float = _d("diagnosis", "interference_min_ratio")
+    interference_min_requests: int = _d("diagnosis", "interference_min_requests")
+    interference_min_share: float = _d("diagnosis", "interference_min_share")
+    kv_full_min_share: float = _d("diagnosis", "kv_full_min_share")
+    waiting_min_share: float = _d("diagnosis", "waiting_min_share")
+    kv_pressure_max_cap_share: float = _d("diagnosis", "kv_pressure_max_cap_share")
+    seq_limit_min_cap_share: float = _d("diagnosis", "seq_limit_min_cap_share")
+    seq_limit_max_kv_full_share: float = _d("diagnosis", "seq_limit_max_kv_full_share")
+    seq_limit_max_preemptions: int = _d("diagnosis", "seq_limit_max_preemptions")
+    reference_max_waiting_share: float = _d("diagnosis", "reference_max_waiting_share")
+    reference_max_cap_share: float = _d("diagnosis", "reference_max_cap_share")
+    reference_max_kv_full_share: float = _d("diagnosis", "reference_max_kv_full_share")
+    max_lag_ms: float = _d("diagnosis", "max_lag_ms")
+    max_failed_share: float = _d("diagnosis", "max_failed_share")
+    littles_min_ratio: float = _d("diagnosis", "littles_min_ratio")
+    littles_max_ratio: float = _d("diagnosis", "littles_max_ratio")
+    littles_min_arrivals: int = _d("diagnosis", "littles_min_arrivals")
+    scrape_hold_factor: float = _d("diagnosis", "scrape_hold_factor")
+    min_scrape_coverage: float = _d("diagnosis", "min_scrape_coverage")
+    min_window_scrapes: int = _d("diagnosis", "min_window_scrapes")
+    slo_ttft_ms: float = _d("diagnosis", "slo_ttft_ms")
+    slo_itl_ms: float = _d("diagnosis", "slo_itl_ms")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> DiagnosisRules:
+        """From a config's `diagnosis` section (absent keys keep their defaults)."""
+        section = dict(section or {})
+        unknown = sorted(set(section) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise UserError(f"diagnosis: unknown setting(s) {unknown}")
+        return cls(**section)
+
+
+class Study(_Struct):
+    study: StudyInfo
+    model: Model
+    engine: Engine
+    workloads: dict[str, Workload]
+    experiments: dict[str, Experiment]
+    traces: dict[str, Trace] = {}
+    loadgen: Loadgen = Loadgen()
+    scrape: Scrape = Scrape()
+    report: Report = Report()
+    cluster: Cluster = Cluster()
+    diagnosis: DiagnosisRules = DiagnosisRules()
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> Study:
+        """A config dict the schema has validated (defaults filled in or not)."""
+        return msgspec.convert(cfg, cls)
+
+    def loadgen_for(self, experiment: str) -> Loadgen:
+        """The study's loadgen with the experiment's overrides on top."""
+        own = self.experiments[experiment].loadgen
+        changes = {f: v for f in own.__struct_fields__ if (v := getattr(own, f)) is not None}
+        return msgspec.structs.replace(self.loadgen, **changes)
+
+
+def as_study(cfg: Study | Mapping[str, Any]) -> Study:
+    """A Study as it is, or a validated config dict converted."""
+    return cfg if isinstance(cfg, Study) else Study.from_dict(cfg)
+
+
+# The loadgen's defaults, for what takes them outside a study (`filledfirst replay`).
+LOADGEN = Loadgen()
+SCRAPE = Scrape()
