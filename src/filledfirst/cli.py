@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from filledfirst.errors import UserError
-from filledfirst.study import LOADGEN, SCRAPE
+from filledfirst.study import LOADGEN, SCRAPE, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
 
@@ -56,13 +56,15 @@ def _add_trace(sub) -> None:
     s = tsub.add_parser("subsample", help="a time window, then every K-th request")
     s.add_argument("csv", type=Path)
     where = s.add_mutually_exclusive_group()
-    where.add_argument("--start-offset", type=float, default=0.0, help="seconds after the first row")
+    where.add_argument("--start-offset", type=float, default=default_of(TraceWorkload, "start_offset_s"),
+                       help="seconds after the first row")
     where.add_argument("--start", default=None, metavar="TIMESTAMP",
                        help="window start as a timestamp, e.g. '2024-05-12 13:00:00+00:00'")
     s.add_argument("--minutes", type=float, required=True)
-    s.add_argument("--keep-every", type=int, default=1)
-    s.add_argument("--phase", type=int, default=0, help="keep rows phase, phase+K, ...")
-    s.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival gaps (0.5 = twice as fast)")
+    s.add_argument("--keep-every", type=int, default=default_of(TraceWorkload, "keep_every"))
+    s.add_argument("--phase", type=int, default=default_of(TraceWorkload, "phase"), help="keep rows phase, phase+K, ...")
+    s.add_argument("--time-scale", type=float, default=default_of(TraceWorkload, "time_scale"),
+                   help="multiply arrival gaps (0.5 = twice as fast)")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
     s.add_argument("--role", default="trace")
     s.add_argument("--skip-bad", action="store_true",

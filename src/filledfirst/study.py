@@ -274,6 +274,12 @@ class Study(_Struct):
         return msgspec.structs.replace(self.loadgen, **changes)
 
 
+def default_of(cls: type, name: str) -> Any:
+    """A field's default (for a command-line flag that stands for the same key)."""
+    field = next(f for f in msgspec.structs.fields(cls) if f.name == name)
+    return field.default
+
+
 def as_study(cfg: Study | Mapping[str, Any]) -> Study:
     """A Study as it is, or a validated config dict converted."""
     return cfg if isinstance(cfg, Study) else Study.from_dict(cfg)
