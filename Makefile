@@ -28,7 +28,9 @@ demo: $(STAMP)
 test: $(STAMP) $(CHROMIUM_STAMP) $(SLURM_STAMP)
 	$(PY) -m pytest
 
+# ruff (settings in pyproject.toml), then Snakemake's own lint of the workflow.
 lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/snakemake --lint --configfile config/cpu.yaml
 
 install: $(STAMP)

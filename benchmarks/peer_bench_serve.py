@@ -272,7 +272,8 @@ def measure(tool: str, loop: str, a, rate: float, run: Path, fresh: bool = False
     send_lag, arr_lag, ttft_err, ttft_send_err, chunk_err, itl_err = map(
         ms, (send_lag, arr_lag, ttft_err, ttft_send_err, chunk_err, itl_err))
     row = {
-        "tool": ("ours" + (" (uvloop)" if loop == "uvloop" else "") + (" fresh connections (diagnostic)" if fresh else ""))
+        "tool": ("ours" + (" (uvloop)" if loop == "uvloop" else "")
+                 + (" fresh connections (diagnostic)" if fresh else ""))
         if tool == "ours" else "vllm bench serve",
         "rate": rate, "requests": n, "load_avg_1min": load,
         "failed": sum(not r["ok"] for r in res["requests"]),
@@ -304,7 +305,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in sorted(rows, key=lambda r: (r["rate"], r["tool"] != "ours", r["tool"], r["repeat"])):
         cells = [r["tool"], f"{r['rate']:g}", str(r["repeat"] + 1), f"{r['load_avg_1min']:.1f}",
-                 f"{r['failed']} / {r.get('retried', '-')} / {r['chunks_lost']}", pair(r, "send_lag"), pair(r, "arrival_lag"),
+                 f"{r['failed']} / {r.get('retried', '-')} / {r['chunks_lost']}",
+                 pair(r, "send_lag"), pair(r, "arrival_lag"),
                  pair(r, "ttft_err"), pair(r, "chunk_err"), f"{r['itl_err_p99']:.1f}",
                  f"{r['cpu_ms_per_1k']:.0f} ms", f"{r['double_cpu_ms_per_1k']:.0f} ms"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -343,8 +345,12 @@ def main() -> None:
         return worker_vllm(a)
 
     if not Path(a.tokenizer, "tokenizer.json").exists():
-        sys.exit(f"no tokenizer at {a.tokenizer}: .venv/bin/python -m filledfirst model tiny --out data/models/tiny-qwen2")
-    ours = [("ours", "asyncio", False), ("ours", "uvloop", False)] if a.ours_loop == "both" else [("ours", a.ours_loop, False)]
+        sys.exit(f"no tokenizer at {a.tokenizer}: "
+                 ".venv/bin/python -m filledfirst model tiny --out data/models/tiny-qwen2")
+    if a.ours_loop == "both":
+        ours = [("ours", "asyncio", False), ("ours", "uvloop", False)]
+    else:
+        ours = [("ours", a.ours_loop, False)]
     if a.diagnose_fresh:
         ours.append(("ours", ours[0][1], True))
     rows = []

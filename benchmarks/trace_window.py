@@ -122,7 +122,8 @@ def main() -> None:
           f"every 10th ({kept} kept); machine: {cpu}, {subprocess.getoutput('nproc')} cores; "
           f"python {platform.python_version()}, polars {pl.__version__}\n")
     print(f"ours: median of {args.repeat} runs (all: window "
-          f"{', '.join(f'{w:.2f}' for w in window['walls'])} s; stats {', '.join(f'{w:.1f}' for w in stats['walls'])} s)\n")
+          f"{', '.join(f'{w:.2f}' for w in window['walls'])} s; "
+          f"stats {', '.join(f'{w:.1f}' for w in stats['walls'])} s)\n")
     print("| what | wall time | peak RSS |")
     print("|---|---:|---:|")
     print(f"| `trace subsample` (bisect, 10-minute window) | {window['wall_s']:.2f} s | {window['rss_mb']:.0f} MB |")

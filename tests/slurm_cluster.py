@@ -188,7 +188,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         while time.monotonic() < deadline:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"SLURM test cluster: {', '.join(dead)} exited while waiting for {what}\n" + self.diagnostics())
+                raise RuntimeError(f"SLURM test cluster: {', '.join(dead)} exited while waiting for {what}\n"
+                                   + self.diagnostics())
             if ready():
                 return
             time.sleep(0.5)

@@ -30,7 +30,8 @@ def test_phases_draw_from_their_own_seed():
     one = {"kind": "synthetic", "seed": 3, "phases": [
         {"role": "a", "count": 50, "interval_s": 0.1, "prompt_tokens": 5, "output_tokens": 5, "arrival": "poisson"}]}
     two = {**one, "phases": [*one["phases"],
-        {"role": "b", "count": 5, "interval_s": 1, "prompt_tokens": 5, "output_tokens": 5, "arrival": "gamma", "cv": 2}]}
+        {"role": "b", "count": 5, "interval_s": 1, "prompt_tokens": 5, "output_tokens": 5,
+         "arrival": "gamma", "cv": 2}]}
     a = synthetic_schedule(one)
     b = synthetic_schedule(two).filter(role="a")
     assert a["t_offset_s"].to_list() == b["t_offset_s"].to_list()

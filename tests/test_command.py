@@ -50,7 +50,8 @@ def test_dummy_load_format_is_passed(tmp_path):
     (tmp_path / "c.yaml").write_text(cfg_text)
     cfg = load_config([tmp_path / "c.yaml"])
     spec = experiment_spec(cfg, "decode_low")
-    cmd = build_command(launcher="gpu", model=spec["model"], settings=spec["server"], host="h", port=1, seed=0, extra_env={})
+    cmd = build_command(launcher="gpu", model=spec["model"], settings=spec["server"], host="h", port=1, seed=0,
+                        extra_env={})
     assert cmd.argv[cmd.argv.index("--load-format") + 1] == "dummy"
 
 
@@ -82,7 +83,7 @@ def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
     assert "--gpu-memory-utilization 0.45" in argv("kv_reduced") and "--gpu-memory-utilization 0.45" in argv("kv_heavy")
     assert "--max-num-seqs 8" in argv("seq_limit") and "--max-num-seqs 256" in argv("decode_high")
-    sweep = sorted(cfg["experiments"][e]["loadgen"]["concurrency"] for e in cfg["experiments"] if e.startswith("sweep_"))
+    sweep = sorted(exp["loadgen"]["concurrency"] for e, exp in cfg["experiments"].items() if e.startswith("sweep_"))
     assert sweep == [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 

@@ -417,7 +417,8 @@ def quantile(con, q):
 
 
 def test_histogram_quantile_edges(tmp_path):
-    first = hist_db(tmp_path, "first", [(0, 0, {"0.1": 0, "1.0": 0, "+Inf": 0}), (1, 0, {"0.1": 4, "1.0": 4, "+Inf": 4})])
+    first = hist_db(tmp_path, "first", [(0, 0, {"0.1": 0, "1.0": 0, "+Inf": 0}),
+                                        (1, 0, {"0.1": 4, "1.0": 4, "+Inf": 4})])
     assert quantile(first, 0.5) == {"run_id": "first", "value": pytest.approx(0.05), "bucket_lo": 0.0,
                                     "bucket_hi": 0.1, "n": 4}
     inf = hist_db(tmp_path, "inf", [(0, 0, {"0.1": 0, "1.0": 0, "+Inf": 0}), (1, 0, {"0.1": 1, "1.0": 1, "+Inf": 4})])
@@ -431,8 +432,10 @@ def test_histogram_quantile_edges(tmp_path):
 
 def test_counter_resets_count_as_prometheus_increase_does(tmp_path):
     # the server restarted at 1.5 s: its counts start again from 0
-    reset = hist_db(tmp_path, "reset", [(0, 0, {"0.1": 5, "1.0": 5, "+Inf": 5}), (1, 0, {"0.1": 9, "1.0": 9, "+Inf": 9}),
-                                        (2, 0, {"0.1": 0, "1.0": 2, "+Inf": 2}), (3, 0, {"0.1": 0, "1.0": 6, "+Inf": 6})])
+    reset = hist_db(tmp_path, "reset", [(0, 0, {"0.1": 5, "1.0": 5, "+Inf": 5}),
+                                        (1, 0, {"0.1": 9, "1.0": 9, "+Inf": 9}),
+                                        (2, 0, {"0.1": 0, "1.0": 2, "+Inf": 2}),
+                                        (3, 0, {"0.1": 0, "1.0": 6, "+Inf": 6})])
     # 4 + 6 observations: 4 below 0.1 s, 6 between 0.1 and 1 s
     assert quantile(reset, 0.5) == {"run_id": "reset", "value": pytest.approx(0.1 + 0.9 / 6), "bucket_lo": 0.1,
                                     "bucket_hi": 1.0, "n": 10}
@@ -518,7 +521,8 @@ def test_kv_bytes_per_token_by_model_family(tmp_path, name, config, dtype, cache
     model.mkdir()
     (model / "config.json").write_text(json.dumps(config))
     run = reference_run(name) | {"meta": {"model": {"path": str(model), "dtype": dtype}}}
-    run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1, cache + "block_size=16,engine=0,num_gpu_blocks=250")]
+    info = cache + "block_size=16,engine=0,num_gpu_blocks=250"
+    run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1, info)]
     d = run_of(tmp_path, **run)
     assert d["kv_bytes_per_token"] == expected
     assert d["kv_capacity_tokens"] == (4000 if name == "engine" else 250 * 16)

@@ -10,7 +10,8 @@ from filledfirst.store.ingest import ingest
 
 def make_run(path, run_id, status="ok"):
     path.mkdir()
-    reqs = [RequestRecord(i, "decode", 10, 4, 0.1 * i, 0.1 * i, 0.1 * i + 0.05, 0.1 * i + 0.08, 0.1 * i + 0.09, 10, 4, 3)
+    reqs = [RequestRecord(i, "decode", 10, 4, 0.1 * i, 0.1 * i, 0.1 * i + 0.05, 0.1 * i + 0.08, 0.1 * i + 0.09,
+                          10, 4, 3)
             for i in range(5)]
     atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / rundir.REQUESTS)
     atomic.write_parquet(to_table([TokenRecord(0, 0, 0.05, 1)], TOKEN_SCHEMA), path / rundir.TOKENS)

@@ -59,8 +59,8 @@ def test_server_killed_mid_run_keeps_what_was_measured(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from filledfirst.workloads.synthetic import write_synthetic_schedule
     from filledfirst.config import load_config
+    from filledfirst.workloads.synthetic import write_synthetic_schedule
 
     cfg_path = REPO / "tests" / "configs" / "long.yaml"
     build_test_model(tmp_path / "data" / "models" / "tiny-qwen2")
@@ -118,7 +118,8 @@ def test_a_rerun_after_an_interruption_redoes_only_the_unfinished(tmp_path):
                 break
             time.sleep(0.5)
         else:
-            raise AssertionError(f"the second experiment never started; log:\n{log.read_text() if log.is_file() else ''}")
+            raise AssertionError("the second experiment never started; log:\n"
+                                 + (log.read_text() if log.is_file() else ""))
         time.sleep(2)
         os.killpg(pipeline.pid, signal.SIGINT)
         assert pipeline.wait(timeout=60) != 0

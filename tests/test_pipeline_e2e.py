@@ -7,8 +7,9 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REPO, snakemake_argv
 from filledfirst.analysis import signals
+
+from conftest import REPO, snakemake_argv
 
 pytestmark = pytest.mark.engine
 

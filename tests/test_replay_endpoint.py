@@ -33,7 +33,8 @@ def server(tmp_path_factory):
         settings={"max_num_seqs": 8, "enforce_eager": True, "kv_cache_space_gib": 1,
                   "extra_args": ["--api-key", KEY]} | engine_overlay().get("engine", {}).get("server", {}),
     )
-    with VllmServer(cmd, host="127.0.0.1", port=port, log_path=root / "server.log", startup_timeout_s=400, nice=10) as s:
+    with VllmServer(cmd, host="127.0.0.1", port=port, log_path=root / "server.log", startup_timeout_s=400,
+                    nice=10) as s:
         yield s
 
 

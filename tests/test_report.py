@@ -16,7 +16,13 @@ from filledfirst import atomic, rundir
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.records import (
-    REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, SampleRecord, TokenRecord, to_table,
+    REQUEST_SCHEMA,
+    SAMPLE_SCHEMA,
+    TOKEN_SCHEMA,
+    RequestRecord,
+    SampleRecord,
+    TokenRecord,
+    to_table,
 )
 from filledfirst.report import render, tables
 from filledfirst.store.ingest import ingest
@@ -111,8 +117,8 @@ def _run_a(root: Path) -> Path:
         + _series("vllm:num_preemptions_created", [[1.7e9] * 6], ts)
         + [SampleRecord(t, "filledfirst:scrape_seconds", "", 0.004) for t in ts]
     )
-    return _write_run(root, _meta(RUN_A, "interference", "ok", 8, started=1, part="interference"), [r for r, _ in built],
-                      [t for _, ts_ in built for t in ts_], samples)
+    meta = _meta(RUN_A, "interference", "ok", 8, started=1, part="interference")
+    return _write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
 
 
 def _run_legacy(root: Path) -> Path:

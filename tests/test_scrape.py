@@ -48,7 +48,8 @@ tokens = st.lists(st.builds(TokenRecord, ints, ints, st.floats(0, 1e6), ints), m
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(samples, tokens)
 def test_columns_give_the_table_the_records_would(sample_recs, token_recs):
-    for recs, record_type, schema in ((sample_recs, SampleRecord, SAMPLE_SCHEMA), (token_recs, TokenRecord, TOKEN_SCHEMA)):
+    cases = ((sample_recs, SampleRecord, SAMPLE_SCHEMA), (token_recs, TokenRecord, TOKEN_SCHEMA))
+    for recs, record_type, schema in cases:
         cols = RecordColumns(record_type)
         cols.extend(recs)
         table = to_table(cols, schema)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_report import QMD, _chromium_run, _meta, _req, _series, _write_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst import config as config_module
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
@@ -22,7 +23,6 @@ from filledfirst.engine.server import VllmServer, log_excerpt
 from filledfirst.records import SampleRecord
 from filledfirst.report import render
 from filledfirst.store.ingest import ingest
-from test_report import QMD, _chromium_run, _meta, _req, _series, _write_run, chromium  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,9 +18,10 @@ import duckdb
 import psutil
 import pytest
 
-from conftest import REPO
 from filledfirst.cluster import runtime_minutes
 from filledfirst.config import load_config, server_groups
+
+from conftest import REPO
 from slurm_cluster import SlurmCluster, missing_requirements
 
 PROFILE = REPO / "config" / "profiles" / "slurm"

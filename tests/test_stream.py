@@ -117,7 +117,8 @@ def test_missing_done_is_a_disconnect():
     assert "[DONE]" in rec.error
 
 
-@pytest.mark.parametrize("status, expected", [(429, "rejected"), (503, "rejected"), (500, "http_error"), (400, "http_error")])
+@pytest.mark.parametrize("status, expected",
+                         [(429, "rejected"), (503, "rejected"), (500, "http_error"), (400, "http_error")])
 def test_http_errors_become_records(status, expected):
     rec, _ = asyncio.run(run_against([], status=status))
     assert rec.status == expected and rec.http_status == status and "overloaded" in rec.error
@@ -149,7 +150,8 @@ def test_unreachable_server_is_a_disconnect():
     async def go():
         rec = RequestRecord(0, "probe", 5, 3, 0.0)
         async with aiohttp.ClientSession() as session:
-            await send_streamed(session, "http://127.0.0.1:9/v1/completions", b"{}", rec, [], lambda: 0.0, aiohttp.ClientTimeout(total=2))
+            await send_streamed(session, "http://127.0.0.1:9/v1/completions", b"{}", rec, [], lambda: 0.0,
+                                aiohttp.ClientTimeout(total=2))
         return rec
 
     rec = asyncio.run(go())

@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_stream import DONE, replay_against, run_against, write_answer
 
 from filledfirst.loadgen.stream import UNREADABLE, SSEData
 from filledfirst.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
-from test_stream import DONE, replay_against, run_against, write_answer
 
 FUZZ = dict(derandomize=True, database=None, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

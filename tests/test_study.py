@@ -71,7 +71,8 @@ def test_each_default_lives_in_one_place():
             schema_default = props[name].get("default", msgspec.NODEFAULT)
             if schema_default is not msgspec.NODEFAULT:
                 assert default == schema_default, f"{cls.__name__}.{name}"
-            elif default not in (None, msgspec.NODEFAULT, dataclasses.MISSING, {}, "") and cls not in TYPE_ONLY_DEFAULTS:
+            elif (default not in (None, msgspec.NODEFAULT, dataclasses.MISSING, {}, "")
+                  and cls not in TYPE_ONLY_DEFAULTS):
                 # a value the schema does not know: a second place for a default
                 assert isinstance(default, msgspec.Struct), f"{cls.__name__}.{name} = {default!r}: not the schema's"
             if cls in TYPE_ONLY_DEFAULTS:

@@ -128,7 +128,8 @@ def test_2024_format_mixed_fractions_exact_microseconds(tmp_path):
 
 
 def test_2023_format_seven_digits_exact(tmp_path):
-    rows = [("2023-11-16 18:15:46.0000000", 1, 1), ("2023-11-16 18:15:46.6805901", 1, 1), ("2023-11-16 18:16:00.0000001", 1, 1)]
+    rows = [("2023-11-16 18:15:46.0000000", 1, 1), ("2023-11-16 18:15:46.6805901", 1, 1),
+            ("2023-11-16 18:16:00.0000001", 1, 1)]
     df = subsample(write_csv(tmp_path / "t.csv", rows), minutes=1)
     assert df["t_offset_s"].to_list() == [0.0, 0.6805901, 14.0000001]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_trace import HEADER, ts2024, write_csv
 
 from filledfirst.errors import UserError
 from filledfirst.trace.stats import summary_text, trace_stats
 from filledfirst.trace.subsample import read_trace
-from test_trace import HEADER, ts2024, write_csv
 
 
 def test_real_trace_figures(conv_trace, tmp_path):
@@ -38,7 +38,8 @@ def test_minutes_are_counted_from_the_first_row(tmp_path):
 
 
 def test_bad_and_unsorted_rows_are_counted(tmp_path):
-    rows = [(ts2024(0), 5, 1), (ts2024(2_000_000), 5, 1), (ts2024(1_000_000), 5, 1), ("noon", 5, 1), (ts2024(3), "x", 1)]
+    rows = [(ts2024(0), 5, 1), (ts2024(2_000_000), 5, 1), (ts2024(1_000_000), 5, 1), ("noon", 5, 1),
+            (ts2024(3), "x", 1)]
     s = trace_stats(write_csv(tmp_path / "t.csv", rows))
     assert (s["requests"], s["bad_rows"], s["out_of_order"]) == (3, 2, 1)
     assert "bad rows: 2" in summary_text(s)

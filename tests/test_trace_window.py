@@ -10,11 +10,11 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_trace import HEADER, ts2024, write_csv
 
 from filledfirst.errors import UserError
 from filledfirst.trace.subsample import _subsample, subsample
 from filledfirst.trace.timestamps import _regex_ns, fast_ns, parse_ns
-from test_trace import HEADER, ts2024, write_csv
 
 # Fields that differ by design: the bisect reads only the window, so it cannot count rows.
 _BY_DESIGN = {"read", "trace_requests"}
@@ -58,7 +58,8 @@ def _offsets_2024(n: int, seed: int) -> list[int]:
 
 
 def test_bisect_equals_full_scan_on_2024_format(tmp_path):
-    path = write_csv(tmp_path / "t.csv", [(ts2024(us), 100 + i % 50, i % 9) for i, us in enumerate(_offsets_2024(5000, 3))])
+    rows = [(ts2024(us), 100 + i % 50, i % 9) for i, us in enumerate(_offsets_2024(5000, 3))]
+    path = write_csv(tmp_path / "t.csv", rows)
     for spec in (
         dict(start_offset_s=0, minutes=10, keep_every=10),
         dict(start_offset_s=1800.5, minutes=3, keep_every=3, phase=2),
@@ -209,7 +210,8 @@ def test_cli_start_and_skip_bad(tmp_path, capsys):
     rows.insert(101, (ts2024(100_500_000), -1, 2))  # outside the first window, inside the second
     src = write_csv(tmp_path / "t.csv", rows)
     out = tmp_path / "s.parquet"
-    argv = ["trace", "subsample", str(src), "--start", "2024-05-12 00:01:00+00:00", "--minutes", "0.5", "--out", str(out)]
+    argv = ["trace", "subsample", str(src), "--start", "2024-05-12 00:01:00+00:00", "--minutes", "0.5",
+            "--out", str(out)]
     assert main(argv) == 0
     assert pl.read_parquet(out).height == 30
     with pytest.raises(SystemExit):  # argparse: the two starts exclude each other

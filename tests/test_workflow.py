@@ -6,12 +6,14 @@ import sys
 
 import pytest
 
-from conftest import REPO
 from filledfirst.config import load_config, server_groups
+
+from conftest import REPO
 
 
 def snakemake(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_lint_is_clean():

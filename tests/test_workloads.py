@@ -48,7 +48,8 @@ def test_phases_merge_in_time_order_with_phase_order_on_ties():
 
 
 def test_missing_start_and_interval_mean_zero():
-    df = synthetic_schedule({"kind": "synthetic", "phases": [{"role": "x", "count": 3, "prompt_tokens": 5, "output_tokens": 6}]})
+    phase = {"role": "x", "count": 3, "prompt_tokens": 5, "output_tokens": 6}
+    df = synthetic_schedule({"kind": "synthetic", "phases": [phase]})
     assert df["t_offset_s"].to_list() == [0.0, 0.0, 0.0]
 
 

@@ -62,7 +62,8 @@ def _add_trace(sub) -> None:
                        help="window start as a timestamp, e.g. '2024-05-12 13:00:00+00:00'")
     s.add_argument("--minutes", type=float, required=True)
     s.add_argument("--keep-every", type=int, default=default_of(TraceWorkload, "keep_every"))
-    s.add_argument("--phase", type=int, default=default_of(TraceWorkload, "phase"), help="keep rows phase, phase+K, ...")
+    s.add_argument("--phase", type=int, default=default_of(TraceWorkload, "phase"),
+                   help="keep rows phase, phase+K, ...")
     s.add_argument("--time-scale", type=float, default=default_of(TraceWorkload, "time_scale"),
                    help="multiply arrival gaps (0.5 = twice as fast)")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")

@@ -58,10 +58,12 @@ def validate_config(cfg: dict) -> None:
     problems = []
     for name, wl in cfg["workloads"].items():
         if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):
-            problems.append(f"workloads.{name}.trace: {wl['trace']!r} is not in traces ({sorted(cfg.get('traces', {}))})")
+            known = sorted(cfg.get("traces", {}))
+            problems.append(f"workloads.{name}.trace: {wl['trace']!r} is not in traces ({known})")
     for name, exp in cfg["experiments"].items():
         if exp["workload"] not in cfg["workloads"]:
-            problems.append(f"experiments.{name}.workload: {exp['workload']!r} is not in workloads ({sorted(cfg['workloads'])})")
+            known = sorted(cfg["workloads"])
+            problems.append(f"experiments.{name}.workload: {exp['workload']!r} is not in workloads ({known})")
     for name, exp in cfg["experiments"].items():
         lg = deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {}))
         if lg.get("mode") == "closed" and not lg.get("concurrency"):

@@ -25,7 +25,6 @@ import polars as pl
 
 from filledfirst import atomic, kept, rundir
 from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint
-from filledfirst.study import as_study
 from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -34,6 +33,7 @@ from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
+from filledfirst.study import as_study
 
 log = logging.getLogger(__name__)
 

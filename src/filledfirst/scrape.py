@@ -52,7 +52,8 @@ class Scraper:
         t = self.clock()  # a failed scrape: what it did not see began when it asked
         started = time.perf_counter()
         try:
-            async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=max(self.interval_s * 4, 2.0))) as resp:
+            timeout = aiohttp.ClientTimeout(total=max(self.interval_s * 4, 2.0))
+            async with session.get(self.url, timeout=timeout) as resp:
                 # The page is rendered before its headers go out: the values are the
                 # server's at its answer, which a slow scrape reaches long after asking.
                 t = self.clock()

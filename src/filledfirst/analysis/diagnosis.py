@@ -36,7 +36,14 @@ import polars as pl
 from filledfirst.analysis import signals
 from filledfirst.errors import UserError
 from filledfirst.metrics import (
-    CACHE_CONFIG_INFO, KV_USAGE, PREEMPTIONS, QUEUE_TIME_HISTOGRAM, RUNNING, SCRAPE_ERROR, WAITING, sql_list,
+    CACHE_CONFIG_INFO,
+    KV_USAGE,
+    PREEMPTIONS,
+    QUEUE_TIME_HISTOGRAM,
+    RUNNING,
+    SCRAPE_ERROR,
+    WAITING,
+    sql_list,
 )
 from filledfirst.study import DiagnosisRules  # the thresholds: the config's `diagnosis` section
 
@@ -401,7 +408,8 @@ def _kv_ledger(row: dict, meta: dict, notes: list[str]) -> dict:
 @functools.lru_cache(maxsize=None)
 def _model_config(path: str, repo_root: str) -> dict | None:
     """The model's config.json, read once per model (every run of a study shares it)."""
-    found = next((p / "config.json" for p in (Path(path), Path(repo_root) / path) if (p / "config.json").is_file()), None)
+    candidates = (Path(path) / "config.json", Path(repo_root) / path / "config.json")
+    found = next((p for p in candidates if p.is_file()), None)
     return json.loads(found.read_text()) if found is not None else None
 
 
@@ -466,7 +474,8 @@ def _lt(a: float | None, b: float) -> bool:
 
 def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
     """Each load pattern's conditions, in rule order, each with what was measured."""
-    cap_share, ws, kvf, kvmed = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"], d["window_kv_median_pct"]
+    cap_share, ws, kvf = d["running_at_cap_share"], d["waiting_share"], d["kv_full_share"]
+    kvmed = d["window_kv_median_pct"]
     preempted = d["window_preemptions"] or 0
     kv_full = _ge(kvf, r.kv_full_min_share) or (_ge(d["window_kv_max_pct"], r.kv_peak_pct) and preempted > 0)
     cap_text = f"running at cap {_pct(cap_share) if cap_share is not None else 'unknown (no max_num_seqs)'}"
@@ -527,15 +536,17 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
     cap_note = "" if cap is not None else "; max_num_seqs unknown: no at-cap signal"
     if fits == "KV-capacity pressure":
         return fits, (f"KV at or above {r.kv_full_pct:g} % for {_pct(d['kv_full_share'])} of the loaded time, "
-                      f"{d['window_preemptions'] or 0:.0f} preemptions, running at most {_count(d['window_running_max'])}{_of(cap, engines)}, "
+                      f"{d['window_preemptions'] or 0:.0f} preemptions, "
+                      f"running at most {_count(d['window_running_max'])}{_of(cap, engines)}, "
                       f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}")
     if fits == "active-sequence limit":
         return fits, (f"running at >= {math.ceil(r.cap_frac * cap * engines)}{_of(cap, engines)} for "
                       f"{_pct(d['running_at_cap_share'])} "
                       f"of the loaded time while KV median was {_num(d['window_kv_median_pct'])} %")
     if fits == "reference":
-        return fits, (f"waiting {_pct(d['waiting_share'])} of the time, running median {_count(d['window_running_median'])}"
-                      f"{_of(cap, engines)}, KV median {_num(d['window_kv_median_pct'])} %{cap_note}")
+        return fits, (f"waiting {_pct(d['waiting_share'])} of the time, "
+                      f"running median {_count(d['window_running_median'])}{_of(cap, engines)}, "
+                      f"KV median {_num(d['window_kv_median_pct'])} %{cap_note}")
     return "unclassified", "fits no pattern: " + "; ".join(
         f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items())
 

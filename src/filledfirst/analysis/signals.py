@@ -140,7 +140,8 @@ def preemptions_sql(source: str) -> str:
     """Per run: preemptions over the counter samples of `source` (a subset of `samples`)."""
     return f"""
     WITH per_name AS (
-        SELECT run_id, metric, sum(delta) AS n FROM ({increase(source, "run_id, metric, labels")}) GROUP BY run_id, metric
+        SELECT run_id, metric, sum(delta) AS n
+        FROM ({increase(source, "run_id, metric, labels")}) GROUP BY run_id, metric
     )
     -- If a scraper stored both spellings of the counter, they describe the same events.
     SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id"""
@@ -294,11 +295,15 @@ def histogram_quantile(con: duckdb.DuckDBPyConnection, histogram: str, q: float)
                 if cum >= rank:
                     lo, hi = prev_le, le
                     # Above the last finite bound nothing is known: report that bound.
-                    value = prev_le if le == float("inf") else prev_le + (le - prev_le) * (rank - prev_cum) / max(cum - prev_cum, 1e-12)
+                    if le == float("inf"):
+                        value = prev_le
+                    else:
+                        value = prev_le + (le - prev_le) * (rank - prev_cum) / max(cum - prev_cum, 1e-12)
                     break
                 prev_le, prev_cum = le, cum
         rows.append({"run_id": run_id, "value": value, "bucket_lo": lo, "bucket_hi": hi, "n": total})
-    schema = {"run_id": pl.String, "value": pl.Float64, "bucket_lo": pl.Float64, "bucket_hi": pl.Float64, "n": pl.Float64}
+    schema = {"run_id": pl.String, "value": pl.Float64, "bucket_lo": pl.Float64, "bucket_hi": pl.Float64,
+              "n": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
 

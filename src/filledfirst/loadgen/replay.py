@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable, Coroutine
 
 import aiohttp
 
@@ -79,7 +79,8 @@ class Replay:
         failed = done - sum(1 for r in self.requests if r.t_done is not None and r.status == "ok")
         g = self.scraper.latest
         server = (
-            f"running {g['running']:.0f}  waiting {g['waiting']:.0f}  KV {100 * g['kv']:.1f}%" if g else "server: no scrape yet"
+            f"running {g['running']:.0f}  waiting {g['waiting']:.0f}  KV {100 * g['kv']:.1f}%"
+            if g else "server: no scrape yet"
         )
         return (
             f"t={self.clock():6.1f}s  sent {sent}/{len(self.requests)}  done {done}  failed {failed}  "
@@ -173,6 +174,11 @@ class Replay:
             pending.discard(waiter)
         waiter.cancel()
 
+    def _send(self, session: aiohttp.ClientSession, rec: RequestRecord) -> Coroutine[Any, Any, None]:
+        """One request, sent and streamed into its record (open and closed loop alike)."""
+        return send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock,
+                             self.timeout, self.first_token_timeout_s, self._fresh)
+
     async def _closed_loop(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
         """Workers share one iterator over the schedule; a request's `t_scheduled` becomes
         the moment a worker took it, as a closed loop has no arrival times of its own."""
@@ -184,8 +190,7 @@ class Replay:
                     return
                 rec.t_scheduled = self.clock()
                 rec.status = "ok"
-                await send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout,
-                                    self.first_token_timeout_s, self._fresh)
+                await self._send(session, rec)
 
         workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
         waiter = asyncio.create_task(stop.wait())
@@ -207,8 +212,7 @@ class Replay:
             rec.status = "ok"
             tasks.append(
                 asyncio.create_task(
-                    send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock, self.timeout,
-                                    self.first_token_timeout_s, self._fresh)
+                    self._send(session, rec)
                 )
             )
         return tasks

@@ -187,7 +187,8 @@ async def send_streamed(
             while True:
                 attempt = _Attempt()
                 try:
-                    await _exchange(attempt_session, url, body, rec, tokens, clock, attempt_timeout, first_token, attempt)
+                    await _exchange(attempt_session, url, body, rec, tokens, clock, attempt_timeout, first_token,
+                                    attempt)
                     break
                 except aiohttp.ClientError as exc:
                     if fresh_session is None or rec.retries or not _stale_connection(exc, rec, attempt):

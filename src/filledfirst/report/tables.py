@@ -466,7 +466,8 @@ def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules
         goodput = d.get("goodput_rps")
         body.append([
             d["experiment"], f"{fmt_s(d.get('window_start_s'))} to {fmt_s(d.get('window_end_s'))}",
-            _share(d.get("scrape_coverage")), _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")), _share(d.get("kv_full_share")),
+            _share(d.get("scrape_coverage")), _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")),
+            _share(d.get("kv_full_share")),
             d.get("first_crossings") or "", little,
             "n/a" if goodput is None else f"{goodput:.2f} req/s ({_share(d.get('slo_met_share'))} met the SLO)",
             ledger,

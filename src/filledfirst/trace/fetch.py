@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
-
 from rich.console import Console
 from rich.progress import (
     BarColumn,
