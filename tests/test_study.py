@@ -99,3 +99,17 @@ def test_an_absent_section_takes_the_schema_defaults():
     s = study.Study.from_dict(cfg)
     assert s.loadgen.request_timeout_s == SCHEMA["properties"]["loadgen"]["properties"]["request_timeout_s"]["default"]
     assert s.scrape.interval_s == SCHEMA["properties"]["scrape"]["properties"]["interval_s"]["default"]
+
+
+def test_config_readme_is_the_schema_rendered():
+    from filledfirst.configdoc import render
+
+    assert (REPO / "config" / "README.md").read_text() == render(), (
+        "config/README.md is out of date: python -m filledfirst.configdoc > config/README.md")
+
+
+def test_every_key_of_the_schema_is_described():
+    from filledfirst.configdoc import render
+
+    undocumented = [line for line in render().splitlines() if line.startswith("| `") and line.endswith("|  |")]
+    assert not undocumented

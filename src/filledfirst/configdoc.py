@@ -1,0 +1,138 @@
+"""config/README.md, written from the config schema: every section and key, its type,
+default and meaning. `python -m filledfirst.configdoc > config/README.md` regenerates it;
+tests/test_study.py fails while the file and the schema disagree."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import yaml
+
+from filledfirst.paths import SCHEMA_PATH
+
+HEADER = """# Configuring a study
+
+A study is one YAML file (or several given one after the other with `--configfile`,
+later files overriding earlier ones key by key). It is checked against
+`workflow/schemas/config.schema.yaml` before anything runs; unknown keys are errors.
+`config/config.yaml` is the GPU study, `config/cpu.yaml` the same study scaled to a CPU.
+
+This file is generated from the schema (`python -m filledfirst.configdoc > config/README.md`);
+a test fails when the two disagree. A default is the schema's, or, where the schema cannot
+hold one (the workload kinds), `filledfirst.study`'s, named in the description.
+`<name>` below stands for any name you choose (letters, digits and underscores, not
+starting with a digit).
+"""
+
+
+def _resolve(node: dict, schema: dict) -> dict:
+    ref = node.get("$ref")
+    if ref:
+        target = schema
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _type(node: dict, schema: dict) -> str:
+    node = _resolve(node, schema)
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    if "const" in node:
+        return f"`{node['const']}`"
+    kind = node.get("type")
+    if isinstance(kind, list):
+        kind = " or ".join(kind)
+    if kind == "array":
+        return f"list of {_type(node.get('items', {}), schema)}"
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict) and "properties" not in node:
+        return f"map of {_type(node['additionalProperties'], schema)}"
+    bounds = [f"{sym} {node[key]}" for key, sym in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                                    ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if key in node]
+    return (kind or "see below") + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def _text(value: str | None) -> str:
+    return " ".join((value or "").split()).replace("|", "\\|")
+
+
+def _type_defaults() -> dict[str, dict]:
+    """Defaults the schema cannot hold (the workload kinds are a oneOf), from the types."""
+    import msgspec
+
+    from filledfirst import study
+
+    def of(cls) -> dict:
+        return {f.name: f.default for f in msgspec.structs.fields(cls)
+                if f.default is not msgspec.NODEFAULT and f.default not in (None, "")}
+
+    return {"trace": of(study.TraceWorkload), "synthetic": of(study.SyntheticWorkload),
+            "phase": of(study.SyntheticPhase)}
+
+
+def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults: dict | None = None) -> None:
+    """One table of keys, then a table for each key that is itself an object."""
+    node = _resolve(node, schema)
+    if "if" in node:  # experiments.*.server: vLLM settings, or an external endpoint
+        _section(f"{title} (vLLM settings on top of engine.server)", node["else"], schema, out)
+        _section(f"{title} (an external endpoint)", node["then"], schema, out)
+        return
+    if "oneOf" in node:
+        for branch in node["oneOf"]:
+            kind = branch["properties"]["kind"]["const"]
+            _section(f"{title} (kind: {kind})", branch, schema, out, _TYPE_DEFAULTS()[kind])
+        return
+    if "properties" not in node:
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            _section(title + ".NAME", extra, schema, out)
+        elif node.get("type") == "array":
+            _section(title + "[]", node["items"], schema, out, _TYPE_DEFAULTS()["phase"])
+        return
+    required = set(node.get("required", []))
+    out.append(f"\n### {title.replace('.NAME', '.<name>')}\n")
+    if node.get("description"):
+        out.append(_text(node["description"]) + "\n")
+    out.append("| key | type | required | default | meaning |\n|---|---|---|---|---|")
+    nested = []
+    for key, child in node["properties"].items():
+        child_r = _resolve(child, schema)
+        if "default" in child_r:
+            default = f"`{json.dumps(child_r['default'])}`"
+        elif type_defaults and key in type_defaults:
+            default = f"`{json.dumps(type_defaults[key])}`"
+        else:
+            default = ""
+        out.append(f"| `{key}` | {_type(child, schema)} | {'yes' if key in required else ''} | {default} | "
+                   f"{_text(child_r.get('description'))} |")
+        items = _resolve(child_r.get("items", {}), schema)
+        extra = child_r.get("additionalProperties")
+        if ("properties" in child_r or "if" in child_r or "properties" in items
+                or (isinstance(extra, dict) and "properties" in _resolve(extra, schema))):
+            nested.append((key, child_r))
+    for key, child in nested:
+        _section(f"{title}.{key}", child, schema, out)
+
+
+_TYPE_DEFAULTS = functools.lru_cache(maxsize=1)(_type_defaults)
+
+
+def render(schema: dict | None = None) -> str:
+    schema = schema if schema is not None else yaml.safe_load(SCHEMA_PATH.read_text())
+    out = [HEADER, "## Sections\n", "| section | required | meaning |\n|---|---|---|"]
+    required = set(schema.get("required", []))
+    for key, node in schema["properties"].items():
+        out.append(f"| [`{key}`](#{key}) | {'yes' if key in required else ''} | "
+                   f"{_text(_resolve(node, schema).get('description'))} |")
+    for key, node in schema["properties"].items():
+        out.append(f"\n## {key}")
+        _section(key, node, schema, out)
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
