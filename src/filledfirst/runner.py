@@ -33,7 +33,7 @@ from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
-from filledfirst.study import as_study
+from filledfirst.study import Experiment, Study, as_study
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +133,20 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     start. Each run folder is published as soon as its experiment ends; an interruption
     publishes the current one and exits 130 without starting the rest."""
     check_shareable(cfg, [job.experiment for job in jobs])
+    study = as_study(cfg)  # the typed config, for what the runner itself reads
     if len({job.out.resolve() for job in jobs}) < len(jobs):
         raise UserError(f"two experiments would write the same run folder: {[str(job.out) for job in jobs]}")
     install_interrupt_handlers()
     watch_owners()
     if (external := external_server(cfg, jobs[0].experiment)) is not None:
-        return [_run_against_endpoint(cfg, jobs[0], external, progress)]
+        return [_run_against_endpoint(cfg, study, jobs[0], external, progress)]
     parent = jobs[0].out.parent
     parent.mkdir(parents=True, exist_ok=True)
     # The server's whole log, beside the run folders (same file system), gone at the end:
     # each run folder keeps its own part.
     scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
-    group = _Group(cfg, jobs, SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / rundir.SERVER_LOG))
+    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / rundir.SERVER_LOG)
+    group = _Group(cfg, study, jobs, shared)
     try:
         statuses = [group.run(position, progress) for position in range(len(jobs))]
     finally:
@@ -157,8 +159,9 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
 class _Group:
     """The experiments of one call and the server they share, run one after the other."""
 
-    def __init__(self, cfg: dict, jobs: list[Job], shared: SharedServer):
+    def __init__(self, cfg: dict, study: Study, jobs: list[Job], shared: SharedServer):
         self.cfg = cfg
+        self.study = study
         self.jobs = jobs
         self.names = [job.experiment for job in jobs]
         self.shared = shared
@@ -172,7 +175,8 @@ class _Group:
         keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
         if keeping and (reused := kept.restore(job.out, fingerprint(spec), job.schedule)) is not None:
             return reused["status"]
-        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(self.cfg, job.experiment, spec, {
+        exp = self.study.experiments[job.experiment]
+        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, spec, {
             "launcher": spec["engine"]["launcher"],
             "settings": spec["server"],
             "shared_with": self.names,
@@ -210,8 +214,7 @@ class _Group:
             self.shared.stop()
 
 
-def _experiment_meta(cfg: dict, experiment: str, spec: dict, server: dict) -> dict:
-    exp = as_study(cfg).experiments[experiment]
+def _experiment_meta(exp: Experiment, spec: dict, server: dict) -> dict:
     return {
         "workload": spec["workload_name"],
         "description": spec["description"],
@@ -226,7 +229,7 @@ def _experiment_meta(cfg: dict, experiment: str, spec: dict, server: dict) -> di
     }
 
 
-def _run_against_endpoint(cfg: dict, job: Job, external: dict, progress: bool) -> str:
+def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, progress: bool) -> str:
     """An experiment whose server someone else runs: nothing to start or stop."""
     spec = experiment_spec(cfg, job.experiment)
     settings = ReplaySettings.from_spec(spec)
@@ -235,7 +238,7 @@ def _run_against_endpoint(cfg: dict, job: Job, external: dict, progress: bool) -
     url = external["url"].rstrip("/")
     # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
     server = {"launcher": "external", "url": url, "api_key_env": key_env, "settings": {}}
-    run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(cfg, job.experiment, spec, server))
+    run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], spec, server))
     return _replay_external(run, url, settings, progress)
 
 
