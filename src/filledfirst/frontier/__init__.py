@@ -1,0 +1,6 @@
+"""Capacity search: the highest offered rate a server setting sustains under an SLO.
+
+search.py is the engine-free core (which rate to probe next, when to stop); probes.py
+turns a workload shape and a rate into one probe's workload; plan.py reads a frontier
+out of the study config.
+"""
