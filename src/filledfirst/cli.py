@@ -264,7 +264,8 @@ def _cmd_ingest(args) -> int:
 
 
 def _add_diagnose(sub) -> None:
-    p = sub.add_parser("diagnose", help="label each run with what filled first; stored as table `diagnosis`")
+    p = sub.add_parser("diagnose", help="label each run with what filled first; stored as table `diagnosis` "
+                       "(and the capacity searches' results as table `frontiers`)")
     p.add_argument("--db", required=True, type=Path)
     p.add_argument("--config", action="append", type=Path, dest="configs", default=[],
                    help="thresholds from its `diagnosis` section, designed-for labels from its experiments")
@@ -292,6 +293,12 @@ def _cmd_diagnose(args) -> int:
         for run, expect, label, clue, warnings in rows:
             print(f"{run}: {label}" + (f" (designed for {expect})" if expect else "") + f" - {clue}"
                   + (f" [{warnings}]" if warnings else ""))
+    from filledfirst.frontier.table import write_frontiers
+
+    # The capacity searches' results need the probes' diagnosis: table `frontiers`.
+    for f in write_frontiers(args.db).to_dicts():
+        print(f"frontier {f['frontier']}/{f['setting']}: held {f['lo_rps']} req/s, broke {f['hi_rps']} req/s "
+              f"({f['reason']}); at the knee: {f['knee_label']}")
     return 0
 
 
