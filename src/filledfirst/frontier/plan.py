@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from filledfirst.frontier.probes import shape_rate
@@ -39,6 +41,41 @@ def frontier_plan(cfg: dict, name: str) -> FrontierPlan:
             budget=f.get("budget", 12), repeats=f.get("repeats", 0),
         ),
     )
+
+
+def probe_base_spec(cfg: dict, plan: FrontierPlan, setting: str) -> dict:
+    """Everything of a probe's spec but its workload (server, model, engine, loadgen,
+    scrape), as an experiment's spec has them. The load generator is the study's, always
+    open loop."""
+    loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
+    return {
+        "server": plan.settings[setting],
+        "model": cfg["model"],
+        "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
+        "loadgen": {**loadgen, "mode": "open"},
+        "scrape": cfg.get("scrape", {}),
+    }
+
+
+def search_fingerprint(plan: FrontierPlan, base: dict) -> str:
+    """Changes when anything that decides a probe's outcome or the search's path does
+    (Snakemake re-runs the search; its probes measured before are not reused)."""
+    from filledfirst.config import fingerprint
+
+    return fingerprint({
+        **base, "workload": plan.workload, "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s,
+        "bounds": dataclasses.asdict(plan.bounds),
+    })
+
+
+def frontier_runtime_minutes(cfg: dict, name: str) -> int:
+    """A search job's time limit on a cluster, erring long as filledfirst.cluster does: one
+    server start-up, then `budget` probes of `probe_s` seconds of arrivals and a drain each."""
+    plan = frontier_plan(cfg, name)
+    cluster = cfg.get("cluster", {})
+    startup = cluster.get("startup_allowance_s", cfg["engine"].get("startup_timeout_s", 600))
+    drain = cluster.get("drain_allowance_s", cfg.get("loadgen", {}).get("drain_timeout_s", 600))
+    return max(1, math.ceil((float(startup) + plan.bounds.budget * (plan.probe_s + float(drain))) / 60))
 
 
 def frontier_problems(cfg: dict) -> list[str]:

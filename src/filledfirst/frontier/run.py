@@ -39,7 +39,7 @@ from filledfirst.config import fingerprint
 from filledfirst.engine.lifetime import install_interrupt_handlers, watch_owners
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
-from filledfirst.frontier.plan import FrontierPlan, frontier_plan
+from filledfirst.frontier.plan import FrontierPlan, frontier_plan, probe_base_spec, search_fingerprint
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
 
@@ -55,27 +55,6 @@ def probe_dir_name(probe: int) -> str:
 
 def probe_experiment(frontier: str, setting: str, probe: int) -> str:
     return f"{frontier}/{setting}/{probe_dir_name(probe)}"
-
-
-def _base_spec(cfg: dict, plan: FrontierPlan, setting: str) -> dict:
-    """Everything of a probe's spec but its workload: the one place the config is read
-    besides frontier_plan. The load generator is the study's, always open loop."""
-    loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
-    return {
-        "server": plan.settings[setting],
-        "model": cfg["model"],
-        "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
-        "loadgen": {**loadgen, "mode": "open"},
-        "scrape": cfg.get("scrape", {}),
-    }
-
-
-def search_fingerprint(plan: FrontierPlan, base: dict) -> str:
-    """Changes when anything that decides a probe's outcome or the search's path does."""
-    return fingerprint({
-        **base, "workload": plan.workload, "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s,
-        "bounds": dataclasses.asdict(plan.bounds),
-    })
 
 
 def probe_attainment(requests, tokens, slo: Slo) -> dict:
@@ -137,7 +116,7 @@ class _Prober:
     def __init__(self, cfg: dict, plan: FrontierPlan, setting: str, out: Path,
                  trace_csv: Path | None, shape_stats: Path | None, progress: bool):
         self.cfg, self.plan, self.setting, self.out, self.progress = cfg, plan, setting, out, progress
-        self.base = _base_spec(cfg, plan, setting)
+        self.base = probe_base_spec(cfg, plan, setting)
         self.fingerprint = search_fingerprint(plan, self.base)
         self.trace_csv = trace_csv
         self.kept_per_s = None
