@@ -246,3 +246,51 @@ def test_probe_attainment_counts_gaps_between_token_chunks():
     out = frun.probe_attainment(reqs, toks, Slo(ttft_ms=200, itl_ms=300))
     assert out["requests"] == 3 and math.isclose(out["attainment"], 1 / 3)
     assert out["missed"] == {"failed": 1, "ttft": 0, "itl": 1}  # request 0 stalled 350 ms
+
+
+def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
+    """A trace shape: each probe is the same window's start at time_scale kept_per_s / rate,
+    probe_s long, cut from the trace CSV; the density comes from the shape's schedule stats."""
+    from filledfirst.trace.subsample import subsample_to_parquet
+
+    from test_trace import ts2024, write_csv
+
+    cfg, out, state = study
+    # a request every 0.5 s for 20 minutes; every 2nd kept: one per second of trace time
+    csv = write_csv(tmp_path / "t.csv", [(ts2024(500_000 * i), 100, 20) for i in range(2400)])
+    cfg["workloads"]["tr"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 10, "keep_every": 2}
+    cfg["frontiers"]["trc"] = {**cfg["frontiers"]["cap"], "workload": "tr", "settings": {"default": {}}}
+    from filledfirst.config import validate_config
+
+    validate_config(cfg)
+    shape = tmp_path / "tr.parquet"
+    subsample_to_parquet(csv, shape, minutes=10, keep_every=2)
+    with pytest.raises(Exception, match="give --trace-csv and --shape-stats"):
+        frun.run_frontier(cfg, "trc", "default", out.parent / "trc", progress=False)
+    doc = frun.run_frontier(cfg, "trc", "default", out.parent / "trc", progress=False, trace_csv=csv,
+                            shape_stats=tmp_path / "tr.parquet.stats.json")
+    assert doc["result"]["reason"] == "converged" and doc["result"]["lo"] <= CAPACITY < doc["result"]["hi"]
+    for p in doc["probes"]:
+        meta = run_json(out.parent / "trc" / p["run_dir"])
+        stats = meta["schedule"]["stats"]
+        assert stats["time_scale"] == pytest.approx(1 / p["rate"])
+        assert abs(p["requests"] - 4 * p["rate"]) <= 1  # probe_s 4 at the probe's rate
+        assert meta["spec"]["workload"]["time_scale"] == pytest.approx(1 / p["rate"])
+
+
+def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, monkeypatch):
+    cfg, out, state = study
+    original = frun._Prober.workload
+
+    def workload(self, rate, schedule):
+        if len(state["rates"]) == 2:
+            lifetime.note_interrupt("received SIGTERM")
+            raise lifetime.Interrupted("received SIGTERM")
+        return original(self, rate, schedule)
+
+    monkeypatch.setattr(frun._Prober, "workload", workload)
+    with pytest.raises(SystemExit) as exit_:
+        frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    assert exit_.value.code == 130
+    assert sorted(p.name for p in out.iterdir()) == ["p01", "p02"]  # nothing half-made, no scratch
+    assert not state["shared"].alive()

@@ -243,7 +243,10 @@ def run_on_server(
             shared.stop()
         log_from = shared.copy_log(log_from, run.work / rundir.SERVER_LOG)
         if annotate is not None:
-            annotate(run.meta, run.replay)
+            try:
+                annotate(run.meta, run.replay)
+            except Exception:  # the folder is still written: what was measured is kept
+                log.exception("could not annotate run %s", run.meta["run_id"])
         run.finish()
     return run.meta, log_from
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from filledfirst import atomic, rundir
 from filledfirst.config import fingerprint
-from filledfirst.engine.lifetime import install_interrupt_handlers, watch_owners
+from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, watch_owners
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, frontier_plan, probe_base_spec, search_fingerprint
@@ -84,8 +84,8 @@ def probe_attainment(requests, tokens, slo: Slo) -> dict:
 def _outcome(meta: dict) -> ProbeOutcome:
     """The search's view of a finished probe's run.json."""
     f = meta["frontier"]
-    if f.get("error"):
-        return ProbeOutcome.failed(f["rate"], f["error"])
+    if f.get("error") or f.get("attainment") is None:
+        return ProbeOutcome.failed(f["rate"], f.get("error") or f"no verdict (run status {meta['status']})")
     return ProbeOutcome(f["rate"], f["attainment"])
 
 
@@ -249,12 +249,15 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
     install_interrupt_handlers()
     watch_owners()
     prober = _Prober(cfg, plan, setting, out, trace_csv, shape_stats, progress)
-    search, records = resume(out, plan, setting, prober.fingerprint)
     try:
+        search, records = resume(out, plan, setting, prober.fingerprint)
         while (rate := search.next_rate()) is not None:
             meta = prober.measure(len(search.probes) + 1, rate)
             search.record(_outcome(meta))
             records.append(_probe_record(meta, reused=False))
+    except Interrupted as exc:  # between probes (a probe's own interruption exits 130 itself)
+        log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
+        raise SystemExit(130) from None
     finally:
         prober.close()
     result = search.result()
