@@ -2,5 +2,6 @@
 
 search.py is the engine-free core (which rate to probe next, when to stop); probes.py
 turns a workload shape and a rate into one probe's workload; plan.py reads a frontier
-out of the study config.
+out of the study config; run.py runs one search on one server start (`filledfirst
+frontier run`), each probe a run folder; table.py makes the DuckDB table `frontiers`.
 """
