@@ -10,6 +10,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/trace.smk"
 include: "workflow/rules/experiment.smk"
+include: "workflow/rules/frontier.smk"
 include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 
@@ -30,3 +31,4 @@ rule all:
     default_target: True
     input:
         "reports/report.html",
+        FRONTIER_SEARCHES,

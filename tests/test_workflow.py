@@ -53,3 +53,32 @@ def test_command_line_overrides_are_refused(tmp_path):
     proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "all",
                      "--configfile", str(REPO / "config/cpu.yaml"), "--config", "scrape={interval_s: 1}")
     assert proc.returncode != 0 and "--config overrides" in proc.stdout + proc.stderr
+
+
+def test_dry_run_plans_one_search_job_per_frontier_setting(tmp_path):
+    """Each (frontier, setting) is a job of its own calling `filledfirst frontier run`; its
+    search.json goes to ingest (which reads the probe folders through it) and to `all`."""
+    configs = [str(REPO / "tests" / "configs" / f) for f in ("e2e.yaml", "frontier.yaml")]
+    proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "all",
+                     "--configfile", *configs)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    stats = job_stats(out)
+    assert stats["frontier_knee_default"] == 1 and stats["frontier_knee_seq2"] == 1
+    assert stats["ingest"] == 1 and stats["report"] == 1
+    searches = [line for line in out.splitlines() if " -m filledfirst frontier run " in line]
+    assert len(searches) == 2
+    for setting in ("default", "seq2"):
+        line = next(s for s in searches if f"--setting {setting} " in s)
+        assert f"--frontier knee --setting {setting} --out results/frontiers/knee/{setting} --no-progress" in line
+        assert f"tee results/logs/frontier-knee-{setting}.log" in line
+    ingest = next(line for line in out.splitlines() if " -m filledfirst ingest " in line)
+    assert "results/frontiers/knee/default/search.json results/frontiers/knee/seq2/search.json" in ingest
+    assert "results/runs/reference" in ingest
+
+
+def test_a_study_without_frontiers_plans_no_search(tmp_path):
+    proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "all",
+                     "--configfile", str(REPO / "tests" / "configs" / "e2e.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not [rule for rule in job_stats(proc.stdout + proc.stderr) if rule.startswith("frontier_")]

@@ -173,6 +173,41 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _add_frontier(sub) -> None:
+    p = sub.add_parser("frontier", help="capacity searches (the config's frontiers)")
+    fsub = p.add_subparsers(dest="frontier_cmd", required=True)
+    r = fsub.add_parser(
+        "run", help="one frontier's search for one server setting, on one server start",
+        description="Probe the frontier's workload at rising, then bisected rates until the search "
+        "stops; each probe is a run folder DIR/pNN, the search DIR/search.json. An interrupted "
+        "search resumes from its finished probes.",
+    )
+    r.add_argument("--config", action="append", required=True, type=Path, dest="configs")
+    r.add_argument("--frontier", required=True, metavar="NAME")
+    r.add_argument("--setting", required=True, metavar="S", help="one of the frontier's settings")
+    r.add_argument("--out", required=True, type=Path, metavar="DIR")
+    r.add_argument("--trace-csv", type=Path, default=None, help="a trace workload's CSV")
+    r.add_argument("--shape-stats", type=Path, default=None,
+                   help="a trace workload's schedule stats (<schedule>.stats.json): its density")
+    r.add_argument("--no-progress", action="store_true", help="no live progress line")
+    r.set_defaults(func=_cmd_frontier_run)
+
+
+def _cmd_frontier_run(args) -> int:
+    from filledfirst.config import load_config
+    from filledfirst.frontier.run import run_frontier
+
+    cfg = load_config(args.configs)
+    doc = run_frontier(cfg, args.frontier, args.setting, args.out, progress=not args.no_progress,
+                       trace_csv=args.trace_csv, shape_stats=args.shape_stats)
+    # A search that ended on a failed probe is a result (search.json says why): exit 0,
+    # so Snakemake keeps its probe folders for the report.
+    if doc["result"]["error"]:
+        log.warning("frontier %s/%s: a probe failed (%s); see %s/search.json",
+                    args.frontier, args.setting, doc["result"]["error"].splitlines()[0], args.out)
+    return 0
+
+
 def _add_replay(sub) -> None:
     p = sub.add_parser("replay", help="replay a schedule against a server already running (bring your own endpoint)")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000 (its /metrics is scraped)")
@@ -226,7 +261,7 @@ def _cmd_replay(args) -> int:
 
 
 def _add_ingest(sub) -> None:
-    p = sub.add_parser("ingest", help="load run folders into the DuckDB file (idempotent)")
+    p = sub.add_parser("ingest", help="load run folders (a search.json: its probe folders) into the DuckDB file (idempotent)")
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("--db", required=True, type=Path)
     p.set_defaults(func=_cmd_ingest)
@@ -241,7 +276,8 @@ def _cmd_ingest(args) -> int:
 
 
 def _add_diagnose(sub) -> None:
-    p = sub.add_parser("diagnose", help="label each run with what filled first; stored as table `diagnosis`")
+    p = sub.add_parser("diagnose", help="label each run with what filled first; stored as table `diagnosis` "
+                       "(and the capacity searches' results as table `frontiers`)")
     p.add_argument("--db", required=True, type=Path)
     p.add_argument("--config", action="append", type=Path, dest="configs", default=[],
                    help="thresholds from its `diagnosis` section, designed-for labels from its experiments")
@@ -273,6 +309,12 @@ def _cmd_diagnose(args) -> int:
         for run, expect, label, clue, warnings in rows:
             print(f"{run}: {label}" + (f" (designed for {expect})" if expect else "") + f" - {clue}"
                   + (f" [{warnings}]" if warnings else ""))
+    from filledfirst.frontier.table import write_frontiers
+
+    # The capacity searches' results need the probes' diagnosis: table `frontiers`.
+    for f in write_frontiers(args.db).to_dicts():
+        print(f"frontier {f['frontier']}/{f['setting']}: held {f['lo_rps']} req/s, broke {f['hi_rps']} req/s "
+              f"({f['reason']}); at the knee: {f['knee_label']}")
     return 0
 
 
@@ -296,8 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="filledfirst", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_replay, _add_ingest, _add_diagnose,
-                _add_report):
+    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_frontier, _add_replay, _add_ingest,
+                _add_diagnose, _add_report):
         add(sub)
     return parser
 

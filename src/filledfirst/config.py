@@ -70,6 +70,9 @@ def validate_config(cfg: dict) -> None:
             problems.append(f"experiments.{name}.loadgen: mode closed needs concurrency")
         if lg.get("api") == "chat" and lg.get("prompt") != "text":
             problems.append(f"experiments.{name}.loadgen: api chat takes text prompts only (prompt: text)")
+    from filledfirst.frontier.plan import frontier_problems
+
+    problems += frontier_problems(cfg)
     ids = cfg["model"]["prompt_token_ids"]
     if ids["low"] >= ids["high"]:
         problems.append("model.prompt_token_ids: low must be below high")

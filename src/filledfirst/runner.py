@@ -3,6 +3,7 @@
 `run_experiments`: start vLLM once for experiments of the config that share its
 settings, replay each in turn, stop it (`run_experiment`: the same for one).
 `replay_endpoint`: replay against a server someone else runs (bring your own endpoint).
+`run_on_server`: one run against a server the caller keeps (the capacity search's probes).
 """
 
 from __future__ import annotations
@@ -212,6 +213,47 @@ class _Group:
         stopped (its whole group) before the next experiment starts a fresh one."""
         if position == len(self.jobs) - 1 or run.meta["status"] != "ok" or interrupt_reason():
             self.shared.stop()
+
+
+def run_on_server(
+    shared: SharedServer, name: str, schedule_path: Path, out: Path, spec: dict, meta: dict, *,
+    progress: bool = True, log_from: int = 0,
+    annotate: Callable[[dict, Replay | None], None] | None = None,
+) -> tuple[dict, int]:
+    """One ordinary run folder against a server the caller keeps between runs (the
+    capacity search's probes): the server made ready (started, or reused once idle), the
+    replay, its part of the server log from byte `log_from`, then `annotate(run.json
+    dict, replay)` before run.json is written. A server that died or failed to start is
+    stopped; the caller stops it at the end. Returns (run.json, where the next run's log
+    part begins); an interruption publishes the folder and exits 130, as group runs do."""
+    run = _Run(name, schedule_path, out, meta)
+    try:
+        waited = shared.ready(name)
+        _record_server(run.meta, shared, waited)
+        run.replay_against(
+            shared.base_url, ReplaySettings.from_spec(spec), progress,
+            server_alive=shared.alive, server_log=shared.log_path,
+        )
+        if run.meta["status"] != "ok" or interrupt_reason():
+            shared.stop()
+    except ServerStartError as exc:
+        _record_server(run.meta, shared, None)
+        run.meta["status"], run.meta["error"] = "failed", str(exc)
+        log_from = min(log_from, shared.start_offset)
+        log.error("%s", exc)
+    except Interrupted as exc:
+        run.interrupted(exc)
+    finally:
+        if run.meta["status"] != "ok" or interrupt_reason():
+            shared.stop()
+        log_from = shared.copy_log(log_from, run.work / rundir.SERVER_LOG)
+        if annotate is not None:
+            try:
+                annotate(run.meta, run.replay)
+            except Exception:  # the folder is still written: what was measured is kept
+                log.exception("could not annotate run %s", run.meta["run_id"])
+        run.finish()
+    return run.meta, log_from
 
 
 def _experiment_meta(exp: Experiment, spec: dict, server: dict) -> dict:

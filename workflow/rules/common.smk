@@ -119,3 +119,58 @@ def subsample_args(wildcards):
 
 def workload_fingerprint(wildcards):
     return fingerprint(config["workloads"][wildcards.workload])
+
+
+# Capacity searches (the config's `frontiers`): one job per frontier and setting.
+FRONTIER_SETTINGS = {name: list(f["settings"]) for name, f in config.get("frontiers", {}).items()}
+
+
+def frontier_dir(frontier, setting):
+    return f"results/frontiers/{frontier}/{setting}"
+
+
+def frontier_search(frontier, setting):
+    return f"{frontier_dir(frontier, setting)}/search.json"
+
+
+def search_dir(wildcards, output):
+    """Where a search job puts its probe folders: beside its search.json."""
+    return os.path.dirname(output[0])
+
+
+# Every search.json: ingest takes each for its probe folders (filledfirst.store.ingest).
+FRONTIER_SEARCHES = [frontier_search(f, s) for f, settings in FRONTIER_SETTINGS.items() for s in settings]
+
+
+def frontier_inputs(frontier):
+    """The model, and for a trace workload its CSV and its schedule's stats (the trace's
+    density, which each probe's time_scale is worked out from)."""
+    workload = config["frontiers"][frontier]["workload"]
+    wl = config["workloads"][workload]
+    inputs = {"model": model_inputs()}
+    if wl["kind"] == "trace":
+        inputs["trace"] = f"data/traces/{wl['trace']}.csv"
+        inputs["stats"] = f"data/schedules/{workload}.parquet.stats.json"
+    return inputs
+
+
+def frontier_trace_args(wildcards, input):
+    """`--trace-csv CSV --shape-stats JSON ` for a trace workload (a trailing space), else nothing."""
+    if "trace" not in input.keys():
+        return ""
+    return f"--trace-csv {shlex.quote(input.trace)} --shape-stats {shlex.quote(input.stats)} "
+
+
+def frontier_spec(frontier, setting):
+    from filledfirst.frontier.plan import frontier_plan, probe_base_spec, search_fingerprint
+
+    plan = frontier_plan(config, frontier)
+    return search_fingerprint(plan, probe_base_spec(config, plan, setting))
+
+
+def frontier_resources(frontier):
+    """A search job's GPUs, CPUs and memory as an experiment job's, and a time limit of a
+    start-up and `budget` probes with their drains (filledfirst.frontier.plan)."""
+    from filledfirst.frontier.plan import frontier_runtime_minutes
+
+    return {**job_request(config), "runtime": frontier_runtime_minutes(config, frontier)}

@@ -1,6 +1,8 @@
 rule ingest:
     input:
         expand("results/runs/{exp}", exp=EXPERIMENTS),
+        # a capacity search's search.json stands for its probe folders
+        FRONTIER_SEARCHES,
     output:
         DB,
     log:

@@ -14,6 +14,7 @@ from filledfirst import rundir
 from filledfirst.atomic import atomic_path
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
 
+SEARCH_JSON = "search.json"  # filledfirst.frontier.run.SEARCH_JSON (not imported: the store reads files only)
 _ARROW_TO_SQL = {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}
 
 
@@ -40,6 +41,10 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS requests (run_id VARCHAR NOT NULL, {_columns(REQUEST_SCHEMA)});
 CREATE TABLE IF NOT EXISTS tokens (run_id VARCHAR NOT NULL, {_columns(TOKEN_SCHEMA)});
 CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR NOT NULL, {_columns(SAMPLE_SCHEMA)});
+-- a capacity search's search.json (filledfirst.frontier.run), its probes being runs
+CREATE TABLE IF NOT EXISTS frontier_searches (
+    frontier VARCHAR NOT NULL, setting VARCHAR NOT NULL, search JSON, PRIMARY KEY (frontier, setting)
+);
 """
 
 _TABLES = {"requests": rundir.REQUESTS, "tokens": rundir.TOKENS, "samples": rundir.SAMPLES}
@@ -70,14 +75,35 @@ def edited_copy(db_path: str | Path) -> Iterator[duckdb.DuckDBPyConnection]:
             con.close()
 
 
+def _searches(paths: list[str | Path]) -> tuple[list[Path], list[dict]]:
+    """Run folders, with a capacity search's search.json (or its folder) standing for
+    its probe folders; and the search documents."""
+    run_dirs, searches = [], []
+    for p in map(Path, paths):
+        if p.is_dir() and not (p / rundir.RUN_JSON).exists() and (p / SEARCH_JSON).is_file():
+            p = p / SEARCH_JSON
+        if p.name == SEARCH_JSON and p.is_file():
+            doc = json.loads(p.read_text())
+            searches.append(doc)
+            run_dirs += [p.parent / probe["run_dir"] for probe in doc["probes"]]
+        else:
+            run_dirs.append(p)
+    return run_dirs, searches
+
+
 def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
-    """Ingest the folders into a copy of the database and swap it in. Returns the run ids written."""
+    """Ingest the folders into a copy of the database and swap it in. Returns the run ids
+    written. A capacity search's search.json (or its folder) brings its probe folders."""
+    run_dirs, searches = _searches(run_dirs)
     metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
     with edited_copy(db_path) as con:
         con.execute(DDL)
         _add_new_columns(con)
         for run_dir, meta in metas:
             _ingest_one(con, run_dir, meta)
+        for doc in searches:
+            con.execute("INSERT OR REPLACE INTO frontier_searches VALUES (?, ?, ?)",
+                        [doc["frontier"], doc["setting"], json.dumps(doc)])
     return [m["run_id"] for _, m in metas]
 
 

@@ -1,0 +1,97 @@
+"""A frontier as the search needs it, read out of the study config in one place
+(`frontier_plan`), so the config's representation can change without touching the rest."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from filledfirst.frontier.probes import shape_rate
+from filledfirst.frontier.search import SearchBounds, Slo
+
+
+@dataclass(frozen=True, slots=True)
+class FrontierPlan:
+    name: str
+    workload_name: str
+    workload: dict  # the shape: a synthetic or trace workload spec
+    settings: dict[str, dict]  # setting name -> vLLM settings, engine.server merged in
+    slo: Slo
+    probe_s: float
+    bounds: SearchBounds
+
+
+def frontier_plan(cfg: dict, name: str) -> FrontierPlan:
+    """The frontier `name` of a validated config (defaults filled in by the schema)."""
+    from filledfirst.config import deep_merge
+
+    f = cfg["frontiers"][name]
+    base = cfg["engine"].get("server", {})
+    return FrontierPlan(
+        name=name,
+        workload_name=f["workload"],
+        workload=cfg["workloads"][f["workload"]],
+        settings={s: deep_merge(base, over) for s, over in f["settings"].items()},
+        slo=Slo(ttft_ms=float(f["slo"]["ttft_ms"]), itl_ms=float(f["slo"]["itl_ms"])),
+        probe_s=float(f.get("probe_s", 15)),
+        bounds=SearchBounds(
+            start=f["start"], maximum=f["maximum"], target=f.get("target_attainment", 0.95),
+            growth=f.get("growth", 2), precision=f.get("precision", 1.1),
+            budget=f.get("budget", 12), repeats=f.get("repeats", 0),
+        ),
+    )
+
+
+def probe_base_spec(cfg: dict, plan: FrontierPlan, setting: str) -> dict:
+    """Everything of a probe's spec but its workload (server, model, engine, loadgen,
+    scrape), as an experiment's spec has them. The load generator is the study's, always
+    open loop."""
+    loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
+    return {
+        "server": plan.settings[setting],
+        "model": cfg["model"],
+        "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
+        "loadgen": {**loadgen, "mode": "open"},
+        "scrape": cfg.get("scrape", {}),
+    }
+
+
+def search_fingerprint(plan: FrontierPlan, base: dict) -> str:
+    """Changes when anything that decides a probe's outcome or the search's path does
+    (Snakemake re-runs the search; its probes measured before are not reused)."""
+    from filledfirst.config import fingerprint
+
+    return fingerprint({
+        **base, "workload": plan.workload, "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s,
+        "bounds": dataclasses.asdict(plan.bounds),
+    })
+
+
+def frontier_runtime_minutes(cfg: dict, name: str) -> int:
+    """A search job's time limit on a cluster, erring long as filledfirst.cluster does: one
+    server start-up, then `budget` probes of `probe_s` seconds of arrivals and a drain each."""
+    plan = frontier_plan(cfg, name)
+    cluster = cfg.get("cluster", {})
+    startup = cluster.get("startup_allowance_s", cfg["engine"].get("startup_timeout_s", 600))
+    drain = cluster.get("drain_allowance_s", cfg.get("loadgen", {}).get("drain_timeout_s", 600))
+    return max(1, math.ceil((float(startup) + plan.bounds.budget * (plan.probe_s + float(drain))) / 60))
+
+
+def frontier_problems(cfg: dict) -> list[str]:
+    """Cross-references the schema cannot check, each naming its key path."""
+    problems = []
+    workloads = cfg.get("workloads", {})
+    for name, f in cfg.get("frontiers", {}).items():
+        where = f"frontiers.{name}"
+        wl = workloads.get(f["workload"])
+        if wl is None:
+            problems.append(f"{where}.workload: {f['workload']!r} is not in workloads ({sorted(workloads)})")
+        elif wl["kind"] == "synthetic":
+            try:
+                shape_rate(wl)
+            except ValueError as exc:
+                problems.append(f"{where}.workload: {f['workload']!r}: {exc}")
+        if not f["start"] < f["maximum"]:
+            problems.append(f"{where}: start ({f['start']}) must be below maximum ({f['maximum']})")
+    return problems

@@ -1,0 +1,96 @@
+"""One probe's workload: a workload's shape replayed at a given rate for `probe_s` seconds.
+
+Synthetic shape (phases of identical requests, see workloads.synthetic): its rate is its
+n requests over the span D its arrivals take, D = max over phases of start_s + count *
+interval_s (so one phase of `count` requests `interval_s` apart runs at 1/interval_s). A
+probe at rate r for P seconds keeps the shape and stretches time: every phase keeps its
+share of the requests (count * r * P / n, rounded, at least one), its place in the probe
+(start_s * P / D) and its arrival process with the mean gap scaled to interval_s * (n / D)
+/ r. Each phase then ends where it ended in the shape, scaled to P; the probe offers r
+requests per second over P seconds, up to the rounding of the counts.
+
+Trace shape (a window of a trace, every K-th request): its density is `kept_per_s`, the
+requests the window keeps per second of trace time (`trace_kept_rate` of its schedule's
+stats). A probe at rate r has time_scale kept_per_s / r, and a window of P / time_scale
+seconds of trace time from the same start, so its arrivals last P seconds. The trace
+around the window decides the probe's exact rate: the same density, not the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from filledfirst.workloads.synthetic import synthetic_schedule
+
+
+def _check(rate: float, probe_s: float) -> None:
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"a probe's rate must be > 0, got {rate}")
+    if not (math.isfinite(probe_s) and probe_s > 0):
+        raise ValueError(f"a probe's duration must be > 0, got {probe_s}")
+
+
+def shape_span_s(spec: dict) -> float:
+    """D: the seconds a synthetic shape's arrivals take (its phases' ends, last gap included)."""
+    return max(float(p.get("start_s", 0.0)) + int(p["count"]) * float(p.get("interval_s", 0.0))
+               for p in spec["phases"])
+
+
+def shape_rate(spec: dict) -> float:
+    """A synthetic shape's mean arrival rate, requests/s; a ValueError for a shape that
+    sends everything at once (no rate to scale)."""
+    span = shape_span_s(spec)
+    if span <= 0:
+        raise ValueError("the workload sends all its requests at once (no interval_s, no start_s): it has no rate to scale")
+    return sum(int(p["count"]) for p in spec["phases"]) / span
+
+
+def synthetic_probe(spec: dict, rate: float, probe_s: float) -> dict:
+    """The synthetic workload spec of one probe (module docstring); `spec` is unchanged."""
+    _check(rate, probe_s)
+    n = sum(int(p["count"]) for p in spec["phases"])
+    span = shape_span_s(spec)
+    base_rate = shape_rate(spec)
+    phases = []
+    for p in spec["phases"]:
+        q = dict(p)
+        q["count"] = max(1, round(int(p["count"]) * rate * probe_s / n))
+        if "start_s" in p:
+            q["start_s"] = float(p["start_s"]) * probe_s / span
+        if "interval_s" in p:
+            q["interval_s"] = float(p["interval_s"]) * base_rate / rate
+        phases.append(q)
+    return {**spec, "phases": phases}
+
+
+def synthetic_probe_schedule(spec: dict, rate: float, probe_s: float) -> pl.DataFrame:
+    """The schedule (SCHEDULE_SCHEMA columns) of one probe of a synthetic shape."""
+    return synthetic_schedule(synthetic_probe(spec, rate, probe_s))
+
+
+def trace_kept_rate(stats: dict) -> float:
+    """Requests a trace workload keeps per second of trace time, from its schedule's
+    stats (`<schedule>.stats.json`: requests, duration_s, time_scale)."""
+    trace_s = float(stats["duration_s"]) / float(stats.get("time_scale", 1.0))
+    if stats["requests"] <= 0 or trace_s <= 0:
+        raise ValueError(f"the trace window keeps {stats['requests']} request(s) over {trace_s:g} s: no rate to scale")
+    return stats["requests"] / trace_s
+
+
+def trace_time_scale(kept_per_s: float, rate: float) -> float:
+    """The time_scale at which a trace window keeping `kept_per_s` requests per trace
+    second offers `rate` requests per second."""
+    _check(rate, 1.0)
+    if not (math.isfinite(kept_per_s) and kept_per_s > 0):
+        raise ValueError(f"kept_per_s must be > 0, got {kept_per_s}")
+    return kept_per_s / rate
+
+
+def trace_probe(spec: dict, kept_per_s: float, rate: float, probe_s: float) -> dict:
+    """The trace workload spec of one probe: same trace, start and subsampling; the
+    time_scale for `rate`, and a window whose scaled length is `probe_s`."""
+    _check(rate, probe_s)
+    scale = trace_time_scale(kept_per_s, rate)
+    return {**spec, "time_scale": scale, "minutes": probe_s / scale / 60.0}

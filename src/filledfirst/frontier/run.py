@@ -1,0 +1,281 @@
+"""`filledfirst frontier run`: one capacity search, (frontier, setting), on one server start.
+
+Each probe is an ordinary open-loop run folder (`DIR/p01`, `DIR/p02`, ...: schedule,
+requests, tokens, samples, server.log, run.json), made by the runner's `run_on_server`
+against one `SharedServer` (started for the first probe, reused once idle by the next,
+always stopped at the end), so `filledfirst ingest` reads it like any other. Its run.json
+carries, beside the usual keys, `experiment` = `<frontier>/<setting>/pNN` and
+
+    frontier: {name, setting, probe, rate, probe_s, slo, target, fingerprint,
+               requests, attainment, held, missed: {failed, ttft, itl}, error}
+
+The search's state is a function of its probes alone (frontier.search), so an interrupted
+search resumes from the probe folders: those that finished (`ok`, with an attainment, the
+same search fingerprint, at the rate the search asks for next, in probe order) are read
+back; the first one that did not, and every folder after it, is measured again. A probe
+that fails outright (the server died or never started, no request answered) ends the
+search (PROBE_FAILED), its reason kept. At the end `DIR/search.json` is written atomically:
+
+    {frontier, setting, workload, fingerprint, slo, probe_s, bounds: {...},
+     probes: [{probe, rate, run_dir, run_id, status, requests, attainment, held, error, reused}],
+     result: {lo, hi, ratio, reason, error}}
+
+(run_dir relative to DIR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from filledfirst import atomic, rundir
+from filledfirst.config import fingerprint
+from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, watch_owners
+from filledfirst.engine.shared import SharedServer
+from filledfirst.errors import UserError
+from filledfirst.frontier.plan import FrontierPlan, frontier_plan, probe_base_spec, search_fingerprint
+from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
+
+log = logging.getLogger(__name__)
+
+SEARCH_JSON = "search.json"
+_PROBE_DIR = re.compile(r"^p(\d+)$")
+
+
+def probe_dir_name(probe: int) -> str:
+    return f"p{probe:02d}"
+
+
+def probe_experiment(frontier: str, setting: str, probe: int) -> str:
+    return f"{frontier}/{setting}/{probe_dir_name(probe)}"
+
+
+def probe_attainment(requests, tokens, slo: Slo) -> dict:
+    """A probe's verdict from its records, as `attainment` defines it (a request is
+    (ok, TTFT from its scheduled arrival, longest gap between token-carrying chunks)),
+    with why the others missed: failed (never ok), TTFT over, ITL over (both may count)."""
+    times: dict[int, set[float]] = {}
+    for tok in tokens:
+        if tok.n > 0:
+            times.setdefault(tok.request_id, set()).add(tok.t)
+    rows, missed = [], {"failed": 0, "ttft": 0, "itl": 0}
+    for r in requests:
+        ok = r.status == "ok" and r.t_first_token is not None
+        ttft = (r.t_first_token - r.t_scheduled) * 1000 if ok else None
+        ts = sorted(times.get(r.request_id, ()))
+        gap = max((b - a for a, b in zip(ts, ts[1:])), default=None)
+        gap_ms = gap * 1000 if gap is not None else None
+        rows.append((ok, ttft, gap_ms))
+        if not ok:
+            missed["failed"] += 1
+            continue
+        missed["ttft"] += ttft > slo.ttft_ms
+        missed["itl"] += gap_ms is not None and gap_ms > slo.itl_ms
+    return {"requests": len(rows), "attainment": attainment(rows, slo) if rows else None, "missed": missed}
+
+
+def _outcome(meta: dict) -> ProbeOutcome:
+    """The search's view of a finished probe's run.json."""
+    f = meta["frontier"]
+    if f.get("error") or f.get("attainment") is None:
+        return ProbeOutcome.failed(f["rate"], f.get("error") or f"no verdict (run status {meta['status']})")
+    return ProbeOutcome(f["rate"], f["attainment"])
+
+
+def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
+    """The frontier block's measured part, filled in before run.json is written."""
+    if meta["status"] != "ok":
+        return {"requests": None, "attainment": None, "held": None, "missed": None,
+                "error": (meta.get("error") or meta["status"]).strip()}
+    measured = probe_attainment(replay.requests, replay.tokens, slo)
+    if not measured["requests"]:
+        error = "no request in the probe"
+    elif not any(r.status in ("ok", "timeout") for r in replay.requests):
+        counts = {}
+        for r in replay.requests:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        error = f"no request was answered ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+    else:
+        error = None
+    if error:
+        return {"requests": measured["requests"], "attainment": None, "held": None, "missed": measured["missed"],
+                "error": error}
+    return {**measured, "held": measured["attainment"] >= target, "error": None}
+
+
+class _Prober:
+    """Writes probe schedules and measures them on the shared server."""
+
+    def __init__(self, cfg: dict, plan: FrontierPlan, setting: str, out: Path,
+                 trace_csv: Path | None, shape_stats: Path | None, progress: bool):
+        self.cfg, self.plan, self.setting, self.out, self.progress = cfg, plan, setting, out, progress
+        self.base = probe_base_spec(cfg, plan, setting)
+        self.fingerprint = search_fingerprint(plan, self.base)
+        self.trace_csv = trace_csv
+        self.kept_per_s = None
+        if plan.workload["kind"] == "trace":
+            if trace_csv is None or shape_stats is None:
+                raise UserError(f"frontier {plan.name}: workload {plan.workload_name!r} is a trace: "
+                                "give --trace-csv and --shape-stats (its schedule's .stats.json)")
+            self.kept_per_s = trace_kept_rate(json.loads(Path(shape_stats).read_text()))
+        self.scratch = Path(tempfile.mkdtemp(prefix=".server-", dir=out))
+        # The server's whole log, gone at the end: each probe folder keeps its own part.
+        self.shared = SharedServer({**self.base, "experiment": plan.name}, self.scratch / rundir.SERVER_LOG)
+        self.log_from = 0
+
+    def workload(self, rate: float, schedule: Path) -> dict:
+        """Write the probe's schedule (and its stats beside it); returns its workload spec."""
+        wl = self.plan.workload
+        if wl["kind"] == "synthetic":
+            from filledfirst.workloads.synthetic import write_synthetic_schedule
+
+            spec = synthetic_probe(wl, rate, self.plan.probe_s)
+            write_synthetic_schedule(spec, schedule)
+            return spec
+        from filledfirst.trace.subsample import subsample_to_parquet
+
+        spec = trace_probe(wl, self.kept_per_s, rate, self.plan.probe_s)
+        where = {"start": spec["start"]} if "start" in spec else {"start_offset_s": float(spec.get("start_offset_s", 0))}
+        subsample_to_parquet(
+            self.trace_csv, schedule, **where, minutes=float(spec["minutes"]),
+            keep_every=int(spec.get("keep_every", 1)), phase=int(spec.get("phase", 0)),
+            time_scale=float(spec["time_scale"]), max_model_len=int(self.cfg["model"]["max_model_len"]),
+            skip_bad=bool(spec.get("skip_bad", False)),
+        )
+        return spec
+
+    def measure(self, probe: int, rate: float) -> dict:
+        from filledfirst.runner import run_on_server
+
+        plan, setting = self.plan, self.setting
+        name = probe_experiment(plan.name, setting, probe)
+        schedule = self.scratch / f"{probe_dir_name(probe)}.parquet"
+        workload = self.workload(rate, schedule)
+        spec = {"experiment": name, "description": f"capacity search {plan.name}, setting {setting}: "
+                f"probe {probe} at {rate:.4g} req/s", "workload_name": plan.workload_name, "workload": workload,
+                **self.base}
+        block = {"name": plan.name, "setting": setting, "probe": probe, "rate": rate, "probe_s": plan.probe_s,
+                 "slo": dataclasses.asdict(plan.slo), "target": plan.bounds.target,
+                 "fingerprint": self.fingerprint}
+        meta = {
+            "workload": plan.workload_name, "description": spec["description"], "part": "frontier", "expect": None,
+            "spec": spec, "spec_fingerprint": fingerprint(spec), "model": spec["model"],
+            "server": {"launcher": spec["engine"]["launcher"], "settings": spec["server"]},
+            "frontier": block,
+        }
+
+        def annotate(run_meta: dict, replay) -> None:
+            run_meta["frontier"].update(_verdict(run_meta, replay, plan.slo, plan.bounds.target))
+
+        log.info("%s: probing %.4g req/s (%s)", plan.name + "/" + setting, rate, name)
+        run_meta, self.log_from = run_on_server(
+            self.shared, name, schedule, self.out / probe_dir_name(probe), spec, meta,
+            progress=self.progress, log_from=self.log_from, annotate=annotate,
+        )
+        return run_meta
+
+    def close(self) -> None:
+        self.shared.stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _probe_record(meta: dict, reused: bool) -> dict:
+    f = meta["frontier"]
+    return {"probe": f["probe"], "rate": f["rate"], "run_dir": probe_dir_name(f["probe"]), "run_id": meta["run_id"],
+            "status": meta["status"], "requests": f.get("requests"), "attainment": f.get("attainment"),
+            "held": f.get("held"), "error": f.get("error"), "reused": reused}
+
+
+def _probe_dirs(out: Path) -> dict[int, Path]:
+    return {int(m.group(1)): p for p in out.iterdir() if (m := _PROBE_DIR.match(p.name)) and p.is_dir()}
+
+
+def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[CapacitySearch, list[dict]]:
+    """The search as far as the finished probe folders take it; every folder from the
+    first one that cannot be reused on is removed (it is measured again)."""
+    search = CapacitySearch(plan.bounds)
+    records: list[dict] = []
+    dirs = _probe_dirs(out) if out.is_dir() else {}
+    probe = 1
+    while probe in dirs:
+        why = None
+        try:
+            meta = rundir.read_run_json(dirs[probe])
+        except (rundir.IncompleteRunDir, ValueError) as exc:
+            meta, why = None, f"unfinished ({exc})"
+        f = (meta or {}).get("frontier") or {}
+        expected = search.next_rate()
+        if why is None:
+            if meta["status"] != "ok" or f.get("attainment") is None:
+                why = f"status {meta['status']}" + (f": {f['error']}" if f.get("error") else "")
+            elif f.get("fingerprint") != fp or (f.get("name"), f.get("setting"), f.get("probe")) != (
+                    plan.name, setting, probe):
+                why = "measured for another search (config changed)"
+            elif expected is None or not math.isclose(f["rate"], expected, rel_tol=1e-9):
+                why = f"at {f['rate']:g}/s where the search asks for {expected}"
+        if why is not None:
+            log.info("%s: measuring probe %d again (%s)", out, probe, why)
+            break
+        search.record(_outcome(meta))
+        records.append(_probe_record(meta, reused=True))
+        log.info("%s: reusing probe %d at %.4g req/s (attainment %.3f)", out, probe, f["rate"], f["attainment"])
+        probe += 1
+    for n, path in dirs.items():
+        if n >= probe:
+            shutil.rmtree(path)
+    return search, records
+
+
+def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress: bool = True,
+                 trace_csv: Path | None = None, shape_stats: Path | None = None) -> dict:
+    """The search of `setting` of `frontier` in the config, to its end; returns search.json."""
+    if frontier not in cfg.get("frontiers", {}):
+        raise UserError(f"frontier {frontier!r} is not in the config ({sorted(cfg.get('frontiers', {}))})")
+    plan = frontier_plan(cfg, frontier)
+    if setting not in plan.settings:
+        raise UserError(f"frontiers.{frontier}: no setting {setting!r} ({sorted(plan.settings)})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)  # left by a SIGKILL
+    (out / SEARCH_JSON).unlink(missing_ok=True)
+    install_interrupt_handlers()
+    watch_owners()
+    prober = _Prober(cfg, plan, setting, out, trace_csv, shape_stats, progress)
+    try:
+        search, records = resume(out, plan, setting, prober.fingerprint)
+        while (rate := search.next_rate()) is not None:
+            meta = prober.measure(len(search.probes) + 1, rate)
+            search.record(_outcome(meta))
+            records.append(_probe_record(meta, reused=False))
+    except Interrupted as exc:  # between probes (a probe's own interruption exits 130 itself)
+        log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
+        raise SystemExit(130) from None
+    finally:
+        prober.close()
+    result = search.result()
+    assert result is not None
+    doc = {
+        "frontier": frontier, "setting": setting, "workload": plan.workload_name, "fingerprint": prober.fingerprint,
+        "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s, "bounds": dataclasses.asdict(plan.bounds),
+        "probes": records,
+        "result": {"lo": result.lo, "hi": result.hi, "ratio": result.ratio, "reason": str(result.reason),
+                   "error": result.error},
+    }
+    atomic.write_json(doc, out / SEARCH_JSON)
+    log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s", frontier, setting, result.reason,
+             result.lo, result.hi, len(records), f" ({result.error})" if result.error else "")
+    return doc
+
+
+def probe_run_dirs(search_json: Path) -> list[Path]:
+    """The probe folders a search.json lists, in probe order."""
+    doc = json.loads(Path(search_json).read_text())
+    return [Path(search_json).parent / p["run_dir"] for p in doc["probes"]]

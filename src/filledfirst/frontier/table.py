@@ -1,0 +1,157 @@
+"""Table `frontiers`: one row per (frontier, setting), from the ingested probe runs.
+
+Made after the diagnosis (`filledfirst diagnose` writes both), from what is stored only:
+each probe run's `frontier` block (run.json, in `runs.meta`), its `diagnosis` row, its
+rates (`signals.run_rates`) and the search's search.json (`frontier_searches`, when it
+was ingested; without it the bracket is read off the probes: lo the highest rate that
+held below the lowest that broke). When a probe was measured more than once (a search
+resumed after a failure) its latest run counts.
+
+Columns:
+- frontier, setting, workload, slo_ttft_ms, slo_itl_ms, target, probes (runs counted),
+  reason and error (the search's stop reason and a failed probe's reason; NULL without
+  search.json);
+- the bracket: lo_rps (highest rate that held), hi_rps (lowest that broke), each also as
+  measured (`*_offered_rps`: sent requests over their arrival span), in output tokens/s
+  (`*_output_tok_s`: run_rates' total_tok_s), with its attainment and goodput
+  (`*_goodput_rps` = attainment x offered: requests/s meeting the frontier's SLO; the
+  diagnosis' own goodput_rps uses the diagnosis SLO);
+- the knee (the lowest breaking probe): knee_run_id, knee_label and knee_clue (its
+  diagnosis label and clue; a break with no queue and no full resource, which the
+  diagnosis calls `reference` or `unclassified`, is `ITL-bound` when more of its misses
+  were stalls than slow first tokens, else `compute-bound`);
+- for each scheduler signal the lowest probed rate at which it crossed (NULL: at no
+  probe), from the diagnosis' loaded-window shares: waiting_from_rps (waiting > 0 some
+  of the time, waiting_share > 0), cap_from_rps (running at the cap, running_at_cap_share
+  > 0), kv_full_from_rps (KV >= the diagnosis' kv_full_pct, kv_full_share > 0) and
+  ttft_p95_from_rps (TTFT p95 over the frontier's TTFT SLO).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from filledfirst.analysis import signals
+from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.errors import UserError
+
+SCHEMA = {
+    "frontier": pl.String, "setting": pl.String, "workload": pl.String,
+    "slo_ttft_ms": pl.Float64, "slo_itl_ms": pl.Float64, "target": pl.Float64, "probes": pl.Int64,
+    "reason": pl.String, "error": pl.String,
+    "lo_rps": pl.Float64, "hi_rps": pl.Float64, "lo_offered_rps": pl.Float64, "hi_offered_rps": pl.Float64,
+    "lo_output_tok_s": pl.Float64, "hi_output_tok_s": pl.Float64,
+    "lo_attainment": pl.Float64, "hi_attainment": pl.Float64, "lo_goodput_rps": pl.Float64,
+    "hi_goodput_rps": pl.Float64, "lo_run_id": pl.String,
+    "knee_run_id": pl.String, "knee_label": pl.String, "knee_clue": pl.String,
+    "waiting_from_rps": pl.Float64, "cap_from_rps": pl.Float64, "kv_full_from_rps": pl.Float64,
+    "ttft_p95_from_rps": pl.Float64,
+}
+
+NO_QUEUE_LABELS = {"ITL-bound", "compute-bound"}
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+                            ).fetchall()[0][0])
+
+
+def _probes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dict]]:
+    """(frontier, setting) -> its probe runs, latest run per probe, in probe order."""
+    latest: dict[tuple[str, str, int], dict] = {}
+    for run_id, meta in signals.run_meta(con).items():  # ordered by started_at
+        f = meta.get("frontier")
+        if f:
+            latest[(f["name"], f["setting"], f["probe"])] = {"run_id": run_id, "status": meta.get("status"),
+                                                             "workload": meta.get("workload"), **f}
+    out: dict[tuple[str, str], list[dict]] = {}
+    for (name, setting, _), probe in sorted(latest.items()):
+        out.setdefault((name, setting), []).append(probe)
+    return out
+
+
+def _knee_label(d: dict, probe: dict, rules: DiagnosisRules) -> tuple[str | None, str | None]:
+    label, clue = d.get("label"), d.get("clue")
+    ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
+    if label not in ("reference", "unclassified") or ws is None or ws >= rules.waiting_min_share:
+        return label, clue
+    if (cap is not None and cap >= rules.seq_limit_min_cap_share) or (kvf is not None and kvf >= rules.kv_full_min_share):
+        return label, clue
+    missed = probe.get("missed") or {}
+    itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
+    own = "ITL-bound" if itl > ttft else "compute-bound"
+    return own, (f"SLO broken with no queue (waiting {ws:.0%} of the time) and no full resource "
+                 f"(running at cap {'unknown' if cap is None else f'{cap:.0%}'}, KV full "
+                 f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.get('requests')} requests "
+                 f"{itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
+
+
+def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    if not _has_table(con, "diagnosis"):
+        raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
+    rules = stored_rules(con)
+    groups = _probes(con)
+    if not groups:
+        return pl.DataFrame([], schema=SCHEMA)
+    diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
+    rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
+    searches = {}
+    if _has_table(con, "frontier_searches"):
+        searches = {(f, s): json.loads(doc) for f, s, doc in con.execute(
+            "SELECT frontier, setting, search FROM frontier_searches").fetchall()}
+    rows = []
+    for (name, setting), probes in groups.items():
+        measured = [p for p in probes if p.get("attainment") is not None]
+        search = searches.get((name, setting))
+        if search is not None:
+            lo, hi = search["result"]["lo"], search["result"]["hi"]
+        else:
+            broke = [p["rate"] for p in measured if not p["held"]]
+            hi = min(broke, default=None)
+            lo = max((p["rate"] for p in measured if p["held"] and (hi is None or p["rate"] < hi)), default=None)
+        lo_p = next((p for p in reversed(measured) if lo is not None and p["rate"] == lo and p["held"]), None)
+        hi_p = next((p for p in measured if hi is not None and p["rate"] == hi and not p["held"]), None)
+        slo = probes[0]["slo"]
+        row = {"frontier": name, "setting": setting, "workload": probes[0].get("workload"),
+               "slo_ttft_ms": slo["ttft_ms"], "slo_itl_ms": slo["itl_ms"], "target": probes[0].get("target"),
+               "probes": len(probes), "reason": search["result"]["reason"] if search else None,
+               "error": search["result"]["error"] if search else None, "lo_rps": lo, "hi_rps": hi}
+        for side, p in (("lo", lo_p), ("hi", hi_p)):
+            r = rates.get(p["run_id"], {}) if p else {}
+            offered = r.get("offered_rps")
+            row[f"{side}_offered_rps"] = offered
+            row[f"{side}_output_tok_s"] = r.get("total_tok_s")
+            row[f"{side}_attainment"] = p["attainment"] if p else None
+            row[f"{side}_goodput_rps"] = p["attainment"] * offered if p and offered is not None else None
+        row["lo_run_id"] = lo_p["run_id"] if lo_p else None
+        if hi_p is not None:
+            row["knee_run_id"] = hi_p["run_id"]
+            row["knee_label"], row["knee_clue"] = _knee_label(diag.get(hi_p["run_id"], {}), hi_p, rules)
+
+        def lowest(crossed) -> float | None:
+            return min((p["rate"] for p in measured if crossed(diag.get(p["run_id"], {}), rates.get(p["run_id"], {}))),
+                       default=None)
+
+        row["waiting_from_rps"] = lowest(lambda d, r: (d.get("waiting_share") or 0) > 0)
+        row["cap_from_rps"] = lowest(lambda d, r: (d.get("running_at_cap_share") or 0) > 0)
+        row["kv_full_from_rps"] = lowest(lambda d, r: (d.get("kv_full_share") or 0) > 0)
+        row["ttft_p95_from_rps"] = lowest(
+            lambda d, r: r.get("ttft_p95_ms") is not None and r["ttft_p95_ms"] > slo["ttft_ms"])
+        rows.append(row)
+    return pl.DataFrame(rows, schema=SCHEMA)
+
+
+def write_frontiers(db_path: str | Path) -> pl.DataFrame:
+    """Store `frontier_table` as table `frontiers` (empty for a study without searches)."""
+    from filledfirst.store.ingest import edited_copy
+
+    with edited_copy(db_path) as con:
+        df = frontier_table(con)
+        con.register("_frontiers_new", df.to_arrow())
+        con.execute("CREATE OR REPLACE TABLE frontiers AS SELECT * FROM _frontiers_new")
+        con.unregister("_frontiers_new")
+    return df

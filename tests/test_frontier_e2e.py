@@ -1,0 +1,87 @@
+"""A capacity search on the real vLLM CPU engine, through Snakemake to the DuckDB file:
+two settings of tests/configs/frontier.yaml (the default cap and max_num_seqs 2), at most
+4 probes of 5 s each, one server start per setting. Asserts what holds at any CPU speed:
+files, statuses, one start per search, the probes' rates being the search's, the tables.
+Where the bracket lands depends on the machine, so it is only checked for consistency."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from conftest import REPO, snakemake_argv
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, SearchBounds, StopReason
+
+pytestmark = pytest.mark.engine
+
+
+def search_config(tmp_path):
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
+    cfg["workloads"] = {k: v for k, v in cfg["workloads"].items() if k == "light"}
+    # One small experiment: the study needs one; the searches are what is tested.
+    cfg["workloads"]["light"]["phases"][0]["interval_s"] = 0.3
+    cfg["experiments"] = {"reference": {"workload": "light"}}
+    overlay = yaml.safe_load((REPO / "tests" / "configs" / "frontier.yaml").read_text())
+    cfg["workloads"].update(overlay["workloads"])
+    cfg["frontiers"] = overlay["frontiers"]
+    path = tmp_path / "frontier-e2e.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_capacity_search_on_the_engine(tmp_path):
+    cfg = search_config(tmp_path)
+    # No trace: nothing here needs the mirror that pipeline_env insists on.
+    pipeline_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    targets = ["results/filledfirst.duckdb"]
+    proc = subprocess.run(snakemake_argv(tmp_path, cfg, *targets), env=pipeline_env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    f = yaml.safe_load(cfg.read_text())["frontiers"]["knee"]
+    bounds = SearchBounds(start=f["start"], maximum=f["maximum"], budget=f["budget"])
+    base = tmp_path / "results" / "frontiers" / "knee"
+    for setting, cap in (("default", 64), ("seq2", 2)):
+        doc = json.loads((base / setting / "search.json").read_text())
+        probes = doc["probes"]
+        assert 1 <= len(probes) <= 4
+        # The probes are the ones the search asked for, and its result is the search's.
+        search = CapacitySearch(bounds, [ProbeOutcome(p["rate"], p["attainment"]) for p in probes])
+        result = search.result()
+        assert result is not None and doc["result"]["reason"] == str(result.reason) != StopReason.PROBE_FAILED
+        assert (doc["result"]["lo"], doc["result"]["hi"]) == (result.lo, result.hi)
+        for i, p in enumerate(probes, start=1):
+            meta = json.loads((base / setting / p["run_dir"] / "run.json").read_text())
+            assert meta["status"] == "ok" and meta["experiment"] == f"knee/{setting}/p{i:02d}"
+            assert meta["frontier"]["attainment"] == p["attainment"]
+            assert meta["server"]["settings"]["max_num_seqs"] == cap
+            # one server start for the whole search: the first probe paid it, the rest reused it
+            assert ("startup_s" in meta["timings"]) == (i == 1)
+            assert meta["server"]["started_by"] == f"knee/{setting}/p01"
+            assert meta["request_status_counts"].get("not_sent", 0) == 0
+    assert not list(base.glob("*/.server-*"))  # the scratch log is gone
+
+    con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
+    n_probes = sum(len(json.loads((base / s / "search.json").read_text())["probes"]) for s in ("default", "seq2"))
+    assert con.execute("SELECT count(*) FROM runs WHERE experiment LIKE 'knee/%'").fetchall()[0][0] == n_probes
+    assert con.execute("SELECT count(*) FROM diagnosis WHERE experiment LIKE 'knee/%'").fetchall()[0][0] == n_probes
+    rows = {r[0]: r[1:] for r in con.execute(
+        "SELECT setting, probes, lo_rps, hi_rps, reason FROM frontiers WHERE frontier = 'knee'").fetchall()}
+    assert set(rows) == {"default", "seq2"}
+    for setting, (n, lo, hi, reason) in rows.items():
+        doc = json.loads((base / setting / "search.json").read_text())
+        assert (n, lo, hi, reason) == (len(doc["probes"]), doc["result"]["lo"], doc["result"]["hi"],
+                                       doc["result"]["reason"])
+    # max_num_seqs 2 holds at most 2 sequences at any speed
+    assert all(m <= 2 for (m,) in con.execute(
+        "SELECT window_running_max FROM diagnosis WHERE experiment LIKE 'knee/seq2/%' AND window_running_max IS NOT NULL"
+    ).fetchall())
+
+    # Done is done: a second call has nothing to do.
+    again = subprocess.run(snakemake_argv(tmp_path, cfg, *targets, "-n"), env=pipeline_env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

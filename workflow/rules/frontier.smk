@@ -1,0 +1,35 @@
+# One job per (frontier, setting): `filledfirst frontier run` starts vLLM once and probes
+# rates until the capacity search stops. Its declared output is search.json alone: the
+# probe folders beside it (pNN/, ordinary run folders) are not known before the search
+# has run, and as undeclared files they survive an interrupted job, whose re-run then
+# resumes from its finished probes. Ingest reads them through search.json.
+for frontier, settings in FRONTIER_SETTINGS.items():
+    for setting in settings:
+
+        rule:
+            name:
+                f"frontier_{frontier}_{setting}"
+            input:
+                **frontier_inputs(frontier),
+            output:
+                frontier_search(frontier, setting),
+            log:
+                f"results/logs/frontier-{frontier}-{setting}.log",
+            # What the job asks a cluster for (the SLURM profile); a local run ignores it.
+            resources:
+                **frontier_resources(frontier),
+            conda:
+                "../../environment.yml"
+            params:
+                cli=FILLEDFIRST,
+                configs=CONFIG_ARGS,
+                frontier=frontier,
+                setting=setting,
+                out=search_dir,
+                trace=frontier_trace_args,
+                # changes whenever anything that decides a probe or the search's path does
+                spec=frontier_spec(frontier, setting),
+            shell:
+                "{params.cli} frontier run {params.configs} --frontier {params.frontier:q} "
+                "--setting {params.setting:q} --out {params.out:q} {params.trace}--no-progress "
+                "2>&1 | tee {log:q}"
