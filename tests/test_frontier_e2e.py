@@ -38,7 +38,7 @@ def test_capacity_search_on_the_engine(tmp_path):
     cfg = search_config(tmp_path)
     # No trace: nothing here needs the mirror that pipeline_env insists on.
     pipeline_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    targets = ["results/filledfirst.duckdb"]
+    targets = ["all"]  # the user's path: searches, the study's experiment, ingest, report
     proc = subprocess.run(snakemake_argv(tmp_path, cfg, *targets), env=pipeline_env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -80,6 +80,10 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert all(m <= 2 for (m,) in con.execute(
         "SELECT window_running_max FROM diagnosis WHERE experiment LIKE 'knee/seq2/%' AND window_running_max IS NOT NULL"
     ).fetchall())
+
+    # The report lists every probe as a run of its own.
+    html = (tmp_path / "reports" / "report.html").read_text()
+    assert "knee/default/p01" in html and "knee/seq2/p01" in html
 
     # Done is done: a second call has nothing to do.
     again = subprocess.run(snakemake_argv(tmp_path, cfg, *targets, "-n"), env=pipeline_env,
