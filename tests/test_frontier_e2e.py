@@ -14,8 +14,9 @@ import duckdb
 import pytest
 import yaml
 
-from conftest import REPO, snakemake_argv
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, SearchBounds, StopReason
+
+from conftest import REPO, snakemake_argv
 
 pytestmark = pytest.mark.engine
 
@@ -78,7 +79,8 @@ def test_capacity_search_on_the_engine(tmp_path):
                                        doc["result"]["reason"])
     # max_num_seqs 2 holds at most 2 sequences at any speed
     assert all(m <= 2 for (m,) in con.execute(
-        "SELECT window_running_max FROM diagnosis WHERE experiment LIKE 'knee/seq2/%' AND window_running_max IS NOT NULL"
+        "SELECT window_running_max FROM diagnosis"
+        " WHERE experiment LIKE 'knee/seq2/%' AND window_running_max IS NOT NULL"
     ).fetchall())
 
     # The report lists every probe as a run of its own.

@@ -52,7 +52,8 @@ def test_phases_keep_their_share_place_and_relative_rate():
     rate, probe_s = 10.0, 15.0
     probe = synthetic_probe(INTERFERENCE, rate, probe_s)
     assert INTERFERENCE == before  # the shape is not modified
-    assert [p["count"] for p in probe["phases"]] == [round(c * rate * probe_s / n) for c in (12, 3, 32)] == [38, 10, 102]
+    counts = [p["count"] for p in probe["phases"]]
+    assert counts == [round(c * rate * probe_s / n) for c in (12, 3, 32)] == [38, 10, 102]
     assert sum(p["count"] for p in probe["phases"]) == rate * probe_s
     assert probe["phases"][1]["start_s"] == 2.0 * probe_s / span
     # Every gap stretched by the same factor: the phases' rates keep their ratios.
@@ -65,7 +66,8 @@ def test_phases_keep_their_share_place_and_relative_rate():
 
 def test_a_random_arrival_process_keeps_its_seed_and_scales_its_mean_gap():
     shape = {"kind": "synthetic", "seed": 3, "phases": [
-        {"role": "a", "count": 100, "interval_s": 0.2, "arrival": "gamma", "cv": 2.0, "prompt_tokens": 8, "output_tokens": 8}]}
+        {"role": "a", "count": 100, "interval_s": 0.2, "arrival": "gamma", "cv": 2.0,
+         "prompt_tokens": 8, "output_tokens": 8}]}
     probe = synthetic_probe(shape, rate=20.0, probe_s=60.0)
     assert probe["seed"] == 3 and probe["phases"][0]["cv"] == 2.0 and probe["phases"][0]["arrival"] == "gamma"
     assert probe["phases"][0]["count"] == 1200 and probe["phases"][0]["interval_s"] == pytest.approx(0.05)

@@ -10,8 +10,8 @@ import json
 import math
 
 import pytest
+from test_group_runs import FakeShared
 
-from filledfirst import runner
 from filledfirst.config import load_config
 from filledfirst.engine import lifetime
 from filledfirst.frontier import run as frun
@@ -22,7 +22,6 @@ from filledfirst.records import TokenRecord
 from filledfirst.store.ingest import ingest
 
 from conftest import REPO
-from test_group_runs import FakeShared
 
 CAPACITY = 9.0  # req/s: at or below it every request meets the SLO
 SLO_TTFT_MS, SLO_ITL_MS = 500.0, 100.0
@@ -251,9 +250,9 @@ def test_probe_attainment_counts_gaps_between_token_chunks():
 def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
     """A trace shape: each probe is the same window's start at time_scale kept_per_s / rate,
     probe_s long, cut from the trace CSV; the density comes from the shape's schedule stats."""
-    from filledfirst.trace.subsample import subsample_to_parquet
-
     from test_trace import ts2024, write_csv
+
+    from filledfirst.trace.subsample import subsample_to_parquet
 
     cfg, out, state = study
     # a request every 0.5 s for 20 minutes; every 2nd kept: one per second of trace time

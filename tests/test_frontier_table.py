@@ -7,13 +7,12 @@ import json
 
 import duckdb
 import pytest
+from test_diagnosis import every, gauges, make_db, queue
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.cli import main
 from filledfirst.frontier.table import frontier_table, write_frontiers
-
-from test_diagnosis import every, gauges, make_db, queue
 
 SLO = {"ttft_ms": 500.0, "itl_ms": 100.0}
 

@@ -35,6 +35,8 @@ SECTIONS = {
     ("properties", "report"): study.Report,
     ("properties", "cluster"): study.Cluster,
     ("properties", "diagnosis"): study.DiagnosisRules,
+    ("properties", "frontiers", "additionalProperties"): study.Frontier,
+    ("properties", "frontiers", "additionalProperties", "properties", "slo"): study.Slo,
 }
 # Defaults the schema cannot hold (oneOf branches must not fill defaults): the type's own.
 TYPE_ONLY_DEFAULTS = {study.TraceWorkload, study.SyntheticWorkload, study.SyntheticPhase}

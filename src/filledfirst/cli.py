@@ -261,7 +261,8 @@ def _cmd_replay(args) -> int:
 
 
 def _add_ingest(sub) -> None:
-    p = sub.add_parser("ingest", help="load run folders (a search.json: its probe folders) into the DuckDB file (idempotent)")
+    p = sub.add_parser(
+        "ingest", help="load run folders (a search.json: its probe folders) into the DuckDB file (idempotent)")
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("--db", required=True, type=Path)
     p.set_defaults(func=_cmd_ingest)

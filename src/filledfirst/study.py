@@ -249,6 +249,28 @@ class DiagnosisRules:
         return cls(**section)
 
 
+class Slo(_Struct):
+    ttft_ms: float
+    itl_ms: float
+
+
+class Frontier(_Struct):
+    """A capacity search (filledfirst.frontier): one per server setting."""
+
+    workload: str
+    settings: dict[str, ServerSettings]
+    slo: Slo
+    start: float
+    maximum: float
+    description: str = ""
+    target_attainment: float = _d("frontiers", "*", "target_attainment")
+    probe_s: float = _d("frontiers", "*", "probe_s")
+    growth: float = _d("frontiers", "*", "growth")
+    precision: float = _d("frontiers", "*", "precision")
+    budget: int = _d("frontiers", "*", "budget")
+    repeats: int = _d("frontiers", "*", "repeats")
+
+
 class Study(_Struct):
     study: StudyInfo
     model: Model
@@ -261,6 +283,7 @@ class Study(_Struct):
     report: Report = Report()
     cluster: Cluster = Cluster()
     diagnosis: DiagnosisRules = DiagnosisRules()
+    frontiers: dict[str, Frontier] = {}
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:

@@ -43,7 +43,8 @@ def shape_rate(spec: dict) -> float:
     sends everything at once (no rate to scale)."""
     span = shape_span_s(spec)
     if span <= 0:
-        raise ValueError("the workload sends all its requests at once (no interval_s, no start_s): it has no rate to scale")
+        raise ValueError(
+            "the workload sends all its requests at once (no interval_s, no start_s): it has no rate to scale")
     return sum(int(p["count"]) for p in spec["phases"]) / span
 
 

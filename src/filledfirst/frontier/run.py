@@ -142,7 +142,8 @@ class _Prober:
         from filledfirst.trace.subsample import subsample_to_parquet
 
         spec = trace_probe(wl, self.kept_per_s, rate, self.plan.probe_s)
-        where = {"start": spec["start"]} if "start" in spec else {"start_offset_s": float(spec.get("start_offset_s", 0))}
+        where = ({"start": spec["start"]} if "start" in spec
+                 else {"start_offset_s": float(spec.get("start_offset_s", 0))})
         subsample_to_parquet(
             self.trace_csv, schedule, **where, minutes=float(spec["minutes"]),
             keep_every=int(spec.get("keep_every", 1)), phase=int(spec.get("phase", 0)),

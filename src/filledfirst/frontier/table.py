@@ -79,7 +79,8 @@ def _knee_label(d: dict, probe: dict, rules: DiagnosisRules) -> tuple[str | None
     ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
     if label not in ("reference", "unclassified") or ws is None or ws >= rules.waiting_min_share:
         return label, clue
-    if (cap is not None and cap >= rules.seq_limit_min_cap_share) or (kvf is not None and kvf >= rules.kv_full_min_share):
+    if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
+            or (kvf is not None and kvf >= rules.kv_full_min_share)):
         return label, clue
     missed = probe.get("missed") or {}
     itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
