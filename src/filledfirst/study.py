@@ -146,11 +146,11 @@ class RelativeRate(_Struct):
 
     @property
     def frontier(self) -> str:
-        return self.of.split("/", 1)[0]
+        return self.of.partition("/")[0]
 
     @property
     def setting(self) -> str:
-        return self.of.split("/", 1)[1]
+        return self.of.partition("/")[2]
 
 
 class TraceWorkload(_Struct, tag_field="kind", tag="trace"):

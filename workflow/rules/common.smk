@@ -102,19 +102,20 @@ def trace_csv_of(wildcards):
 
 def time_scale_args(w):
     """`--time-scale X`, or for a time scale relative to a knee `--knee SEARCH_JSON --times X`."""
+    from filledfirst.frontier.relative import split_of
+
     scale = w.get("time_scale", 1)
     if isinstance(scale, dict):
-        frontier, setting = scale["of"].split("/", 1)
-        return f"--knee {shlex.quote(frontier_search(frontier, setting))} --times {float(scale['times'])}"
+        return f"--knee {shlex.quote(frontier_search(*split_of(scale['of'])))} --times {float(scale['times'])}"
     return f"--time-scale {float(scale)}"
 
 
 def knee_inputs(wildcards):
     """The search.json of every capacity search the workload's rates are relative to: its
     schedule is made after those searches (filledfirst.frontier.relative)."""
-    from filledfirst.frontier.relative import knee_searches
+    from filledfirst.frontier.relative import knee_searches, split_of
 
-    return [frontier_search(*of.split("/", 1)) for of in knee_searches(config["workloads"][wildcards.workload])]
+    return [frontier_search(*split_of(of)) for of in knee_searches(config["workloads"][wildcards.workload])]
 
 
 def knee_args(wildcards, input):

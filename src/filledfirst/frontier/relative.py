@@ -38,6 +38,12 @@ def _of_times(value: Any) -> tuple[str, float]:
     return value.of, float(value.times)
 
 
+def split_of(of: str) -> tuple[str, str]:
+    """`<frontier>/<setting>` -> (frontier, setting)."""
+    frontier, _, setting = of.partition("/")
+    return frontier, setting
+
+
 def relative_refs(workload: dict) -> list[tuple[str, str]]:
     """Every (key path inside the workload, `<frontier>/<setting>`) a workload is placed
     relative to, in config order."""
@@ -66,7 +72,7 @@ def relative_problems(cfg: dict) -> list[str]:
     for name, wl in cfg.get("workloads", {}).items():
         for where, of in relative_refs(wl):
             path = f"workloads.{name}.{where}.of"
-            frontier, _, setting = of.partition("/")
+            frontier, setting = split_of(of)
             if frontier not in frontiers:
                 problems.append(f"{path}: {of!r}: no frontier {frontier!r} in frontiers ({sorted(frontiers)})")
             elif setting not in frontiers[frontier].get("settings", {}):
