@@ -292,6 +292,10 @@ def test_report_html(report):
     assert "decoding" in html and "probe" in html and "680 ms" in html
     assert "3 / 5 (max_num_seqs 8)" in html
     assert "vllm.entrypoints.openai.api_server" in html and "0.32.0" in html
+    # the per-run setup dumps are folded away; the summary comes first; no frontier, no section
+    assert "<details><summary>schedule, per run (" in html and "<details><summary>timings, per run (" in html
+    assert html.index("At a glance") < html.index("Every run replays")
+    assert "Capacity search" not in html
     # the seed's tables, part by part, with the seed's own figures marked as such
     assert "How does a long prefill affect other requests?" in html and "short new requests" in html
     assert "What happens when decode load rises?" in html and "seed, 80 ms" in html and "4,737 ms" in html

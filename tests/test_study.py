@@ -26,6 +26,7 @@ SECTIONS = {
     ("$defs", "external_server"): study.ExternalServer,
     ("$defs", "load_mode"): study.LoadMode,
     ("$defs", "synthetic_phase"): study.SyntheticPhase,
+    ("$defs", "relative_rate"): study.RelativeRate,
     ("properties", "loadgen"): study.Loadgen,
     ("properties", "scrape"): study.Scrape,
     ("properties", "traces", "additionalProperties"): study.Trace,

@@ -82,3 +82,45 @@ def test_a_study_without_frontiers_plans_no_search(tmp_path):
                      "--configfile", str(REPO / "tests" / "configs" / "e2e.yaml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not [rule for rule in job_stats(proc.stdout + proc.stderr) if rule.startswith("frontier_")]
+
+
+def test_dry_run_orders_search_then_relative_schedule_then_run(tmp_path):
+    """A workload placed relative to a knee (tests/configs/relative.yaml): its schedule job
+    takes the search's search.json as input, so the search comes first, then the
+    schedule (given the knee file), then the run."""
+    configs = [str(REPO / "tests" / "configs" / f) for f in ("e2e.yaml", "frontier.yaml", "relative.yaml")]
+    proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "all",
+                     "--configfile", *configs)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # Each planned job: (rule, its input line, its shell command), in the order planned.
+    jobs = []
+    for block in re.split(r"\n(?=rule \w+:\n)", out):
+        m = re.match(r"rule (\w+):\n", block)
+        if m:
+            inputs = re.search(r"^\s+input: (.*)$", block, re.M)
+            shell = re.search(r"^Shell command: (.*)$", block, re.M)
+            jobs.append((m[1], inputs[1] if inputs else "", shell[1] if shell else ""))
+    order = [rule for rule, _, _ in jobs]
+
+    def index(pred):
+        return next(i for i, job in enumerate(jobs) if pred(*job))
+
+    for setting, workload, experiment, flags in (
+        ("default", "twice_knee", "past_knee", "--knee results/frontiers/knee/default/search.json --out"),
+        ("seq2", "azure_half_knee", "azure_below_knee",
+         "--knee results/frontiers/knee/seq2/search.json --times 0.5 --max-model-len"),
+    ):
+        search = order.index(f"frontier_knee_{setting}")
+        schedule = index(lambda rule, inputs, shell: rule.startswith("schedule_")
+                         and f"data/schedules/{workload}.parquet " in shell)
+        run = order.index(f"run_group_{experiment}")
+        assert search < schedule < run, order
+        assert f"results/frontiers/knee/{setting}/search.json" in jobs[schedule][1]
+        assert flags in jobs[schedule][2]
+        assert f"data/schedules/{workload}.parquet" in jobs[run][1]
+    # Absolute workloads wait for no search and are made as before.
+    light = index(lambda rule, inputs, shell: "--workload light " in shell)
+    assert "--knee" not in jobs[light][2] and "search.json" not in jobs[light][1]
+    azure = index(lambda rule, inputs, shell: "data/schedules/azure.parquet " in shell)
+    assert "--time-scale 0.25 " in jobs[azure][2] and "search.json" not in jobs[azure][1]

@@ -64,8 +64,14 @@ def _add_trace(sub) -> None:
     s.add_argument("--keep-every", type=int, default=default_of(TraceWorkload, "keep_every"))
     s.add_argument("--phase", type=int, default=default_of(TraceWorkload, "phase"),
                    help="keep rows phase, phase+K, ...")
-    s.add_argument("--time-scale", type=float, default=default_of(TraceWorkload, "time_scale"),
-                   help="multiply arrival gaps (0.5 = twice as fast)")
+    scale = s.add_mutually_exclusive_group()
+    scale.add_argument("--time-scale", type=float, default=None,
+                       help="multiply arrival gaps (0.5 = twice as fast; default "
+                       f"{default_of(TraceWorkload, 'time_scale')})")
+    scale.add_argument("--knee", type=Path, default=None, metavar="SEARCH_JSON",
+                       help="instead of --time-scale: the time scale at which the window offers --times x the "
+                       "knee (highest rate that held) of this capacity search")
+    s.add_argument("--times", type=float, default=None, help="with --knee: the multiple of the knee's rate")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
     s.add_argument("--role", default="trace")
     s.add_argument("--skip-bad", action="store_true",
@@ -89,6 +95,14 @@ def _cmd_trace_fetch(args) -> int:
 def _cmd_trace_subsample(args) -> int:
     from filledfirst.trace.subsample import subsample_to_parquet
 
+    relative = None
+    if (args.knee is None) != (args.times is None):
+        raise UserError("--knee SEARCH_JSON and --times X go together")
+    if args.knee is not None:
+        from filledfirst.frontier.relative import load_knees
+
+        knees = load_knees([args.knee])
+        relative = (next(iter(knees)), args.times, knees)
     subsample_to_parquet(
         args.csv,
         args.out,
@@ -97,10 +111,11 @@ def _cmd_trace_subsample(args) -> int:
         minutes=args.minutes,
         keep_every=args.keep_every,
         phase=args.phase,
-        time_scale=args.time_scale,
+        time_scale=args.time_scale if args.time_scale is not None else default_of(TraceWorkload, "time_scale"),
         max_model_len=args.max_model_len,
         role=args.role,
         skip_bad=args.skip_bad,
+        relative=relative,
     )
     return 0
 
@@ -120,13 +135,30 @@ def _add_workload(sub) -> None:
     s.add_argument("--config", action="append", required=True, type=Path, dest="configs")
     s.add_argument("--workload", required=True)
     s.add_argument("--out", required=True, type=Path)
+    s.add_argument("--knee", action="append", type=Path, default=[], dest="knees", metavar="SEARCH_JSON",
+                   help="a capacity search's search.json, for phases whose interval_s is relative to its knee "
+                   "(once per search the workload names)")
     s.set_defaults(func=_cmd_workload_synth)
 
 
 def _cmd_workload_synth(args) -> int:
+    import msgspec
+
+    from filledfirst.frontier.relative import load_knees, relative_refs, resolve_synthetic
     from filledfirst.workloads.synthetic import write_synthetic_schedule
 
-    write_synthetic_schedule(_catalog_entry(args.configs, "workloads", args.workload), args.out)
+    wl = _catalog_entry(args.configs, "workloads", args.workload)
+    if not hasattr(wl, "phases"):
+        raise UserError(f"workloads.{args.workload} is a trace workload: use `filledfirst trace subsample`")
+    spec = msgspec.to_builtins(wl)
+    extra = {}
+    if relative_refs(spec):
+        spec, resolved = resolve_synthetic(spec, load_knees(args.knees))
+        extra["relative"] = resolved
+        for r in resolved:
+            log.info("workloads.%s.%s: %g x the knee of %s (%g req/s, %s) = %g req/s", args.workload, r["key"],
+                     r["times"], r["of"], r["knee_rps"], r["reason"], r["rate_rps"])
+    write_synthetic_schedule(spec, args.out, extra)
     return 0
 
 

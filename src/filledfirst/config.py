@@ -98,11 +98,31 @@ def schema_problem(cfg: dict) -> str | None:
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
     if error is None:
         return None
+    error = _branch_of_kind(error)
     where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
     allowed = error.schema.get("enum") if isinstance(error.schema, dict) else None
     if allowed and error.validator == "enum":
         return f"{where}: {error.instance!r} is not one of the allowed values {allowed}"
     return f"{where}: {error.message}"
+
+
+def _branch_of_kind(error):
+    """For a workload (a oneOf of kinds), the complaint of the branch of its own `kind`
+    (`workloads.w.time_scale: ...`), not that another kind was expected."""
+    import jsonschema
+
+    where = error
+    while where is not None and not (where.validator == "oneOf" and isinstance(where.instance, dict)
+                                     and "kind" in where.instance):
+        where = where.parent
+    if where is None or not where.context:
+        return error
+    branches: dict = {}
+    for sub in where.context:
+        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+    own = [errs for errs in branches.values()
+           if not any(e.validator == "const" and list(e.relative_path) == ["kind"] for e in errs)]
+    return jsonschema.exceptions.best_match(own[0]) if len(own) == 1 else error
 
 
 def server_settings(cfg: dict, experiment: str) -> dict:

@@ -39,6 +39,8 @@ def _resolve(node: dict, schema: dict) -> dict:
 
 def _type(node: dict, schema: dict) -> str:
     node = _resolve(node, schema)
+    if "oneOf" in node and "type" not in node:  # a number, or a rate relative to a knee
+        return " or ".join(_type(branch, schema) for branch in node["oneOf"])
     if "enum" in node:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     if "const" in node:
@@ -111,6 +113,11 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
                    f"{_text(child_r.get('description'))} |")
         items = _resolve(child_r.get("items", {}), schema)
         extra = child_r.get("additionalProperties")
+        # a key that is a number or an object (a rate relative to a knee): the object's table
+        objects = [b for b in map(lambda b: _resolve(b, schema), child_r.get("oneOf", [])) if "properties" in b]
+        if objects and "type" not in child_r and key != "kind":
+            nested.append((key, objects[0]))
+            continue
         if ("properties" in child_r or "if" in child_r or "properties" in items
                 or (isinstance(extra, dict) and "properties" in _resolve(extra, schema))):
             nested.append((key, child_r))

@@ -137,6 +137,22 @@ class Trace(_Struct):
     size: int | None = None
 
 
+class RelativeRate(_Struct):
+    """A rate placed relative to a measured knee: `times` x the `lo` of the capacity
+    search `of` (`<frontier>/<setting>`); resolved by filledfirst.frontier.relative."""
+
+    of: str
+    times: float
+
+    @property
+    def frontier(self) -> str:
+        return self.of.partition("/")[0]
+
+    @property
+    def setting(self) -> str:
+        return self.of.partition("/")[2]
+
+
 class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
     trace: str
     minutes: float
@@ -147,7 +163,7 @@ class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
     skip_bad: bool = False
     keep_every: int = 1
     phase: int = 0
-    time_scale: float = 1.0
+    time_scale: float | RelativeRate = 1.0  # relative: resolved before the schedule is made
 
 
 class SyntheticPhase(_Struct):
@@ -156,7 +172,7 @@ class SyntheticPhase(_Struct):
     prompt_tokens: int
     output_tokens: int
     start_s: float = 0.0
-    interval_s: float = 0.0
+    interval_s: float | RelativeRate = 0.0  # relative: resolved before the schedule is made
     arrival: Literal["constant", "poisson", "gamma"] = "constant"
     cv: float = 1.0
 

@@ -100,6 +100,29 @@ def trace_csv_of(wildcards):
     return f"data/traces/{config['workloads'][wildcards.workload]['trace']}.csv"
 
 
+def time_scale_args(w):
+    """`--time-scale X`, or for a time scale relative to a knee `--knee SEARCH_JSON --times X`."""
+    from filledfirst.frontier.relative import split_of
+
+    scale = w.get("time_scale", 1)
+    if isinstance(scale, dict):
+        return f"--knee {shlex.quote(frontier_search(*split_of(scale['of'])))} --times {float(scale['times'])}"
+    return f"--time-scale {float(scale)}"
+
+
+def knee_inputs(wildcards):
+    """The search.json of every capacity search the workload's rates are relative to: its
+    schedule is made after those searches (filledfirst.frontier.relative)."""
+    from filledfirst.frontier.relative import knee_searches, split_of
+
+    return [frontier_search(*split_of(of)) for of in knee_searches(config["workloads"][wildcards.workload])]
+
+
+def knee_args(wildcards, input):
+    """`--knee SEARCH_JSON` for each of the job's knee inputs (a trailing space), else nothing."""
+    return "".join(f"--knee {shlex.quote(path)} " for path in input.knees)
+
+
 def subsample_args(wildcards):
     w = config["workloads"][wildcards.workload]
     # `start` (a timestamp) or `start_offset_s` (seconds after the first row); the schema
@@ -111,7 +134,7 @@ def subsample_args(wildcards):
     return (
         f"{where} --minutes {float(w['minutes'])} "
         f"--keep-every {int(w.get('keep_every', 1))} --phase {int(w.get('phase', 0))} "
-        f"--time-scale {float(w.get('time_scale', 1))} "
+        f"{time_scale_args(w)} "
         f"--max-model-len {int(config['model']['max_model_len'])}"
         + (" --skip-bad" if w.get("skip_bad") else "")
     )

@@ -12,9 +12,12 @@ rule fetch_trace:
         "{params.cli} trace fetch {params.configs} --trace {wildcards.trace:q} --out {output:q} > {log:q} 2>&1"
 
 
+# A workload whose rate is relative to a measured knee (`{of: <frontier>/<setting>, times}`)
+# takes that search's search.json as an input: search, then schedule, then run.
 rule schedule_from_trace:
     input:
-        trace_csv_of,
+        trace=trace_csv_of,
+        knees=knee_inputs,
     output:
         schedule="data/schedules/{workload}.parquet",
         stats="data/schedules/{workload}.parquet.stats.json",
@@ -28,10 +31,12 @@ rule schedule_from_trace:
         cli=FILLEDFIRST,
         args=subsample_args,
     shell:
-        "{params.cli} trace subsample {input:q} {params.args} --out {output.schedule:q} > {log:q} 2>&1"
+        "{params.cli} trace subsample {input.trace:q} {params.args} --out {output.schedule:q} > {log:q} 2>&1"
 
 
 rule schedule_synthetic:
+    input:
+        knees=knee_inputs,
     output:
         schedule="data/schedules/{workload}.parquet",
         stats="data/schedules/{workload}.parquet.stats.json",
@@ -45,6 +50,7 @@ rule schedule_synthetic:
         cli=FILLEDFIRST,
         configs=CONFIG_ARGS,
         spec=workload_fingerprint,
+        knees=knee_args,
     shell:
         "{params.cli} workload synth {params.configs} --workload {wildcards.workload:q} "
-        "--out {output.schedule:q} > {log:q} 2>&1"
+        "{params.knees}--out {output.schedule:q} > {log:q} 2>&1"

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from filledfirst.frontier.probes import shape_rate
+from filledfirst.frontier.relative import relative_problems, relative_refs
 from filledfirst.frontier.search import SearchBounds, Slo
 
 
@@ -87,6 +88,8 @@ def frontier_problems(cfg: dict) -> list[str]:
         wl = workloads.get(f["workload"])
         if wl is None:
             problems.append(f"{where}.workload: {f['workload']!r} is not in workloads ({sorted(workloads)})")
+        elif relative_refs(wl):
+            pass  # relative_problems names it: a search's shape must have absolute rates
         elif wl["kind"] == "synthetic":
             try:
                 shape_rate(wl)
@@ -94,4 +97,4 @@ def frontier_problems(cfg: dict) -> list[str]:
                 problems.append(f"{where}.workload: {f['workload']!r}: {exc}")
         if not f["start"] < f["maximum"]:
             problems.append(f"{where}: start ({f['start']}) must be below maximum ({f['maximum']})")
-    return problems
+    return problems + relative_problems(cfg)

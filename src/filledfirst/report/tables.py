@@ -101,6 +101,11 @@ def code_details(summary: str, text: str) -> str:
     return f"<details><summary>{esc(summary)}</summary><pre>{esc(text)}</pre></details>"
 
 
+def details_html(summary: str, inner_html: str) -> str:
+    """A long table folded away: `inner_html` is markup built here (escaped already)."""
+    return f"<details><summary>{esc(summary)}</summary>{inner_html}</details>"
+
+
 # --- run.json sections -------------------------------------------------------------------
 
 

@@ -173,8 +173,12 @@ def _subsample(
     role: str = "trace",
     skip_bad: bool = False,
     scan: str = "auto",
+    relative: tuple[str, float, dict] | None = None,
 ) -> tuple[pl.DataFrame, dict]:
-    _check_params(start_offset_s, start, minutes, keep_every, phase, time_scale, max_model_len)
+    """`relative`: (of, times, knees) instead of `time_scale`: the time scale that makes
+    the window offer times x the knee of search `of` (filledfirst.frontier.relative)."""
+    _check_params(start_offset_s, start, minutes, keep_every, phase, 1.0 if relative else time_scale,
+                  max_model_len)
     w = _read_window(source, _Spec(start_offset_s, start, minutes), skip_bad, scan)
     name = w.source.name
     if w.end_ns > w.last_ns:
@@ -187,6 +191,18 @@ def _subsample(
             f"holds {window.height} request(s), phase {phase}, keep_every {keep_every}"
         )
     kept, fit = _fit_sizes(kept, max_model_len)
+    resolved = None
+    if relative is not None:
+        from filledfirst.frontier.probes import trace_kept_rate
+        from filledfirst.frontier.relative import resolve_time_scale
+
+        # The window's density as the search reads a trace shape's (unscaled stats).
+        trace_s = (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S
+        try:
+            kept_per_s = trace_kept_rate({"requests": kept.height, "duration_s": trace_s, "time_scale": 1.0})
+        except ValueError as exc:
+            raise UserError(f"{name}: a time scale relative to {relative[0]}: {exc}") from None
+        time_scale, resolved = resolve_time_scale(relative[0], relative[1], relative[2], kept_per_s)
     schedule = as_schedule(
         kept.select(
             _offset_seconds(kept["t_ns"] - w.start_ns, time_scale),
@@ -215,6 +231,7 @@ def _subsample(
         "skipped": sum(w.skipped.values()),
         "skipped_by_reason": w.skipped,
         **fit,
+        **({"relative": [resolved]} if resolved else {}),
         # What the arrivals are spread over: the window, cut short where the trace ends.
         "duration_s": (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S * time_scale,
     }
@@ -225,7 +242,7 @@ def subsample(source: str | Path | pl.DataFrame, **spec) -> pl.DataFrame:
     """The schedule (SCHEDULE_SCHEMA columns) for a CSV path or an already-read frame.
 
     `spec` takes _subsample's keywords (start_offset_s or start, minutes, keep_every,
-    phase, time_scale, max_model_len, role, skip_bad).
+    phase, time_scale or relative, max_model_len, role, skip_bad).
     Window: [first + start_offset_s, first + start_offset_s + minutes*60), by timestamp,
     where first is the file's first row; or [start, start + minutes*60) for a timestamp.
     Kept: the window's rows phase, phase+K, ... in time order. t_offset_s is measured

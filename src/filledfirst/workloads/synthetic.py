@@ -7,6 +7,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 
+from filledfirst.errors import UserError
 from filledfirst.schedule import as_schedule, write_schedule
 from filledfirst.study import SyntheticWorkload
 from filledfirst.workloads.arrivals import arrival_times
@@ -27,6 +28,10 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
     parts = []
     spec = _typed(spec)
     for order, phase in enumerate(spec.phases):
+        if not isinstance(phase.interval_s, (int, float)):
+            raise UserError(
+                f"phase {order} ({phase.role}): interval_s is relative to the knee of {phase.interval_s.of}: "
+                "resolve it first (filledfirst workload synth --knee SEARCH_JSON)")
         count = phase.count
         times = arrival_times(
             count, float(phase.start_s), float(phase.interval_s), phase.arrival, float(phase.cv), spec.seed + order,
@@ -48,6 +53,9 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
     return as_schedule(merged)
 
 
-def write_synthetic_schedule(spec: SyntheticWorkload | dict, out: Path) -> None:
+def write_synthetic_schedule(spec: SyntheticWorkload | dict, out: Path, extra_stats: dict | None = None) -> dict:
+    """The schedule and its `.stats.json` (with `extra_stats`, e.g. what a relative rate
+    resolved to); returns the stats."""
     spec = _typed(spec)
-    write_schedule(synthetic_schedule(spec), out, {"source": "synthetic", "phases": len(spec.phases)})
+    return write_schedule(synthetic_schedule(spec), out,
+                          {"source": "synthetic", "phases": len(spec.phases), **(extra_stats or {})})

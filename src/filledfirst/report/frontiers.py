@@ -1,0 +1,290 @@
+"""The report's capacity-search part and its one-screen summary, from DuckDB only.
+
+Per frontier: the probes (each an ingested run whose run.json `frontier` block sits in
+`runs.meta`; a probe measured twice counts once, its latest run, as in table
+`frontiers`), a chart of attainment against offered rate with the knee's bracket, and a
+table per setting: what held, what filled first at the knee, which scheduler signal
+crossed first and how far ahead of the break, and what would move the knee.
+
+`summary_rows` is the top of the report: one line per designed experiment (by part) and
+per (frontier, setting), what filled first and the one number that shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import altair as alt
+import duckdb
+import polars as pl
+
+from filledfirst.analysis.diagnosis import DiagnosisRules
+from filledfirst.frontier.table import _has_table, _probes
+from filledfirst.report import charts
+from filledfirst.report.tables import DASH, esc, fmt_count, html_table
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Table `frontiers` as dicts ([] when it is missing or empty: a study without searches)."""
+    if not _has_table(con, "frontiers"):
+        return []
+    return pl.from_arrow(con.sql("SELECT * FROM frontiers ORDER BY frontier, setting").to_arrow_table()).to_dicts()
+
+
+def probe_points(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """One row per probe (its latest run): frontier, setting, probe, rate, attainment (None
+    for a probe that measured nothing), held, failed (the probe failed outright, its run
+    failed or it had failed requests), n_failed (requests), status, error, run_id."""
+    out = []
+    for (name, setting), probes in _probes(con).items():
+        for p in probes:
+            missed = p.get("missed") or {}
+            n_failed = missed.get("failed") or 0
+            # as the search reads a probe (frontier.run): no verdict or an error is a failed probe
+            outright = p.get("attainment") is None or bool(p.get("error"))
+            out.append({
+                "frontier": name, "setting": setting, "probe": p["probe"], "rate": p["rate"],
+                "attainment": p.get("attainment"), "held": p.get("held"), "run_id": p["run_id"],
+                "status": p.get("status"), "error": p.get("error"), "n_failed": n_failed,
+                "outright": outright, "failed": outright or n_failed > 0,
+            })
+    return out
+
+
+# --- what the table says -----------------------------------------------------------------------
+
+SIGNALS = (  # (column of `frontiers`, how the report names the signal)
+    ("waiting_from_rps", "waiting > 0"),
+    ("cap_from_rps", "running at the cap"),
+    ("kv_full_from_rps", "KV full"),
+)
+
+
+def leading_signal(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The scheduler signal that crossed at the lowest probed rate (ties named together),
+    that rate, and its lead: hi_rps / that rate (> 1: it crossed before the SLO broke)."""
+    crossed = [(row.get(col), name) for col, name in SIGNALS if row.get(col) is not None]
+    if not crossed:
+        return {"signals": [], "rps": None, "lead": None}
+    rps = min(r for r, _ in crossed)
+    hi = row.get("hi_rps")
+    return {"signals": [n for r, n in crossed if r == rps], "rps": rps,
+            "lead": hi / rps if hi is not None and rps > 0 else None}
+
+
+def leading_text(row: Mapping[str, Any]) -> str:
+    lead = leading_signal(row)
+    if not lead["signals"]:
+        return "none crossed at any probed rate"
+    text = f"{' and '.join(lead['signals'])} from {_rps(lead['rps'])}"
+    if lead["lead"] is None:
+        return text + " (the SLO never broke)"
+    if lead["lead"] > 1:
+        return text + f": {lead['lead']:.2g}x ahead of the break at {_rps(row['hi_rps'])}"
+    if lead["lead"] == 1:
+        return text + ": at the break itself, no warning"
+    return text + f": only after the break at {_rps(row['hi_rps'])}"
+
+
+MOVE_THE_KNEE = {
+    "active-sequence limit": "more sequences (max_num_seqs): the cap is full while KV has headroom",
+    "KV-capacity pressure": "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype",
+    "prefill-decode interference": "a smaller prefill chunk budget (max_num_batched_tokens)",
+    "ITL-bound": "more compute or a smaller batch",
+    "compute-bound": "more compute or a smaller batch",
+}
+
+
+def move_the_knee(row: Mapping[str, Any]) -> str:
+    """One line from the knee's label: which knob the limit it names answers to."""
+    if row.get("hi_rps") is None:
+        return "nothing broke: raise the search's maximum rate to find the knee"
+    label = row.get("knee_label")
+    if label in MOVE_THE_KNEE:
+        return MOVE_THE_KNEE[label]
+    if label == "failed":
+        return "the breaking probe failed outright: fix that first (see the stop reason)"
+    return "no single limit named at the knee: read the clue"
+
+
+def _rps(v: float | None) -> str:
+    return DASH if v is None else f"{v:,.3g} req/s"
+
+
+def _held(r: Mapping[str, Any]) -> str:
+    if r.get("lo_rps") is None:
+        return DASH
+    tok_s = r.get("lo_output_tok_s")
+    return _rps(r["lo_rps"]) + ("" if tok_s is None else f" ({fmt_count(round(tok_s))} output tok/s)")
+
+
+def frontier_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows of one frontier, a line per setting."""
+    body = []
+    for r in rows:
+        stop = r.get("reason") or DASH
+        if r.get("error"):
+            stop += f": {r['error']}"
+        body.append([
+            r["setting"], _held(r), _rps(r.get("hi_rps")), r.get("knee_label") or DASH, r.get("knee_clue") or "",
+            leading_text(r), move_the_knee(r), stop,
+        ])
+    return html_table(
+        ["setting", "highest rate that held", "lowest that broke", "what filled first at the knee", "clue",
+         "leading signal", "what would move the knee", "search stopped"],
+        body,
+    )
+
+
+def frontier_intro(rows: Sequence[Mapping[str, Any]]) -> str:
+    r = rows[0]
+    return (f"Workload {r.get('workload') or DASH}; SLO: TTFT <= {r['slo_ttft_ms']:g} ms and no gap between "
+            f"tokens over {r['slo_itl_ms']:g} ms for {100 * (r.get('target') or 0):g} % of a probe's requests.")
+
+
+# --- the chart ------------------------------------------------------------------------------------
+
+
+def frontier_chart(rows: Sequence[Mapping[str, Any]], points: Sequence[Mapping[str, Any]]) -> alt.LayerChart:
+    """Attainment against the probed rate, a line per setting through its measured probes,
+    the knee's bracket (lo to hi) shaded in the setting's colour, the target as a dashed
+    rule; probes with failures in red, a probe that failed outright as a red cross at 0."""
+    target = next((r.get("target") for r in rows if r.get("target") is not None), None)
+    data = pl.DataFrame(
+        [{"setting": p["setting"], "probe": p["probe"], "rate": p["rate"],
+          "attainment": None if p["attainment"] is None else 100 * p["attainment"],
+          "shown": 0.0 if p["attainment"] is None else 100 * p["attainment"],
+          "verdict": ("failed: " + (p.get("error") or p.get("status") or "no verdict")) if p["outright"]
+          else ("held" if p["held"] else "broke"),
+          "failed": p["n_failed"], "bad": p["failed"], "outright": p["outright"], "run": p["run_id"]}
+         for p in points],
+        schema={"setting": pl.String, "probe": pl.Int64, "rate": pl.Float64, "attainment": pl.Float64,
+                "shown": pl.Float64, "verdict": pl.String, "failed": pl.Int64, "bad": pl.Boolean,
+                "outright": pl.Boolean, "run": pl.String},
+    ).sort("setting", "rate")
+    x_title = "offered rate (requests/s, log)"
+    x = alt.X("rate:Q", title=x_title, scale=alt.Scale(type="log", nice=False))
+    y = alt.Y("shown:Q", title="attainment (% of requests meeting the SLO)", scale=alt.Scale(domain=[0, 100]))
+    color = alt.Color("setting:N", title="setting")
+    tooltip = ["setting:N", "probe:Q", alt.Tooltip("rate:Q", format=".3g"),
+               alt.Tooltip("attainment:Q", format=".1f", title="attainment %"), "verdict:N",
+               alt.Tooltip("failed:Q", title="failed requests"), "run:N"]
+    measured = data.filter(~pl.col("outright"))
+    layers: list[alt.TopLevelMixin] = []
+    # An empty layer draws nothing but warns in the browser's console: only layers with data.
+    brackets = pl.DataFrame(
+        [{"setting": r["setting"], "lo": r["lo_rps"], "hi": r["hi_rps"]} for r in rows
+         if r.get("lo_rps") is not None and r.get("hi_rps") is not None],
+        schema={"setting": pl.String, "lo": pl.Float64, "hi": pl.Float64},
+    )
+    if brackets.height:
+        layers.append(alt.Chart(brackets).mark_rect(opacity=0.15).encode(
+            x=alt.X("lo:Q", title=x_title, scale=alt.Scale(type="log", nice=False)), x2="hi:Q", color=color,
+            tooltip=["setting:N", alt.Tooltip("lo:Q", title="knee: held at", format=".3g"),
+                     alt.Tooltip("hi:Q", title="knee: broke at", format=".3g")]))
+    edges = pl.DataFrame(
+        [{"setting": r["setting"], "rate": v, "edge": edge} for r in rows
+         for edge, v in (("held at", r.get("lo_rps")), ("broke at", r.get("hi_rps"))) if v is not None],
+        schema={"setting": pl.String, "rate": pl.Float64, "edge": pl.String},
+    )
+    if edges.height:
+        layers.append(alt.Chart(edges).mark_rule(strokeDash=[2, 2], strokeWidth=1.5).encode(
+            x=x, color=color, tooltip=["setting:N", "edge:N", alt.Tooltip("rate:Q", format=".3g")]))
+    if target is not None:
+        layers.append(alt.Chart(pl.DataFrame({"target": [100 * target]})).mark_rule(
+            color="gray", strokeDash=[6, 3]).encode(y="target:Q"))
+    if measured.height:
+        base = alt.Chart(measured)
+        layers.append(base.mark_line().encode(x=x, y=y, color=color, detail="setting:N"))
+        layers.append(base.mark_circle(size=70, opacity=1).encode(
+            x=x, y=y, tooltip=tooltip,
+            color=alt.condition(alt.datum.bad, alt.value(charts.FAILED_COLOR), color)))
+    outright = data.filter(pl.col("outright"))
+    if outright.height:
+        layers.append(alt.Chart(outright).mark_point(shape="cross", size=140, filled=True,
+                                                     color=charts.FAILED_COLOR).encode(x=x, y=y, tooltip=tooltip))
+    n_bad = int(data["bad"].sum())
+    subtitle = ("shaded: the knee (highest rate that held to lowest that broke); dashed gray: the target; "
+                + (f"red: {n_bad} probe(s) with failures (a cross at 0: failed outright)" if n_bad
+                   else "no probe had failures"))
+    return alt.layer(*layers).properties(
+        width=charts.WIDTH, height=260,
+        title=alt.TitleParams(f"Attainment against offered rate: {rows[0]['frontier']}", subtitle=subtitle,
+                              anchor="start", fontSize=12),
+    )
+
+
+def by_frontier(rows: Sequence[Mapping[str, Any]],
+                points: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dict], list[dict]]]:
+    """(frontier, its rows, its probes), frontiers in name order."""
+    names = list(dict.fromkeys(r["frontier"] for r in rows))
+    return [(n, [dict(r) for r in rows if r["frontier"] == n], [dict(p) for p in points if p["frontier"] == n])
+            for n in names]
+
+
+# --- the one-screen summary ---------------------------------------------------------------------
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f} %"
+
+
+def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
+    """The one number that shows a run's label."""
+    label = d.get("label")
+    if label == "active-sequence limit":
+        return f"running at the cap {_pct(d.get('running_at_cap_share'))} of the time"
+    if label == "KV-capacity pressure":
+        return f"KV >= {rules.kv_full_pct:g} % for {_pct(d.get('kv_full_share'))} of the time"
+    if label == "prefill-decode interference":
+        ratio = d.get("interference_ratio")
+        return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt"
+    if label == "reference":
+        return f"waiting {_pct(d.get('waiting_share'))} of the time"
+    if label == "failed":
+        return "nothing measured"
+    cov = d.get("scrape_coverage")
+    if cov is not None and cov < rules.min_scrape_coverage:
+        return f"scrapes cover {_pct(cov)} of the loaded window"
+    return "no rule matched"
+
+
+def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Mapping[str, Any]],
+                 frontiers: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> list[dict[str, str]]:
+    """Designed experiments (not the probes) grouped by their part in the study's order,
+    then one line per (frontier, setting). Each: part, what, designed, found, number, mark
+    ("differs" when a designed pattern was not what was found)."""
+    from filledfirst.report.tables import PARTS
+
+    order = {p: i for i, p in enumerate(PARTS)}
+    designed = [d for d in diagnosis if not metas.get(d["run_id"], {}).get("frontier")]
+    designed.sort(key=lambda d: order.get(metas.get(d["run_id"], {}).get("part"), len(order)))  # stable
+    out = []
+    for d in designed:
+        expect, label = d.get("expect"), d.get("label") or "unclassified"
+        out.append({"part": metas.get(d["run_id"], {}).get("part") or DASH, "what": d["experiment"],
+                    "designed": expect or DASH, "found": label, "number": key_number(d, rules),
+                    "mark": "" if not expect else ("as designed" if expect == label else "DIFFERS")})
+    for r in frontiers:
+        if r.get("hi_rps") is None:
+            number = f"held up to {_rps(r.get('lo_rps'))}, never broke"
+        else:
+            number = f"held {_rps(r.get('lo_rps'))}, broke at {_rps(r['hi_rps'])}"
+        out.append({"part": f"frontier {r['frontier']}", "what": r["setting"], "designed": DASH,
+                    "found": r.get("knee_label") or DASH, "number": number, "mark": ""})
+    return out
+
+
+def summary_table(rows: Sequence[Mapping[str, str]]) -> str:
+    """A small table; a part's name only on its first line, a difference in bold."""
+    body, last = [], None
+    for r in rows:
+        part = r["part"] if r["part"] != last else ""
+        last = r["part"]
+        body.append([part, r["what"], r["designed"], r["found"], r["number"], r["mark"]])
+    html = html_table(["part", "run", "designed for", "what filled first", "the number that shows it", ""], body)
+    # the one mark that must catch the eye; `esc` makes the cell text, so the literal is safe
+    return html.replace(f"<td>{esc('DIFFERS')}</td>", "<td><strong>differs</strong></td>")
