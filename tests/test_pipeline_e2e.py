@@ -81,7 +81,9 @@ def check_study(workdir):
     # never ran more than the cap.
     assert lim["max_num_seqs"] == 8 and lim["running_max"] == 8
     assert lim["waiting_max"] > 0
-    assert ref["waiting_max"] == 0 and 0 < ref["running_max"] <= 24
+    # (Not that a scrape saw one running: a fast server can finish each of these between
+    # two scrapes, whose grid is as regular as the arrivals'.)
+    assert ref["waiting_max"] == 0 and ref["running_max"] <= 24
     # Under the cap all but the first 8 requests wait for a whole 128-token decode to
     # end before their prefill starts; the reference's wait for nothing.
     assert lim["ttft_p50_ms"] > ref["ttft_p50_ms"]
