@@ -29,9 +29,9 @@ def probe_run(frontier, setting, probe, rate, attainment, servers, service_s, ca
             "meta": {"workload": "light", "frontier": block, "scrape": {"interval_s": 0.25}}}
 
 
-@pytest.fixture
-def db(tmp_path):
-    runs = [
+def cap_probes() -> list[dict]:
+    """Two searches of frontier `cap`, and seq8's search.json (its bracket)."""
+    return [
         # cap 8, 1.2 s a request: holds 2 and 4 req/s, breaks at 8 (a queue at the cap)
         probe_run("cap", "seq8", 1, 2.0, 1.0, 8, 1.2, cap=8),
         probe_run("cap", "seq8", 2, 4.0, 1.0, 8, 1.2, cap=8),
@@ -41,9 +41,16 @@ def db(tmp_path):
         probe_run("cap", "slow", 1, 1.0, 1.0, 64, 0.5),
         probe_run("cap", "slow", 2, 2.0, 0.25, 64, 0.5, missed={"failed": 1, "ttft": 2, "itl": 27}),
     ]
-    path = make_db(tmp_path / "f.duckdb", runs)
-    search = {"frontier": "cap", "setting": "seq8", "probes": [],
-              "result": {"lo": 5.657, "hi": 8.0, "ratio": 8 / 5.657, "reason": "budget", "error": None}}
+
+
+SEQ8_SEARCH = {"frontier": "cap", "setting": "seq8", "probes": [],
+               "result": {"lo": 5.657, "hi": 8.0, "ratio": 8 / 5.657, "reason": "budget", "error": None}}
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = make_db(tmp_path / "f.duckdb", cap_probes())
+    search = SEQ8_SEARCH
     with duckdb.connect(str(path)) as con:
         con.execute("INSERT INTO frontier_searches VALUES (?, ?, ?)", ["cap", "seq8", json.dumps(search)])
     write_diagnosis(path, DiagnosisRules())

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 import vl_convert
 from test_diagnosis import every, gauges, make_db, queue, reference_run
-from test_frontier_table import SLO, probe_run
+from test_frontier_table import SEQ8_SEARCH, SLO, cap_probes
 from test_report import QMD, _ChartDivs, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
@@ -35,19 +35,9 @@ def db(tmp_path_factory):
     lim_reqs = queue(every(0.1, 200), 1.2, 8)  # 10 arrivals/s against 8 slots of 1.2 s
     lim = {"run_id": "lim", "cap": 8, "requests": lim_reqs, "samples": gauges(lim_reqs, 32, lambda n: 1.5 * n),
            "meta": {"part": "sequence_limit", "expect": "KV-capacity pressure"}}  # designed for another
-    runs = [
-        ref, lim,
-        probe_run("cap", "seq8", 1, 2.0, 1.0, 8, 1.2, cap=8),
-        probe_run("cap", "seq8", 2, 4.0, 1.0, 8, 1.2, cap=8),
-        probe_run("cap", "seq8", 3, 8.0, 0.3, 8, 1.2, cap=8),
-        probe_run("cap", "seq8", 4, 5.657, 0.97, 8, 1.2, cap=8),
-        probe_run("cap", "slow", 1, 1.0, 1.0, 64, 0.5),
-        probe_run("cap", "slow", 2, 2.0, 0.25, 64, 0.5, missed={"failed": 1, "ttft": 2, "itl": 27}),
-        failed_probe("cap", "slow", 3, 1.414),
-    ]
+    runs = [ref, lim, *cap_probes(), failed_probe("cap", "slow", 3, 1.414)]
     path = make_db(tmp_path_factory.mktemp("fr") / "f.duckdb", runs)
-    search = {"frontier": "cap", "setting": "seq8", "probes": [],
-              "result": {"lo": 5.657, "hi": 8.0, "ratio": 8 / 5.657, "reason": "budget", "error": None}}
+    search = SEQ8_SEARCH
     with duckdb.connect(str(path)) as con:
         con.execute("INSERT INTO frontier_searches VALUES (?, ?, ?)", ["cap", "seq8", json.dumps(search)])
     write_diagnosis(path, DiagnosisRules())
