@@ -166,7 +166,8 @@ def test_an_experiment_against_an_endpoint_the_study_does_not_start(server, tmp_
     assert meta["server"]["url"] == server.base_url and meta["server"]["api_key_env"] == "FF_TEST_KEY"
     assert meta["versions"]["vllm"]  # read from the endpoint's /version
     con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) FROM requests WHERE status = 'ok'").fetchall()[0][0] == 12
+    n_scheduled = sum(phase["count"] for phase in cfg["workloads"]["light"]["phases"])
+    assert con.execute("SELECT count(*) FROM requests WHERE status = 'ok'").fetchall()[0][0] == n_scheduled
     assert con.execute("SELECT count(*) FROM samples WHERE metric = 'vllm:num_requests_running'").fetchall()[0][0] > 0
     assert con.execute("SELECT count(*) FROM diagnosis").fetchall()[0][0] == 1
     con.close()
