@@ -24,22 +24,22 @@ class FrontierPlan:
 
 
 def frontier_plan(cfg: dict, name: str) -> FrontierPlan:
-    """The frontier `name` of a validated config (defaults filled in by the schema)."""
+    """The frontier `name` of a validated config; its defaults are the typed config's."""
     from filledfirst.config import deep_merge
+    from filledfirst.study import as_study
 
-    f = cfg["frontiers"][name]
+    raw, f = cfg["frontiers"][name], as_study(cfg).frontiers[name]
     base = cfg["engine"].get("server", {})
     return FrontierPlan(
         name=name,
-        workload_name=f["workload"],
-        workload=cfg["workloads"][f["workload"]],
-        settings={s: deep_merge(base, over) for s, over in f["settings"].items()},
-        slo=Slo(ttft_ms=float(f["slo"]["ttft_ms"]), itl_ms=float(f["slo"]["itl_ms"])),
-        probe_s=float(f.get("probe_s", 15)),
+        workload_name=f.workload,
+        workload=cfg["workloads"][f.workload],
+        settings={s: deep_merge(base, over) for s, over in raw["settings"].items()},
+        slo=Slo(ttft_ms=float(f.slo.ttft_ms), itl_ms=float(f.slo.itl_ms)),
+        probe_s=float(f.probe_s),
         bounds=SearchBounds(
-            start=f["start"], maximum=f["maximum"], target=f.get("target_attainment", 0.95),
-            growth=f.get("growth", 2), precision=f.get("precision", 1.1),
-            budget=f.get("budget", 12), repeats=f.get("repeats", 0),
+            start=f.start, maximum=f.maximum, target=f.target_attainment, growth=f.growth,
+            precision=f.precision, budget=f.budget, repeats=f.repeats,
         ),
     )
 
@@ -72,10 +72,13 @@ def search_fingerprint(plan: FrontierPlan, base: dict) -> str:
 def frontier_runtime_minutes(cfg: dict, name: str) -> int:
     """A search job's time limit on a cluster, erring long as filledfirst.cluster does: one
     server start-up, then `budget` probes of `probe_s` seconds of arrivals and a drain each."""
-    plan = frontier_plan(cfg, name)
-    cluster = cfg.get("cluster", {})
-    startup = cluster.get("startup_allowance_s", cfg["engine"].get("startup_timeout_s", 600))
-    drain = cluster.get("drain_allowance_s", cfg.get("loadgen", {}).get("drain_timeout_s", 600))
+    from filledfirst.study import as_study
+
+    plan, study = frontier_plan(cfg, name), as_study(cfg)
+    startup = study.cluster.startup_allowance_s
+    drain = study.cluster.drain_allowance_s
+    startup = study.engine.startup_timeout_s if startup is None else startup
+    drain = study.loadgen.drain_timeout_s if drain is None else drain
     return max(1, math.ceil((float(startup) + plan.bounds.budget * (plan.probe_s + float(drain))) / 60))
 
 

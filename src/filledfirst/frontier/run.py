@@ -32,6 +32,7 @@ import math
 import re
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from filledfirst import atomic, rundir
@@ -98,9 +99,7 @@ def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
     if not measured["requests"]:
         error = "no request in the probe"
     elif not any(r.status in ("ok", "timeout") for r in replay.requests):
-        counts = {}
-        for r in replay.requests:
-            counts[r.status] = counts.get(r.status, 0) + 1
+        counts = Counter(r.status for r in replay.requests)
         error = f"no request was answered ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
     else:
         error = None

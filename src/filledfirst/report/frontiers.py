@@ -22,7 +22,7 @@ import polars as pl
 from filledfirst.analysis.diagnosis import DiagnosisRules
 from filledfirst.frontier.table import _has_table, _probes
 from filledfirst.report import charts
-from filledfirst.report.tables import DASH, esc, fmt_count, html_table
+from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
 
 # --- data ------------------------------------------------------------------------------------
 
@@ -228,27 +228,23 @@ def by_frontier(rows: Sequence[Mapping[str, Any]],
 # --- the one-screen summary ---------------------------------------------------------------------
 
 
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{100 * v:.0f} %"
-
-
 def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
     """The one number that shows a run's label."""
     label = d.get("label")
     if label == "active-sequence limit":
-        return f"running at the cap {_pct(d.get('running_at_cap_share'))} of the time"
+        return f"running at the cap {fmt_share(d.get('running_at_cap_share'))} of the time"
     if label == "KV-capacity pressure":
-        return f"KV >= {rules.kv_full_pct:g} % for {_pct(d.get('kv_full_share'))} of the time"
+        return f"KV >= {rules.kv_full_pct:g} % for {fmt_share(d.get('kv_full_share'))} of the time"
     if label == "prefill-decode interference":
         ratio = d.get("interference_ratio")
         return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt"
     if label == "reference":
-        return f"waiting {_pct(d.get('waiting_share'))} of the time"
+        return f"waiting {fmt_share(d.get('waiting_share'))} of the time"
     if label == "failed":
         return "nothing measured"
     cov = d.get("scrape_coverage")
     if cov is not None and cov < rules.min_scrape_coverage:
-        return f"scrapes cover {_pct(cov)} of the loaded window"
+        return f"scrapes cover {fmt_share(cov)} of the loaded window"
     return "no rule matched"
 
 

@@ -436,18 +436,19 @@ def patterns_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
     return html_table(["run", "what filled first", "", "what is happening (seed)", "measured clue", "warnings"], body)
 
 
-def _share(v: float | None) -> str:
+def fmt_share(v: float | None) -> str:
+    """A 0-1 share as a whole percentage."""
     return "n/a" if v is None else f"{100 * v:.0f} %"
 
 
 def evidence_intro(rules: DiagnosisRules) -> str:
     """What the evidence table's columns are, with the thresholds the labels were made with."""
     return para(
-        f"The evidence: the loaded window (arrivals of sent requests after a {_share(rules.warmup_frac)} "
+        f"The evidence: the loaded window (arrivals of sent requests after a {fmt_share(rules.warmup_frac)} "
         f"warm-up, drain excluded, ending at the last scrape) and how much of it the scrapes cover (a "
         f"value stands for at most {rules.scrape_hold_factor:g}x the scrape interval; no label below "
-        f"{_share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
-        f"{_share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
+        f"{fmt_share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
+        f"{fmt_share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
         f"{rules.kv_full_pct:g} %; when each limit first crossed; Little's law (the server's mean "
         "running + waiting over the client's mean requests in flight); goodput (requests meeting "
         f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
@@ -471,10 +472,10 @@ def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules
         goodput = d.get("goodput_rps")
         body.append([
             d["experiment"], f"{fmt_s(d.get('window_start_s'))} to {fmt_s(d.get('window_end_s'))}",
-            _share(d.get("scrape_coverage")), _share(d.get("running_at_cap_share")), _share(d.get("waiting_share")),
-            _share(d.get("kv_full_share")),
+            fmt_share(d.get("scrape_coverage")), fmt_share(d.get("running_at_cap_share")),
+            fmt_share(d.get("waiting_share")), fmt_share(d.get("kv_full_share")),
             d.get("first_crossings") or "", little,
-            "n/a" if goodput is None else f"{goodput:.2f} req/s ({_share(d.get('slo_met_share'))} met the SLO)",
+            "n/a" if goodput is None else f"{goodput:.2f} req/s ({fmt_share(d.get('slo_met_share'))} met the SLO)",
             ledger,
         ])
     return html_table(
