@@ -49,7 +49,7 @@ def study(tmp_path, monkeypatch):
         state["shared"] = FakeShared(log_path)
         return state["shared"]
 
-    original_workload = frun._Prober.workload
+    original_workload = frun.Prober.workload
 
     def workload(self, rate, schedule):
         state["rates"].append(rate)
@@ -82,7 +82,7 @@ def study(tmp_path, monkeypatch):
             replay.tokens.append(TokenRecord(r.request_id, 1, r.t_last_token, 1))
 
     monkeypatch.setattr(frun, "SharedServer", make_shared)
-    monkeypatch.setattr(frun._Prober, "workload", workload)
+    monkeypatch.setattr(frun.Prober, "workload", workload)
     monkeypatch.setattr(Replay, "run", fake_run)
     monkeypatch.setattr(frun, "install_interrupt_handlers", lambda: None)
     monkeypatch.setattr(frun, "watch_owners", lambda: None)
@@ -279,7 +279,7 @@ def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
 
 def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, monkeypatch):
     cfg, out, state = study
-    original = frun._Prober.workload
+    original = frun.Prober.workload
 
     def workload(self, rate, schedule):
         if len(state["rates"]) == 2:
@@ -287,7 +287,7 @@ def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, mo
             raise lifetime.Interrupted("received SIGTERM")
         return original(self, rate, schedule)
 
-    monkeypatch.setattr(frun._Prober, "workload", workload)
+    monkeypatch.setattr(frun.Prober, "workload", workload)
     with pytest.raises(SystemExit) as exit_:
         frun.run_frontier(cfg, "cap", "default", out, progress=False)
     assert exit_.value.code == 130

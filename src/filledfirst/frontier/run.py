@@ -82,7 +82,7 @@ def probe_attainment(requests, tokens, slo: Slo) -> dict:
     return {"requests": len(rows), "attainment": attainment(rows, slo) if rows else None, "missed": missed}
 
 
-def _outcome(meta: dict) -> ProbeOutcome:
+def probe_outcome(meta: dict) -> ProbeOutcome:
     """The search's view of a finished probe's run.json."""
     f = meta["frontier"]
     if f.get("error") or f.get("attainment") is None:
@@ -109,7 +109,7 @@ def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
     return {**measured, "held": measured["attainment"] >= target, "error": None}
 
 
-class _Prober:
+class Prober:
     """Writes probe schedules and measures them on the shared server."""
 
     def __init__(self, cfg: dict, plan: FrontierPlan, setting: str, out: Path,
@@ -223,7 +223,7 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
         if why is not None:
             log.info("%s: measuring probe %d again (%s)", out, probe, why)
             break
-        search.record(_outcome(meta))
+        search.record(probe_outcome(meta))
         records.append(_probe_record(meta, reused=True))
         log.info("%s: reusing probe %d at %.4g req/s (attainment %.3f)", out, probe, f["rate"], f["attainment"])
         probe += 1
@@ -248,12 +248,12 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
     (out / SEARCH_JSON).unlink(missing_ok=True)
     install_interrupt_handlers()
     watch_owners()
-    prober = _Prober(cfg, plan, setting, out, trace_csv, shape_stats, progress)
+    prober = Prober(cfg, plan, setting, out, trace_csv, shape_stats, progress)
     try:
         search, records = resume(out, plan, setting, prober.fingerprint)
         while (rate := search.next_rate()) is not None:
             meta = prober.measure(len(search.probes) + 1, rate)
-            search.record(_outcome(meta))
+            search.record(probe_outcome(meta))
             records.append(_probe_record(meta, reused=False))
     except Interrupted as exc:  # between probes (a probe's own interruption exits 130 itself)
         log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
