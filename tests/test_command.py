@@ -110,3 +110,54 @@ def test_first_error_finds_the_root_cause_not_the_last_line(tmp_path):
     assert log_excerpt(log).startswith("First error: ValueError") and "See root cause above" in log_excerpt(log)
     log.write_text("usage: api_server.py [-h]\napi_server.py: error: unrecognized arguments: --no-such-flag\n")
     assert first_error(log) == "error: unrecognized arguments: --no-such-flag"
+
+
+def _argv(per_request_metrics=None, extra_args=()):
+    cfg = load_config([ROOT / "config" / "cpu.yaml"])
+    spec = experiment_spec(cfg, "decode_low")
+    settings = spec["server"] | {"extra_args": list(extra_args)}
+    return build_command(launcher="cpu", model=spec["model"], settings=settings, host="h", port=1, seed=0,
+                         extra_env={}, per_request_metrics=per_request_metrics).argv
+
+
+def test_per_request_metrics_are_asked_for_when_vllm_has_them():
+    from filledfirst.engine.command import PER_REQUEST_METRICS_FLAG, vllm_has_per_request_metrics
+
+    assert vllm_has_per_request_metrics()  # the installed vLLM (0.32) has the flag
+    assert PER_REQUEST_METRICS_FLAG in _argv()  # detected
+    assert _argv(per_request_metrics=True).count(PER_REQUEST_METRICS_FLAG) == 1
+    assert PER_REQUEST_METRICS_FLAG not in _argv(per_request_metrics=False)
+    # vLLM refuses it with --disable-log-stats; written by the user, it is not doubled
+    assert PER_REQUEST_METRICS_FLAG not in _argv(True, ["--disable-log-stats"])
+    assert PER_REQUEST_METRICS_FLAG not in _argv(True, ["--disable-log-stats=true"])
+    assert _argv(True, [PER_REQUEST_METRICS_FLAG]).count(PER_REQUEST_METRICS_FLAG) == 1
+    assert _argv(True, ["--max-log-len", "3"])[-2:] == ["--max-log-len", "3"]  # extra_args stay last
+
+
+def test_detection_reads_vllms_own_arguments(tmp_path, monkeypatch):
+    import importlib.machinery
+    import importlib.util
+
+    from filledfirst.engine import command
+
+    def fake_vllm(source: str | None):
+        pkg = tmp_path / source.split()[0] if source else tmp_path / "none"
+        (pkg / "entrypoints" / "launchers").mkdir(parents=True, exist_ok=True)
+        if source:
+            (pkg / "entrypoints" / "launchers" / "cli_args.py").write_text(source)
+        spec = importlib.machinery.ModuleSpec("vllm", None, is_package=True)
+        spec.submodule_search_locations = [str(pkg)]
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "vllm" else None)
+        command.vllm_has_per_request_metrics.cache_clear()
+        return command.vllm_has_per_request_metrics()
+
+    try:
+        assert fake_vllm("new\n    enable_per_request_metrics: bool = False\n")
+        assert not fake_vllm("old\n    enable_prompt_tokens_details: bool = False\n")
+        assert not fake_vllm(None)  # no front-end arguments where vLLM keeps them
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+        command.vllm_has_per_request_metrics.cache_clear()
+        assert not command.vllm_has_per_request_metrics()  # no vLLM here at all
+    finally:
+        monkeypatch.undo()
+        command.vllm_has_per_request_metrics.cache_clear()

@@ -149,7 +149,9 @@ def test_prefill_decode_interference(tmp_path):
     d = run_of(tmp_path, **interference_run())
     assert d["label"] == "prefill-decode interference", d["clue"]
     assert d["interference_ratio"] == pytest.approx(1.5 / 0.05)
-    assert d["clue"] == "8 requests arriving during long prefills: TTFT p90 30.0x that of the other 36"
+    assert d["clue"] == ("8 requests arriving during long prefills: TTFT p90 30.0x that of the other 36 "
+                         "(gauges and client times: no per-request server timings, long prefills counted from "
+                         "their send)")
     # the same probes unaffected: no pattern but the reference
     assert run_of(tmp_path, **interference_run("int2", probe_ttft=0.05))["label"] == "reference"
 

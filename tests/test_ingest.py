@@ -61,3 +61,19 @@ def test_failed_run_without_measurements_is_ingested(tmp_path):
     ingest([failed], db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT status, error FROM runs").fetchall() == [("failed", "vLLM exited")]
+
+
+def test_the_servers_request_timings_are_stored_and_old_folders_load_without(tmp_path):
+    new = make_run(tmp_path / "new", "new-1")
+    reqs = [RequestRecord(0, "decode", 10, 4, 0.0, 0.0, 0.05, 0.05, 0.09, 0.09, 10, 4, 4, server_queue_ms=1.5,
+                          server_prefill_ms=40.0, server_decode_ms=39.0, server_itl_ms=13.0)]
+    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), new / rundir.REQUESTS)
+    old = make_run(tmp_path / "old", "old-1")
+    table = to_table(reqs, REQUEST_SCHEMA)
+    atomic.write_parquet(table.drop([n for n in table.column_names if n.startswith("server_")]), old / rundir.REQUESTS)
+    db = tmp_path / "f.duckdb"
+    ingest([new, old], db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT run_id, server_queue_ms, server_prefill_ms, server_decode_ms, server_itl_ms "
+                           "FROM requests ORDER BY run_id").fetchall()
+    assert rows == [("new-1", 1.5, 40.0, 39.0, 13.0), ("old-1", None, None, None, None)]

@@ -71,7 +71,7 @@ def _write_run(root: Path, meta: dict, requests=None, chunks=None, samples=None)
 
 
 def _req(rid: int, role: str, t0: float, chunk_ts: list[tuple[float, int]], status: str = "ok",
-         error: str | None = None) -> tuple[RequestRecord, list[TokenRecord]]:
+         error: str | None = None, timed: bool = False) -> tuple[RequestRecord, list[TokenRecord]]:
     toks = [TokenRecord(rid, i, t, n) for i, (t, n) in enumerate(chunk_ts)]
     first = chunk_ts[0][0] if chunk_ts else None
     last = chunk_ts[-1][0] if chunk_ts else None
@@ -81,6 +81,10 @@ def _req(rid: int, role: str, t0: float, chunk_ts: list[tuple[float, int]], stat
         t_done=last, prompt_tokens_received=150, output_tokens_received=n_out,
         chunks=len(chunk_ts), status=status, http_status=200 if status == "ok" else None, error=error,
     )
+    if timed and first is not None:  # vLLM's own timings: half of TTFT from send queued, 40 % prefill
+        from_send_ms = (first - rec.t_sent) * 1000
+        rec.server_queue_ms, rec.server_prefill_ms = 0.5 * from_send_ms, 0.4 * from_send_ms
+        rec.server_decode_ms = (last - first) * 1000
     return rec, toks
 
 
@@ -96,13 +100,13 @@ def _run_a(root: Path) -> Path:
     built = [
         # decoding: TTFT 40/50/60 ms; gaps 10, 20/2 (a 2-token chunk), 12, 30, 100 ms; the
         # trailing n=0 usage chunk carries no token and makes no gap.
-        _req(0, "decoding", 0.0, [(0.040, 1), (0.050, 1), (0.070, 2), (0.080, 0)]),
-        _req(1, "decoding", 0.0, [(0.050, 1), (0.062, 1), (0.092, 1)]),
-        _req(2, "decoding", 0.0, [(0.060, 1), (0.160, 1)]),
+        _req(0, "decoding", 0.0, [(0.040, 1), (0.050, 1), (0.070, 2), (0.080, 0)], timed=True),
+        _req(1, "decoding", 0.0, [(0.050, 1), (0.062, 1), (0.092, 1)], timed=True),
+        _req(2, "decoding", 0.0, [(0.060, 1), (0.160, 1)], timed=True),
         # probes: TTFT 110/200/800 ms; gaps 5, 8, 6 ms
-        _req(3, "probe", 1.00, [(1.110, 1), (1.115, 1)]),
-        _req(4, "probe", 1.25, [(1.450, 1), (1.458, 1)]),
-        _req(5, "probe", 1.50, [(2.300, 1), (2.306, 1)]),
+        _req(3, "probe", 1.00, [(1.110, 1), (1.115, 1)], timed=True),
+        _req(4, "probe", 1.25, [(1.450, 1), (1.458, 1)], timed=True),
+        _req(5, "probe", 1.50, [(2.300, 1), (2.306, 1)], timed=True),
         # disconnected after streaming: its TTFT (50 ms) and gap (600 ms) must not count
         _req(6, "probe", 1.75, [(1.800, 1), (2.400, 1)], status="disconnected", error=DISCONNECT_ERROR),
     ]
@@ -304,7 +308,11 @@ def test_report_html(report):
     # the failed run's error, escaped; no data string became markup
     assert tables.esc(FAILED_RUN_ERROR) in html
     assert "<script>alert(1)" not in html and "<b>connection reset" not in html
-    assert html.count('class="ff-chart"') == 3  # two runs (the failed one has none) + goodput
+    assert html.count('class="ff-chart"') == 4  # two runs (the failed one has none) + goodput + RUN_A's TTFT parts
+    # the request path: RUN_A's server timings, the legacy run's none
+    assert "per-request timings of 6 of 6 successful requests." in html
+    assert f"TTFT parts (server queue, server prefill): {tables.NOT_REPORTED}." in html
+    assert "queue + prefill: p50 / p90 / p99 / max" in html and "6 of 6" in html
     assert render.remote_references(html) == []
     assert 'src=""' not in html
     assert "Traceback" not in html
@@ -376,7 +384,7 @@ def test_charts_draw_offline(report, chromium, tmp_path):
     run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
     parser = _ChartDivs()
     parser.feed(run.stdout)
-    assert len(parser.charts) == 3, parser.charts
+    assert len(parser.charts) == 4, parser.charts
     assert all(parser.charts.values()), f"charts without an <svg>: {parser.charts}"
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console  # no error, no warning, nothing fetched
@@ -411,6 +419,9 @@ def test_sweep_chart_draws_and_marks_failed_levels():
     assert svg.count("<path") > 3 and "TTFT against concurrency" in svg
     html = tables.sweep_table(rows)
     assert html.count("<tr>") == 4 and "40.0 ms" in html
+    assert html.count(tables.NOT_REPORTED) == 3  # no per-request timings from the server
+    html = tables.sweep_table([r | {"queue_share": 0.1 * r["concurrency"]} for r in rows])
+    assert tables.NOT_REPORTED not in html and "vLLM&#x27;s queue share of TTFT" in html and "40 %" in html
 
 
 def test_goodput_chart_marks_runs_with_failures():
@@ -423,3 +434,35 @@ def test_goodput_chart_marks_runs_with_failures():
     spec = charts.goodput_chart(rows).to_dict()
     svg = vl_convert.vegalite_to_svg(spec)
     assert "Goodput against offered load" in svg and charts.FAILED_COLOR in svg
+
+
+def test_request_path_by_hand(con):
+    from filledfirst.analysis import request_path
+
+    parts = request_path.ttft_parts(con, RUN_A).to_dicts()
+    assert [(r["role"], r["q"]) for r in parts] == [("decoding", 0.5), ("decoding", 0.9), ("probe", 0.5),
+                                                     ("probe", 0.9)]
+    dec50 = parts[0]  # the middle decoding request: TTFT 50 ms, 49 from send
+    assert dec50["n_band"] == 1 and dec50["ttft_ms"] == pytest.approx(50)
+    assert (dec50["dispatch_ms"], dec50["queue_ms"], dec50["prefill_ms"], dec50["front_end_ms"]) == (
+        pytest.approx(1), pytest.approx(24.5), pytest.approx(19.6), pytest.approx(4.9))
+    assert request_path.ttft_parts(con, RUN_LEGACY)["n_timed"].to_list() == [0, 0]
+    shares = {r["run_id"]: r["queue_share"] for r in request_path.queue_shares(con).to_dicts()}
+    # (half of each TTFT from send) / TTFT from arrival, summed over the six
+    assert shares[RUN_A] == pytest.approx(0.5 * (1260 - 6) / 1260) and shares[RUN_LEGACY] is None
+
+
+def test_ttft_parts_chart_draws_a_bar_per_role_and_quantile():
+    import vl_convert
+
+    from filledfirst.report import charts
+
+    rows = [{"role": role, "q": q, "n_ok": 10, "n_timed": 10 if role == "probe" else 0, "n_band": 2,
+             "ttft_q_ms": 100.0, "ttft_ms": 100.0, "dispatch_ms": 1.0, "front_end_ms": 4.0, "queue_ms": 80.0,
+             "prefill_ms": 15.0} for role in ("probe", "decoding") for q in (0.5, 0.9)]
+    svg = vl_convert.vegalite_to_svg(charts.ttft_parts_chart(rows).to_dict())
+    assert "Where TTFT went" in svg and "server queue" in svg and "probe p90" in svg
+    assert "decoding p50" not in svg  # a role without timings has no bar
+    text = tables.ttft_parts_sentence(rows)
+    assert text == f"TTFT parts from vLLM's per-request timings of 10 of 20 successful requests. decoding: " \
+                   f"{tables.NOT_REPORTED}."

@@ -222,3 +222,76 @@ def test_chunks_without_usage_count_one_token_each_if_they_carry_text():
 def test_completions_first_content_is_first_token():
     rec, _ = asyncio.run(run_against([token() + token() + USAGE + DONE]))
     assert rec.t_first_content == rec.t_first_token is not None and rec.reasoning_tokens == 0
+
+
+# vLLM 0.32 with --enable-per-request-metrics: the final usage chunk of a stream (completions
+# and chat alike) carries the request's own timings, null fields left out.
+VLLM_METRICS = {"time_to_first_token_ms": 41.5, "generation_time_ms": 120.25, "queue_time_ms": 3.0,
+                "mean_itl_ms": 60.125, "tokens_per_second": 18.1}
+
+
+def final_usage(metrics=None, **extra) -> bytes:
+    event = {"id": "cmpl-1", "object": "text_completion", "choices": [],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}, **extra}
+    if metrics is not None:
+        event["metrics"] = metrics
+    return sse(event)
+
+
+def server_timings(rec) -> tuple:
+    return rec.server_queue_ms, rec.server_prefill_ms, rec.server_decode_ms, rec.server_itl_ms
+
+
+def test_the_servers_per_request_timings_are_kept():
+    rec, _ = asyncio.run(run_against([token(), token(), token(), final_usage(VLLM_METRICS), DONE]))
+    assert rec.status == "ok", rec.error
+    assert server_timings(rec) == (3.0, 41.5, 120.25, 60.125)
+    # chat: the same object on the same chunk
+    pieces = [chat({"role": "assistant", "content": ""}, 0), chat({"content": "a"}, 1), chat({"content": "b"}, 2),
+              final_usage(VLLM_METRICS, object="chat.completion.chunk"), DONE]
+    rec, _ = asyncio.run(run_against(pieces))
+    assert rec.status == "ok" and server_timings(rec) == (3.0, 41.5, 120.25, 60.125)
+
+
+def test_a_server_without_per_request_timings_leaves_them_null():
+    rec, _ = asyncio.run(run_against([token(), USAGE, DONE]))
+    assert rec.status == "ok" and server_timings(rec) == (None, None, None, None)
+    # one token: vLLM leaves out the mean ITL (nothing to average), the rest stays
+    one = {k: v for k, v in VLLM_METRICS.items() if k != "mean_itl_ms"} | {"generation_time_ms": 0}
+    rec, _ = asyncio.run(run_against([token(), final_usage(one), DONE]))
+    assert server_timings(rec) == (3.0, 41.5, 0.0, None)
+
+
+@pytest.mark.parametrize("metrics", [
+    "fast", [1, 2], None, {"queue_time_ms": "3"}, {"queue_time_ms": True}, {"queue_time_ms": -1},
+    {"queue_time_ms": 10**400}, {"queue_time_ms": None}, {"speculative_decoding": {"acceptance": 1}},
+])
+def test_odd_timings_are_dropped_not_a_failure(metrics):
+    """The answer arrived whole: a timing that cannot be a duration is left out, the request stays ok."""
+    usage = b'"total_tokens": 8}'
+    body = final_usage().replace(usage, usage + b', "metrics": ' + json.dumps(metrics).encode())
+    rec, _ = asyncio.run(run_against([token(), body, DONE]))
+    assert rec.status == "ok", rec.error
+    assert server_timings(rec) == (None, None, None, None)
+
+
+def test_a_replay_stores_the_timings_where_the_server_sent_them():
+    """An endpoint that sends per-request timings for some requests and none for others (another
+    server, an older vLLM): every request ok, the timings in the run's table or NULL."""
+
+    async def handler(request):
+        rid = int(request.headers["X-Request-Id"].removeprefix("ff-"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(token() + token() + token())
+        await resp.write(final_usage(VLLM_METRICS if rid % 2 else None) + DONE)
+        return resp
+
+    from filledfirst.records import REQUEST_SCHEMA, to_table
+
+    sched = [ScheduledRequest(i, 0.01 * i, 5, 3, "x") for i in range(4)]
+    replay = asyncio.run(replay_against(handler, sched, request_timeout_s=5, drain_timeout_s=5))
+    table = to_table(sorted(replay.requests, key=lambda r: r.request_id), REQUEST_SCHEMA)
+    assert table["status"].to_pylist() == ["ok"] * 4
+    assert table["server_queue_ms"].to_pylist() == [None, 3.0, None, 3.0]
+    assert table["server_prefill_ms"].to_pylist() == [None, 41.5, None, 41.5]

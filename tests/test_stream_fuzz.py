@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from test_stream import DONE, replay_against, run_against, write_answer
 
 from filledfirst.loadgen.stream import UNREADABLE, SSEData
+from filledfirst.metrics import PER_REQUEST
 from filledfirst.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
 
 FUZZ = dict(derandomize=True, database=None, deadline=None,
@@ -32,6 +34,10 @@ NOISE = st.sampled_from([b": keep-alive", b":", b"event: completion", b"id: 42",
 # Any text but lone surrogates (JSON cannot carry them as UTF-8); sent raw as UTF-8 half the
 # time, so a cut can fall inside a multi-byte character.
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8)
+# vLLM's per-request timings on the final usage chunk (--enable-per-request-metrics): any
+# subset of its fields, each a duration it could have measured.
+DURATION = st.floats(0, 1e7, allow_nan=False) | st.integers(0, 10**7)
+TIMINGS = st.none() | st.fixed_dictionaries({}, optional={k: DURATION for k in PER_REQUEST.values()})
 
 
 @st.composite
@@ -58,7 +64,11 @@ def well_formed(draw):
             choice = {"index": 0, "text": text}
         usage = {"prompt_tokens": PROMPT, "completion_tokens": total} if per_chunk_usage else None
         events.append({"choices": [choice], "usage": usage})
-    events.append({"choices": [], "usage": {"prompt_tokens": PROMPT, "completion_tokens": total}})
+    final = {"choices": [], "usage": {"prompt_tokens": PROMPT, "completion_tokens": total}}
+    timings = draw(TIMINGS)
+    if timings is not None:
+        final["metrics"] = timings
+    events.append(final)
 
     payloads = [json.dumps(e, ensure_ascii=ascii_only).encode() for e in events] + [b"[DONE]"]
     lines = []
@@ -67,7 +77,9 @@ def well_formed(draw):
         lines += [draw(st.sampled_from([b"data: ", b"data:"])) + p, b""]  # a blank line ends the event
     body = b"".join(line + draw(st.sampled_from(ends)) for line in lines)
     expected = {"status": "ok", "error": None, "chunks": len(chunks), "n": ns, "reasoning": reasoning,
-                "usage": (PROMPT, total), "first_token": any(ns)}
+                "usage": (PROMPT, total), "first_token": any(ns),
+                "server": {ours: None if (v := (timings or {}).get(theirs)) is None else float(v)
+                           for ours, theirs in PER_REQUEST.items()}}
     return body, payloads, expected
 
 
@@ -80,7 +92,7 @@ def cut(body: bytes, at: list[int]) -> list[bytes]:
 def summary(rec, tokens) -> dict:
     return {"status": rec.status, "error": rec.error, "chunks": rec.chunks, "n": [t.n for t in tokens],
             "reasoning": rec.reasoning_tokens, "usage": (rec.prompt_tokens_received, rec.output_tokens_received),
-            "first_token": rec.t_first_token is not None}
+            "first_token": rec.t_first_token is not None, "server": {k: getattr(rec, k) for k in PER_REQUEST}}
 
 
 @settings(max_examples=300, **FUZZ)
@@ -134,6 +146,9 @@ ODD_EVENT = st.one_of(
     st.builds(lambda t, d, u: _data({"choices": [{"text": t, "delta": d}], "usage": u}), JSON, JSON,
               st.fixed_dictionaries({"prompt_tokens": JSON, "completion_tokens": JSON})),
     st.builds(lambda e: _data({"error": e}), JSON),  # an error event
+    # per-request timings of any shape, on a final usage chunk
+    st.builds(lambda m: _data({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}, "metrics": m}),
+              JSON | st.fixed_dictionaries({}, optional={k: JSON for k in PER_REQUEST.values()})),
 )
 LINE = st.one_of(
     st.sampled_from([
@@ -185,6 +200,9 @@ def assert_one_good_record(rec, tokens) -> None:
         assert UNREADABLE not in rec.error, rec.error  # the last-resort catch never had to fire
     assert rec.t_sent is not None and rec.t_done is not None and rec.t_sent <= rec.t_done
     assert rec.chunks == len(tokens) and [t.index for t in tokens] == list(range(len(tokens)))
+    for field in PER_REQUEST:  # a duration or nothing
+        value = getattr(rec, field)
+        assert value is None or (type(value) is float and math.isfinite(value) and value >= 0), (field, value)
     # what the run folder will hold: a wrong type here would fail the whole run's write
     to_table([rec], REQUEST_SCHEMA)
     to_table(tokens, TOKEN_SCHEMA)

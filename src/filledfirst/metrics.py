@@ -1,8 +1,9 @@
-"""Every vLLM /metrics name filledfirst reads, defined once.
+"""Every vLLM metric name filledfirst reads, defined once.
 
 The scraper keeps every `vllm:` sample (PREFIX); the server's idle check, the signals and
 the diagnosis pick theirs by the names below. Where vLLM has spelt one thing two ways,
-the tuple holds both and every reader accepts either.
+the tuple holds both and every reader accepts either. The per-request timings a stream's
+last usage chunk carries are at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ QUEUE_TIME_HISTOGRAM = "vllm:request_queue_time_seconds"
 # The scraper's own health, stored beside the server's samples.
 SCRAPE_SECONDS = "filledfirst:scrape_duration_seconds"
 SCRAPE_ERROR = "filledfirst:scrape_error"
+
+# Per-request server timings: vLLM started with `--enable-per-request-metrics` (0.32;
+# refused together with `--disable-log-stats`) puts a `metrics` object on the final usage
+# chunk of a stream (completions and chat; `stream_options.include_usage`), built by
+# vllm/entrypoints/generate/base/serving.py `build_per_request_timing_metrics` from the
+# engine core's timestamps of the request: QUEUED (when the engine core's loop took it in,
+# between two steps), SCHEDULED (first time only: a preempted request's wait again is in
+# prefill or decode), its first and its last token. A field the server could not compute
+# is left out (null). Our field -> vLLM's key:
+PER_REQUEST_METRICS = "metrics"
+PER_REQUEST = {
+    "server_queue_ms": "queue_time_ms",  # queued to scheduled
+    "server_prefill_ms": "time_to_first_token_ms",  # scheduled to the first token: prefill
+    "server_decode_ms": "generation_time_ms",  # first token to last token
+    "server_itl_ms": "mean_itl_ms",  # generation_time over the tokens after the first
+}
 
 
 def sql_list(names: tuple[str, ...]) -> str:

@@ -51,7 +51,13 @@ class RequestRecord:
     # 1 when the first attempt hit a keep-alive connection the server had already closed
     # and the request was sent again on a fresh one; `t_sent` stays the first attempt's.
     retries: int = 0
-
+    # vLLM's own timings of this request (filledfirst.metrics.PER_REQUEST), in ms on the
+    # server's clock; None when the server sent none (other servers, older vLLM, vLLM
+    # without --enable-per-request-metrics, a stream that ended early).
+    server_queue_ms: float | None = None
+    server_prefill_ms: float | None = None
+    server_decode_ms: float | None = None
+    server_itl_ms: float | None = None
 
 
 @dataclass(slots=True)

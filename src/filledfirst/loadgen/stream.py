@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from typing import Callable
 
 import aiohttp
 import attr  # aiohttp's ClientTimeout is an attrs class
 import msgspec
 
+from filledfirst.metrics import PER_REQUEST, PER_REQUEST_METRICS
 from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,28 @@ def _reasoning_text(choice: dict) -> str | None:
 def _text(choice: dict) -> str | None:
     delta = choice.get("delta")
     return delta.get("content") if isinstance(delta, dict) else choice.get("text")
+
+
+def _duration_ms(value: object) -> float | None:
+    """A JSON number that can be a duration; None for anything else (a bool, a string, an
+    integer too large for a float, a negative one)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) and x >= 0 else None
+
+
+def _server_timings(rec: RequestRecord, metrics: object) -> None:
+    """vLLM's per-request timings (`metrics` of the final usage chunk) onto the record. A
+    value that is not a duration stays None rather than failing the request: the answer
+    itself arrived whole, and these only explain where its time went."""
+    if not isinstance(metrics, dict):
+        return
+    for ours, theirs in PER_REQUEST.items():
+        setattr(rec, ours, _duration_ms(metrics.get(theirs)))
 
 
 def _count_chunk(
@@ -276,6 +300,8 @@ async def _exchange(
                 if usage:
                     rec.prompt_tokens_received = usage.get("prompt_tokens")
                     rec.output_tokens_received = usage.get("completion_tokens")
+                if PER_REQUEST_METRICS in event:  # vLLM: on the final usage chunk only
+                    _server_timings(rec, event[PER_REQUEST_METRICS])
             if done:
                 break
         if not done:

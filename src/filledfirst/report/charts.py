@@ -200,3 +200,40 @@ def goodput_chart(rows: list[dict[str, Any]]) -> alt.LayerChart:
     labels = points.mark_text(align="left", dx=6, fontSize=10).encode(text="run:N", color=alt.value("black"))
     return alt.layer(diagonal, points, labels).properties(
         width=WIDTH, height=260, title="Goodput against offered load (open loop; red: runs with failed requests)")
+
+
+def ttft_parts_chart(rows: list[dict[str, Any]]) -> alt.Chart:
+    """One run's TTFT split along the request path (request_path.TTFT_PARTS), a stacked bar
+    per role and quantile: the mean parts of the requests around that TTFT quantile, which
+    add up to their mean TTFT. `rows`: request_path.ttft_parts, roles without timings left
+    out by the caller."""
+    from filledfirst.analysis.request_path import BAND, TTFT_PARTS
+
+    names = [name for _, name in TTFT_PARTS]
+    data = pl.DataFrame(
+        [{"bar": f"{r['role']} p{round(r['q'] * 100)}", "part": name, "order": k, "ms": r[col],
+          "ttft": r["ttft_ms"], "requests": r["n_band"]}
+         for r in rows if r["n_timed"] for k, (col, name) in enumerate(TTFT_PARTS)],
+        schema={"bar": pl.String, "part": pl.String, "order": pl.Int64, "ms": pl.Float64, "ttft": pl.Float64,
+                "requests": pl.Int64},
+    )
+    return (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=alt.X("sum(ms):Q", title="ms (mean of the requests around the quantile)"),
+            y=alt.Y("bar:N", title=None, sort=None),
+            color=alt.Color("part:N", title="part", scale=alt.Scale(domain=names), sort=names),
+            order=alt.Order("order:Q"),
+            tooltip=["bar:N", "part:N", alt.Tooltip("ms:Q", format=",.1f"),
+                     alt.Tooltip("ttft:Q", format=",.1f", title="their TTFT (ms)"), "requests:Q"],
+        )
+        .properties(
+            width=WIDTH, height=alt.Step(22),
+            title=alt.TitleParams(
+                "Where TTFT went, around its p50 and p90",
+                subtitle=f"the requests within {BAND * 100:g} quantile points of each; server parts from vLLM's "
+                         "per-request timings",
+                anchor="start", fontSize=12),
+        )
+    )

@@ -231,13 +231,16 @@ def by_frontier(rows: Sequence[Mapping[str, Any]],
 def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
     """The one number that shows a run's label."""
     label = d.get("label")
+    # where the server timed its requests, a limit's label also rests on its queue
+    queue = f", vLLM's queue {fmt_share(d.get('window_queue_share'))} of TTFT" if d.get("window_timed") else ""
     if label == "active-sequence limit":
-        return f"running at the cap {fmt_share(d.get('running_at_cap_share'))} of the time"
+        return f"running at the cap {fmt_share(d.get('running_at_cap_share'))} of the time{queue}"
     if label == "KV-capacity pressure":
-        return f"KV >= {rules.kv_full_pct:g} % for {fmt_share(d.get('kv_full_share'))} of the time"
+        return f"KV >= {rules.kv_full_pct:g} % for {fmt_share(d.get('kv_full_share'))} of the time{queue}"
     if label == "prefill-decode interference":
-        ratio = d.get("interference_ratio")
-        return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt"
+        ratio, unqueued = d.get("interference_ratio"), d.get("interference_prefill_ratio")
+        outside = "" if unqueued is None else f" ({unqueued:.1f}x outside vLLM's queue)"
+        return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt{outside}"
     if label == "reference":
         return f"waiting {fmt_share(d.get('waiting_share'))} of the time"
     if label == "failed":

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from filledfirst.analysis.diagnosis import DiagnosisRules
 
 DASH = "—"  # a signal that was not measured (failed run, no ok request, no scrape)
+# A per-request server timing the server did not send (other servers, older vLLM, vLLM
+# without --enable-per-request-metrics): not a zero, and not our failure to measure.
+NOT_REPORTED = "not reported by the server"
 
 
 # nbconvert's lab theme right-aligns every cell with a selector more specific than ours
@@ -402,14 +405,63 @@ def seed_roles_table() -> str:
 
 
 def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """`rows`: concurrency, n_requests, n_failed and run_rates columns, by concurrency."""
+    """`rows`: concurrency, n_requests, n_failed, run_rates columns and request_path's
+    queue_share (absent or None: the server sent no timings), by concurrency."""
     body = (
         [str(r["concurrency"]), f"{r['n_requests']:,}", f"{r['n_failed']:,}", fmt_ms(r["ttft_p50_ms"]),
-         fmt_ms(r["ttft_p95_ms"]), fmt_count(r["tok_s_per_request"]), fmt_count(r["total_tok_s"])]
+         fmt_ms(r["ttft_p95_ms"]), fmt_count(r["tok_s_per_request"]), fmt_count(r["total_tok_s"]),
+         _reported_share(r.get("queue_share"))]
         for r in rows
     )
     return html_table(
-        ["concurrency", "requests", "failed", "TTFT p50", "TTFT p95", "tok/s per request", "total tok/s"], body
+        ["concurrency", "requests", "failed", "TTFT p50", "TTFT p95", "tok/s per request", "total tok/s",
+         "vLLM's queue share of TTFT"], body
+    )
+
+
+def _reported_share(v: float | None) -> str:
+    return NOT_REPORTED if v is None else fmt_share(v)
+
+
+# --- the request path (filledfirst.analysis.request_path) ------------------------------------
+
+
+def ttft_parts_sentence(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What the run's TTFT-parts chart rests on, or why there is none (`rows`:
+    request_path.ttft_parts of one run)."""
+    roles = {r["role"]: r for r in rows}  # n_ok and n_timed are per role
+    untimed = [role for role, r in roles.items() if not r["n_timed"]]
+    if not roles:
+        return "TTFT parts: no request succeeded."
+    if len(untimed) == len(roles):
+        return f"TTFT parts (server queue, server prefill): {NOT_REPORTED}."
+    timed = sum(r["n_timed"] for r in roles.values())
+    ok = sum(r["n_ok"] for r in roles.values())
+    text = f"TTFT parts from vLLM's per-request timings of {timed:,} of {ok:,} successful requests."
+    if untimed:
+        text += f" {', '.join(untimed)}: {NOT_REPORTED}."
+    return text
+
+
+def request_check_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Our TTFT from send against vLLM's queue + prefill of the same request, per run (`rows`:
+    request_path.against_server): their difference, the front end and transport, as a
+    distribution."""
+    body = []
+    for r in rows:
+        if not r["n_timed"]:
+            body.append([r["run_id"], f"0 of {r['n_ok']:,}", NOT_REPORTED, "", "", ""])
+            continue
+        body.append([
+            r["run_id"], f"{r['n_timed']:,} of {r['n_ok']:,}",
+            " / ".join(fmt_ms(r[f"front_end_p{q}_ms"]) for q in (50, 90, 99)) + f" / {fmt_ms(r['front_end_max_ms'])}",
+            fmt_share(r["server_share_p50"]), f"{r['n_server_longer']:,}",
+            "yes" if r["n_server_longer"] == 0 else "NO",
+        ])
+    return html_table(
+        ["run", "requests with vLLM's timings", "ours from send - vLLM's queue + prefill: p50 / p90 / p99 / max",
+         "vLLM's share of ours (median request)", "vLLM's longer than ours", "consistent"],
+        body,
     )
 
 
@@ -449,7 +501,9 @@ def evidence_intro(rules: DiagnosisRules) -> str:
         f"value stands for at most {rules.scrape_hold_factor:g}x the scrape interval; no label below "
         f"{fmt_share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
         f"{fmt_share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
-        f"{rules.kv_full_pct:g} %; when each limit first crossed; Little's law (the server's mean "
+        f"{rules.kv_full_pct:g} %; where the server reports per-request timings, its queue's share of the "
+        f"TTFT of the requests arriving in the window (either limit needs >= "
+        f"{fmt_share(rules.queue_min_ttft_share)}); when each limit first crossed; Little's law (the server's mean "
         "running + waiting over the client's mean requests in flight); goodput (requests meeting "
         f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
         "second of the arrival span, the offered load's denominator; failed ones never); and the KV "
@@ -474,13 +528,14 @@ def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules
             d["experiment"], f"{fmt_s(d.get('window_start_s'))} to {fmt_s(d.get('window_end_s'))}",
             fmt_share(d.get("scrape_coverage")), fmt_share(d.get("running_at_cap_share")),
             fmt_share(d.get("waiting_share")), fmt_share(d.get("kv_full_share")),
+            _reported_share(d.get("window_queue_share")) if d.get("window_timed") else NOT_REPORTED,
             d.get("first_crossings") or "", little,
             "n/a" if goodput is None else f"{goodput:.2f} req/s ({fmt_share(d.get('slo_met_share'))} met the SLO)",
             ledger,
         ])
     return html_table(
         ["run", "loaded window", "scrape coverage", "at the cap", "waiting", f"KV >= {rules.kv_full_pct:g} %",
-         "first crossings",
+         "vLLM's queue share of TTFT", "first crossings",
          "Little's law L / λW", "goodput", "KV ledger"],
         body,
     )

@@ -51,8 +51,10 @@ _TABLES = {"requests": rundir.REQUESTS, "tokens": rundir.TOKENS, "samples": rund
 _SCHEMAS = {"requests": REQUEST_SCHEMA, "tokens": TOKEN_SCHEMA, "samples": SAMPLE_SCHEMA}
 
 
-def _add_new_columns(con: duckdb.DuckDBPyConnection) -> None:
-    """A database written before a record gained a column gets it (NULL for old runs)."""
+def upgrade(con: duckdb.DuckDBPyConnection) -> None:
+    """The tables, and every column a record has gained since the database was written
+    (NULL for the runs it holds), so what reads it can rely on the current schema."""
+    con.execute(DDL)
     for table, schema in _SCHEMAS.items():
         for f in schema:
             con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{f.name}" {_ARROW_TO_SQL[str(f.type)]}')
@@ -97,8 +99,7 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
     run_dirs, searches = _searches(run_dirs)
     metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
     with edited_copy(db_path) as con:
-        con.execute(DDL)
-        _add_new_columns(con)
+        upgrade(con)
         for run_dir, meta in metas:
             _ingest_one(con, run_dir, meta)
         for doc in searches:
