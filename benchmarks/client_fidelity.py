@@ -42,11 +42,12 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: float, use_uvloop: bool,
-            double_loop: str, tick_ms: float) -> dict:
+            double_loop: str, tick_ms: float, double_script: Path = DOUBLE) -> dict:
     emit_log = Path(tempfile.mkstemp(suffix=".json")[1])
+    ours = ["--loop", double_loop, "--tick-ms", str(tick_ms)] if double_script == DOUBLE else []
     double = subprocess.Popen(
-        [sys.executable, str(DOUBLE), "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
-         "--emit-log", str(emit_log), "--loop", double_loop, "--tick-ms", str(tick_ms)],
+        [sys.executable, str(double_script), "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+         "--emit-log", str(emit_log), *ours],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -90,6 +91,7 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
     client_ms = replay.client_cpu_s / n_tokens * 1e6 if n_tokens else None
     double_ms = double_cpu / n_tokens * 1e6 if n_tokens else None
     return {
+        "double": double_script.stem,
         "loop": "uvloop" if use_uvloop else "asyncio",
         "rate": rate,
         "requests": n,
@@ -117,24 +119,32 @@ def main() -> None:
     p.add_argument("--double-loop", choices=["uvloop", "asyncio"], default="uvloop", help="the double's event loop")
     p.add_argument("--tick-ms", type=float, default=1.0,
                    help="the double's timer resolution: streams due in the same tick are written together")
+    p.add_argument("--doubles", type=Path, nargs="+", default=[DOUBLE],
+                   help="double scripts to compare, interleaved (each takes --ttft-ms, --itl-ms and --emit-log "
+                   "and prints its port); default: the tests' double")
     args = p.parse_args()
     loops = [False, True] if args.loop == "both" else [args.loop == "uvloop"]
-    # Interleaved, so both loops see the same machine state.
-    rows = [measure(r, args.seconds, args.tokens, args.ttft_ms, args.itl_ms, u, args.double_loop, args.tick_ms)
-            for r in args.rates for u in loops]
-    cols = ["loop", "rate", "requests", "not_ok", "chunks_lost", "lag_p50_ms", "lag_p99_ms", "chunk_err_p50_ms",
-            "chunk_err_p99_ms", "itl_err_p99_ms", "cpu_ms_per_1k_tokens", "double_cpu_ms_per_1k_tokens",
-            "double_over_client"]
+    doubles = [d.resolve() for d in args.doubles]
+    # Interleaved, so every loop and double sees the same machine state.
+    rows = [measure(r, args.seconds, args.tokens, args.ttft_ms, args.itl_ms, u, args.double_loop, args.tick_ms, d)
+            for r in args.rates for d in doubles for u in loops]
+    cols = ["double", "loop", "rate", "requests", "not_ok", "chunks_lost", "lag_p50_ms", "lag_p99_ms",
+            "chunk_err_p50_ms", "chunk_err_p99_ms", "itl_err_p99_ms", "cpu_ms_per_1k_tokens",
+            "double_cpu_ms_per_1k_tokens", "double_over_client"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for row in rows:
         print("| " + " | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in cols) + " |")
-    worst = max(r["double_over_client"] for r in rows if r["double_over_client"] is not None)
-    print(f"double / client CPU per 1,000 tokens: at most {worst:.2f} (the target: at most 0.20)")
-    for loop in sorted({r["loop"] for r in rows}):
-        ok = [r["rate"] for r in rows if r["loop"] == loop and r["lag_p99_ms"] < 5]
-        print(f"{loop}: ceiling (highest rate with dispatch lag p99 < 5 ms): "
-              f"{max(ok) if ok else 'below the lowest rate'} req/s")
+    for double in dict.fromkeys(r["double"] for r in rows):
+        mine = [r for r in rows if r["double"] == double]
+        ratios = [r["double_over_client"] for r in mine if r["double_over_client"] is not None]
+        if ratios:
+            print(f"{double}: its CPU per 1,000 tokens over the client's: {min(ratios):.2f} to {max(ratios):.2f} "
+                  "(the target: at most 0.20)")
+        for loop in sorted({r["loop"] for r in mine}):
+            ok = [r["rate"] for r in mine if r["loop"] == loop and r["lag_p99_ms"] < 5]
+            print(f"{double}, client on {loop}: ceiling (highest rate with dispatch lag p99 < 5 ms): "
+                  f"{max(ok) if ok else 'below the lowest rate'} req/s")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ It has to cost next to nothing per streamed token, or a benchmark measures the d
 instead of the client: an asyncio.Protocol (on uvloop when it runs as a process) that
 speaks just enough HTTP/1.1, keep-alive included; every chunk is encoded once per process,
 HTTP chunk framing included, and written by a timer shared by every stream due in the
-same millisecond (libuv's timers tick in milliseconds anyway).
+same tick (`tick_s`, 1 ms by default: libuv's timers tick in milliseconds anyway; a tick
+of the ITL puts every stream on one step clock, as vLLM's engine emits a token for every
+running request per step).
 
 What it answers to POST /v1/completions and /v1/chat/completions, by default: the stream
 headers at once, then `max_tokens` chunks, the first `ttft_s` after the request's body
@@ -161,7 +163,7 @@ class StreamDouble:
         self.connections = 0
         self.server: asyncio.Server | None = None
         self._open: set[_Connection] = set()
-        self._ticks: dict[int, list[_Stream]] = {}  # millisecond of the loop's clock -> streams due then
+        self._ticks: dict[int, list[_Stream]] = {}  # tick of the loop's clock -> the streams due then
         self._loop: asyncio.AbstractEventLoop | None = None
         self._per_s = 1 / tick_s
 
