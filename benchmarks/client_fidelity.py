@@ -1,13 +1,17 @@
-"""How exact and how cheap is our load generator? Measured against benchmarks/sse_double.py,
-a loopback test double that streams at known times (the thing under test is the client).
+"""How exact and how cheap is our load generator? Measured against tests/helpers/stream_double.py,
+the loopback test double of the tests, which streams at known times (the thing under test is
+the client).
 
-    .venv/bin/python benchmarks/client_fidelity.py --rates 50 100 200 400 --seconds 15
+    .venv/bin/python benchmarks/client_fidelity.py --rates 25 50 100 200 --seconds 5 --loop asyncio
 
 For each rate (Poisson arrivals, one client process, open loop), each request streaming
 `--tokens` chunks at `--itl-ms` after `--ttft-ms`: dispatch lag (send - scheduled), the
 error of every chunk's timestamp (client receive - double's emit, one CLOCK_MONOTONIC),
-the error of each measured ITL gap, requests or chunks lost, and client CPU per 1,000
-streamed tokens. The ceiling is the highest rate whose dispatch lag p99 stays under 5 ms.
+the error of each measured ITL gap, requests or chunks lost, client CPU per 1,000
+streamed tokens, and the double's CPU per 1,000 tokens over the same replay (its process's
+user + system time, from psutil), with the ratio double / client: the double must cost
+at most a fifth of the client, or the benchmark measures the double. The ceiling is the
+highest rate whose dispatch lag p99 stays under 5 ms.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
@@ -28,29 +33,40 @@ from filledfirst.records import ScheduledRequest
 from filledfirst.workloads.arrivals import arrival_times
 
 HERE = Path(__file__).resolve().parent
+DOUBLE = HERE.parent / "tests" / "helpers" / "stream_double.py"
 
 
-def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: float, use_uvloop: bool) -> dict:
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: float, use_uvloop: bool,
+            double_loop: str, tick_ms: float, double_script: Path = DOUBLE) -> dict:
     emit_log = Path(tempfile.mkstemp(suffix=".json")[1])
+    ours = ["--loop", double_loop, "--tick-ms", str(tick_ms)] if double_script == DOUBLE else []
     double = subprocess.Popen(
-        [sys.executable, str(HERE / "sse_double.py"), "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
-         "--emit-log", str(emit_log)],
+        [sys.executable, str(double_script), "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+         "--emit-log", str(emit_log), *ours],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
         port = int(double.stdout.readline())
+        double_proc = psutil.Process(double.pid)
         n = int(rate * seconds)
         times = arrival_times(n, 0.5, 1.0 / rate, "poisson", seed=1)
         schedule = [ScheduledRequest(i, float(t), 8, tokens, "probe") for i, t in enumerate(times)]
         settings = ReplaySettings(model="double", token_low=10, token_high=20, request_timeout_s=60,
                                   drain_timeout_s=60)
         replay = Replay(schedule, f"http://127.0.0.1:{port}", settings, progress=False)
+        double_cpu0 = cpu_seconds(double_proc)
         if use_uvloop:
             import uvloop
 
             uvloop.run(replay.run())
         else:
             asyncio.run(replay.run())
+        double_cpu = cpu_seconds(double_proc) - double_cpu0  # the same span as the client's, give or take
     finally:
         double.stdin.close()
         double.wait(timeout=60)
@@ -72,7 +88,10 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
     chunk_err = np.array(chunk_err) * 1e3
     itl_err = np.abs(np.array(itl_err)) * 1e3
     n_tokens = sum(k.n for k in replay.tokens)
+    client_ms = replay.client_cpu_s / n_tokens * 1e6 if n_tokens else None
+    double_ms = double_cpu / n_tokens * 1e6 if n_tokens else None
     return {
+        "double": double_script.stem,
         "loop": "uvloop" if use_uvloop else "asyncio",
         "rate": rate,
         "requests": n,
@@ -83,7 +102,9 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
         "chunk_err_p50_ms": float(np.percentile(chunk_err, 50)) if len(chunk_err) else None,
         "chunk_err_p99_ms": float(np.percentile(chunk_err, 99)) if len(chunk_err) else None,
         "itl_err_p99_ms": float(np.percentile(itl_err, 99)) if len(itl_err) else None,
-        "cpu_ms_per_1k_tokens": replay.client_cpu_s / n_tokens * 1e6 if n_tokens else None,
+        "cpu_ms_per_1k_tokens": client_ms,
+        "double_cpu_ms_per_1k_tokens": double_ms,
+        "double_over_client": double_ms / client_ms if client_ms else None,
     }
 
 
@@ -94,21 +115,36 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--ttft-ms", type=float, default=50)
     p.add_argument("--itl-ms", type=float, default=20)
-    p.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both")
+    p.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both", help="the client's event loop")
+    p.add_argument("--double-loop", choices=["uvloop", "asyncio"], default="uvloop", help="the double's event loop")
+    p.add_argument("--tick-ms", type=float, default=1.0,
+                   help="the double's timer resolution: streams due in the same tick are written together")
+    p.add_argument("--doubles", type=Path, nargs="+", default=[DOUBLE],
+                   help="double scripts to compare, interleaved (each takes --ttft-ms, --itl-ms and --emit-log "
+                   "and prints its port); default: the tests' double")
     args = p.parse_args()
     loops = [False, True] if args.loop == "both" else [args.loop == "uvloop"]
-    # Interleaved, so both loops see the same machine state.
-    rows = [measure(r, args.seconds, args.tokens, args.ttft_ms, args.itl_ms, u) for r in args.rates for u in loops]
-    cols = ["loop", "rate", "requests", "not_ok", "chunks_lost", "lag_p50_ms", "lag_p99_ms", "chunk_err_p50_ms",
-            "chunk_err_p99_ms", "itl_err_p99_ms", "cpu_ms_per_1k_tokens"]
+    doubles = [d.resolve() for d in args.doubles]
+    # Interleaved, so every loop and double sees the same machine state.
+    rows = [measure(r, args.seconds, args.tokens, args.ttft_ms, args.itl_ms, u, args.double_loop, args.tick_ms, d)
+            for r in args.rates for d in doubles for u in loops]
+    cols = ["double", "loop", "rate", "requests", "not_ok", "chunks_lost", "lag_p50_ms", "lag_p99_ms",
+            "chunk_err_p50_ms", "chunk_err_p99_ms", "itl_err_p99_ms", "cpu_ms_per_1k_tokens",
+            "double_cpu_ms_per_1k_tokens", "double_over_client"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for row in rows:
         print("| " + " | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in cols) + " |")
-    for loop in sorted({r["loop"] for r in rows}):
-        ok = [r["rate"] for r in rows if r["loop"] == loop and r["lag_p99_ms"] < 5]
-        print(f"{loop}: ceiling (highest rate with dispatch lag p99 < 5 ms): "
-              f"{max(ok) if ok else 'below the lowest rate'} req/s")
+    for double in dict.fromkeys(r["double"] for r in rows):
+        mine = [r for r in rows if r["double"] == double]
+        ratios = [r["double_over_client"] for r in mine if r["double_over_client"] is not None]
+        if ratios:
+            print(f"{double}: its CPU per 1,000 tokens over the client's: {min(ratios):.2f} to {max(ratios):.2f} "
+                  "(the target: at most 0.20)")
+        for loop in sorted({r["loop"] for r in mine}):
+            ok = [r["rate"] for r in mine if r["loop"] == loop and r["lag_p99_ms"] < 5]
+            print(f"{double}, client on {loop}: ceiling (highest rate with dispatch lag p99 < 5 ms): "
+                  f"{max(ok) if ok else 'below the lowest rate'} req/s")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/peer_bench_serve.py --rates 25 50 100 200 --seconds 10 \
         --repeat 2 --diagnose-fresh          # about 8 minutes on 2 cores
 
-The server is benchmarks/sse_double.py, a loopback TEST DOUBLE (not vLLM): it streams
+The server is tests/helpers/stream_double.py, the loopback TEST DOUBLE of the tests (not vLLM): it streams
 `--tokens` chunks after `--ttft-ms` at `--itl-ms` and logs, on CLOCK_MONOTONIC, when it
 received each request (body read) and when it emitted each chunk. Per rate, each tool runs
 once per round (`--repeat` rounds), in its own fresh process (this script with `--worker`),
@@ -65,6 +65,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+DOUBLE = ROOT / "tests" / "helpers" / "stream_double.py"
 ID_PREFIX = {"ours": "ff-", "vllm": "vb-"}
 
 
@@ -224,7 +225,7 @@ def measure(tool: str, loop: str, a, rate: float, run: Path, fresh: bool = False
     run.mkdir(parents=True)
     emit_log, out = run / "emitted.json", run / "tool.json"
     double = subprocess.Popen(
-        [sys.executable, str(HERE / "sse_double.py"), "--ttft-ms", str(a.ttft_ms), "--itl-ms", str(a.itl_ms),
+        [sys.executable, str(DOUBLE), "--ttft-ms", str(a.ttft_ms), "--itl-ms", str(a.itl_ms),
          "--emit-log", str(emit_log)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )

@@ -1,9 +1,8 @@
-"""Connection reuse and its one retry, against raw loopback test doubles (the thing under
+"""Connection reuse and its one retry, against the loopback test double (the thing under
 test is our client): a keep-alive connection the server closed is never a failed request,
 and nothing else is ever sent twice."""
 
 import asyncio
-import contextlib
 import json
 
 import aiohttp
@@ -13,6 +12,8 @@ from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import connection_trace, send_streamed
 from filledfirst.records import RequestRecord, ScheduledRequest
 
+from helpers.stream_double import Answer, Request, StreamDouble
+
 
 def sse(obj) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
@@ -20,63 +21,16 @@ def sse(obj) -> bytes:
 
 BODY = (sse({"choices": [{"index": 0, "text": "w"}], "usage": None}) * 3
         + sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}) + b"data: [DONE]\n\n")
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
-HEADERS_ONLY = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-METRICS = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 14\r\n\r\n# no metrics\r\n"
+# "ok" answers in full (one write), "close" closes the connection without an answer,
+# "headers" sends the status and headers and then closes, "die" stops listening and then closes.
+ACTIONS = {"ok": Answer(pieces=[BODY]), "close": Answer(fault="close"), "headers": Answer(fault="headers"),
+           "die": Answer(fault="die")}
 
 
-class RawDouble:
-    """An HTTP/1.1 server that keeps connections open (no `Connection: close`) and does what
-    `action(n_on_connection, n_overall)` says with each completion request:
-    "ok" answers in full, "close" closes the connection without an answer, "headers" sends
-    the status and headers and then closes, "die" stops listening and then closes."""
-
-    def __init__(self, action):
-        self.action = action
-        self.requests = 0  # completion requests read, answered or not
-        self.ids: list[str] = []
-        self.connections = 0
-        self.server: asyncio.Server | None = None
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        on_conn = 0
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")
-                headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-                await reader.readexactly(int(headers.get("content-length", 0)))
-                if lines[0].startswith("GET /metrics"):
-                    writer.write(METRICS)
-                    await writer.drain()
-                    continue
-                self.requests += 1
-                self.ids.append(headers.get("x-request-id"))
-                act = self.action(on_conn, self.requests - 1)
-                on_conn += 1
-                if act == "ok":
-                    writer.write(OK)
-                    await writer.drain()
-                    continue
-                if act == "headers":
-                    writer.write(HEADERS_ONLY)
-                    await writer.drain()
-                if act == "die":
-                    self.server.close()
-                return
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        finally:
-            writer.close()
-
-    @contextlib.asynccontextmanager
-    async def serving(self):
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        try:
-            yield f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        finally:
-            self.server.close()
+def acting(action) -> StreamDouble:
+    """A double that keeps connections open (keep-alive) and does what
+    `action(n_on_connection, n_overall)` says with each completion request."""
+    return StreamDouble(lambda req: ACTIONS[action(req.on_connection, req.n)])
 
 
 def one_request_per_connection(on_conn: int, n: int) -> str:
@@ -85,7 +39,7 @@ def one_request_per_connection(on_conn: int, n: int) -> str:
     return "ok" if on_conn == 0 else "close"
 
 
-async def sequence(double: RawDouble, n: int, gap_s: float = 0.0) -> list[RequestRecord]:
+async def sequence(double: StreamDouble, n: int, gap_s: float = 0.0) -> list[RequestRecord]:
     """`n` requests one after the other on a keep-alive session, with a fresh one for retries."""
     recs = [RequestRecord(i, "probe", 5, 3, 0.0) for i in range(n)]
     loop = asyncio.get_running_loop()
@@ -102,7 +56,7 @@ async def sequence(double: RawDouble, n: int, gap_s: float = 0.0) -> list[Reques
 
 
 def test_closed_keepalive_connection_is_retried_once_on_a_fresh_one():
-    double = RawDouble(one_request_per_connection)
+    double = acting(one_request_per_connection)
     recs = asyncio.run(sequence(double, 6))
     assert [r.status for r in recs] == ["ok"] * 6, [r.error for r in recs]
     assert all(r.output_tokens_received == 3 for r in recs)
@@ -115,7 +69,7 @@ def test_closed_keepalive_connection_is_retried_once_on_a_fresh_one():
 
 
 def test_open_loop_replay_has_no_failed_rows_when_the_server_closes_idle_connections():
-    double = RawDouble(one_request_per_connection)
+    double = acting(one_request_per_connection)
     settings = ReplaySettings(model="m", token_low=10, token_high=20, request_timeout_s=5, drain_timeout_s=5,
                               scrape_interval_s=0.5)
     sched = [ScheduledRequest(i, 0.01 * i, 5, 3, "x") for i in range(40)]
@@ -136,7 +90,7 @@ def test_open_loop_replay_has_no_failed_rows_when_the_server_closes_idle_connect
 
 
 def test_death_after_headers_is_a_disconnect_and_not_retried():
-    double = RawDouble(lambda on_conn, n: "ok" if n == 0 else "headers")
+    double = acting(lambda on_conn, n: "ok" if n == 0 else "headers")
     recs = asyncio.run(sequence(double, 2))
     assert recs[0].status == "ok"
     assert recs[1].status == "disconnected" and recs[1].http_status == 200 and recs[1].retries == 0
@@ -145,7 +99,7 @@ def test_death_after_headers_is_a_disconnect_and_not_retried():
 
 def test_fresh_connection_closed_without_answer_is_not_retried():
     """Only a reused connection can be stale; a new one closed unanswered is the server's doing."""
-    double = RawDouble(lambda on_conn, n: "close")
+    double = acting(lambda on_conn, n: "close")
     recs = asyncio.run(sequence(double, 1))
     assert recs[0].status == "disconnected" and recs[0].retries == 0
     assert double.requests == 1 and double.connections == 1
@@ -153,7 +107,7 @@ def test_fresh_connection_closed_without_answer_is_not_retried():
 
 def test_server_that_died_still_fails_after_the_one_retry():
     """Stale connection, then the retry cannot connect: a failed row, sent to the server once."""
-    double = RawDouble(lambda on_conn, n: "ok" if n == 0 else "die")
+    double = acting(lambda on_conn, n: "ok" if n == 0 else "die")
     recs = asyncio.run(sequence(double, 2))
     assert recs[0].status == "ok"
     assert recs[1].status == "disconnected" and recs[1].retries == 1
@@ -179,17 +133,12 @@ def test_connection_refused_is_a_disconnect_without_retry():
 def test_slow_first_token_on_a_retried_request_still_times_out_from_the_first_send():
     """The first-token timeout spans both attempts: a retry does not restart it."""
 
-    class Slow(RawDouble):
-        async def handle(self, reader, writer):
-            if self.connections >= 1:  # the retry's connection answers too late
-                self.connections += 1
-                await reader.readuntil(b"\r\n\r\n")
-                await asyncio.sleep(1.0)
-                writer.close()
-                return
-            await super().handle(reader, writer)
+    def slow(req: Request) -> Answer:
+        if req.connection >= 1:  # the retry's connection answers too late
+            return Answer(fault="close", first_delay=1.0)
+        return ACTIONS[one_request_per_connection(req.on_connection, req.n)]
 
-    double = Slow(one_request_per_connection)
+    double = StreamDouble(slow)
 
     async def go():
         recs = [RequestRecord(i, "probe", 5, 3, 0.0) for i in range(2)]

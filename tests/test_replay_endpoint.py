@@ -77,12 +77,12 @@ def test_replay_against_an_external_endpoint(server, tmp_path):
     assert KEY not in proc.stderr + proc.stdout
 
 
-def test_wrong_key_is_recorded_as_failed_requests(server, tmp_path):
+def test_a_wrong_key_fails_before_the_schedule_starts(server, tmp_path):
+    """vLLM guards /v1/models with the key: the check before the schedule sees the 401."""
     proc, out = replay(server, tmp_path, "badkey", {"FF_TEST_KEY": "not-the-key"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reqs = pq.read_table(out / "requests.parquet").to_pylist()
-    assert len(reqs) == 12
-    assert {(r["status"], r["http_status"]) for r in reqs} == {("http_error", 401)}
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"filledfirst: error: {server.base_url} refused the API key (HTTP 401 from /v1/models)" in proc.stderr
+    assert not out.exists() and "not-the-key" not in proc.stderr
 
 
 def test_missing_key_variable_is_a_clear_error(server, tmp_path):

@@ -89,8 +89,10 @@ def fake_slurm(tmp_path):
     return bin_dir
 
 
-def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env, fake_slurm):
-    cfg_path = REPO / "config" / "config.yaml"
+def submit_to_fake_slurm(cfg_path: Path, tmp_path: Path, pipeline_env: dict, fake_slurm: Path) -> tuple[list, str]:
+    """Run the study with the SLURM profile against the stand-in commands: every sbatch
+    call (options by name) and Snakemake's output. The stand-in fails every job, so
+    Snakemake submits the jobs that need nothing from another job, then stops."""
     work = tmp_path / "work"
     work.mkdir()
     log = tmp_path / "sbatch.jsonl"
@@ -104,34 +106,72 @@ def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env,
     )
     out = proc.stdout + proc.stderr
     assert log.is_file(), out[-6000:]
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # The stand-in "failed" every job, which Snakemake reported and stopped on.
+    assert proc.returncode != 0 and "FAILED" in out
+    return [sbatch_options(json.loads(line)) for line in log.read_text().splitlines()], out
 
+
+def assert_gpu_job(opts: dict, work: Path, rule: str) -> None:
+    assert opts["--gpus"] == "1" and opts["--ntasks-per-gpu"] == "1"
+    assert opts["--cpus-per-task"] == "8" and opts["--mem"] == "65536"
+    assert opts["-p"] == "gpu"  # the cluster's default partition (sinfo's `*`)
+    assert opts["--output"] == str(work / "results" / "logs" / "slurm" / f"rule_{rule}" / "%j.log")
+    assert opts["-D"] == str(work)
+    assert "--executor slurm-jobstep" in opts["--wrap"] and rule in opts["--wrap"]
+
+
+def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_env, fake_slurm):
+    """The GPU study places its experiments relative to knees: its first jobs are the
+    searches, one per (frontier, setting), each asking for a GPU like an experiment job."""
+    from filledfirst.frontier.plan import frontier_runtime_minutes
+
+    cfg_path = REPO / "config" / "config.yaml"
+    calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
+    cfg = load_config([cfg_path])
+    searches = {f"frontier_{f}_{s}": f for f, spec in cfg["frontiers"].items() for s in spec["settings"]}
+    by_rule = {opts["--comment"].removeprefix("rule_"): opts for opts in calls}
+    assert len(calls) == len(searches) and set(by_rule) == set(searches), out[-6000:]
+    for rule, frontier in searches.items():
+        assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
+        assert by_rule[rule]["-t"] == str(frontier_runtime_minutes(cfg, frontier))
+
+
+def without_searches(tmp_path: Path) -> Path:
+    """The GPU study at the seed's absolute rates with no capacity search at all (the
+    interference probes every 50 ms): its first jobs are the experiment groups."""
+    import yaml
+
+    cfg = load_config([REPO / "config" / "config.yaml", REPO / "config" / "seed-rates.yaml"])
+    cfg.pop("frontiers")
+    for phase in cfg["workloads"]["interference"]["phases"] + cfg["workloads"]["interference_control"]["phases"]:
+        if isinstance(phase.get("interval_s"), dict):
+            phase["interval_s"] = 0.05
+    used = {e["workload"] for e in cfg["experiments"].values()}
+    cfg["workloads"] = {name: wl for name, wl in cfg["workloads"].items() if name in used}
+    path = tmp_path / "gpu-absolute.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env, fake_slurm):
+    cfg_path = without_searches(tmp_path)
+    calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
+    work = tmp_path / "work"
     cfg = load_config([cfg_path])
     groups = server_groups(cfg)
-    by_group = {}
-    for call in calls:
-        opts = sbatch_options(call)
-        by_group[opts["--comment"].removeprefix("rule_run_group_")] = opts
+    by_group = {opts["--comment"].removeprefix("rule_run_group_"): opts for opts in calls}
     # One sbatch per server group and nothing else: schedules, ingest and report are local.
     assert len(calls) == len(groups) and set(by_group) == set(groups), out[-6000:]
     for group, members in groups.items():
         opts = by_group[group]
         schedules = [work / "data" / "schedules" / f"{cfg['experiments'][e]['workload']}.parquet" for e in members]
-        assert opts["--gpus"] == "1" and opts["--ntasks-per-gpu"] == "1"
-        assert opts["--cpus-per-task"] == "8" and opts["--mem"] == "65536"
+        assert_gpu_job(opts, work, f"run_group_{group}")
         assert opts["-t"] == str(runtime_minutes(cfg, members, schedules))
-        assert opts["-p"] == "gpu"  # the cluster's default partition (sinfo's `*`)
-        assert opts["--output"] == str(work / "results" / "logs" / "slurm" / f"rule_run_group_{group}" / "%j.log")
-        assert opts["-D"] == str(work)
-        wrapped = opts["--wrap"]
-        assert "--executor slurm-jobstep" in wrapped and f"run_group_{group}" in wrapped
     # The time limit follows the schedule: start-up 900 s, then natural12's last arrival
     # (600 requests every 0.5 s: 299.5 s) and the 600 s drain -> 30 min.
     assert by_group["seq_limit"]["-t"] == "30"
     # The 16-experiment group: 900 s + sum of last arrivals + 16 x 600 s drain.
     assert int(by_group["interference"]["-t"]) > int(by_group["kv_reduced"]["-t"]) > 30
-    # The stand-in "failed" every job, which Snakemake reported and stopped on.
-    assert proc.returncode != 0 and "FAILED" in out
 
 
 # --- 2. a real SLURM cluster on this machine ------------------------------------------

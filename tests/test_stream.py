@@ -1,17 +1,17 @@
-"""Our SSE client against a loopback test double (the thing under test is the client)."""
+"""Our SSE client against the loopback test double (the thing under test is the client)."""
 
 import asyncio
-import contextlib
 import json
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import send_streamed
 from filledfirst.records import RequestRecord, ScheduledRequest
+
+from helpers.stream_double import Answer, StreamDouble
 
 
 def sse(obj) -> bytes:
@@ -26,51 +26,23 @@ USAGE = sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3
 DONE = b"data: [DONE]\n\n"
 
 
-@contextlib.asynccontextmanager
-async def serving(app: web.Application):
-    """The test double on a free loopback port; yields its base URL."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    finally:
-        await runner.cleanup()
-
-
-async def write_answer(request, pieces, *, status=200, error_body=b"overloaded", delay=0.0, first_delay=0.0):
-    """Answer `request` with `status` and `error_body`, or with 200 and the `pieces` of a
-    stream written one by one (so events split across reads)."""
-    if status != 200:
-        return web.Response(status=status, body=error_body, content_type="text/plain")
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    await asyncio.sleep(first_delay)
-    try:
-        for p in pieces:
-            await resp.write(p)
-            await asyncio.sleep(delay)
-    except ConnectionResetError:  # the client stopped reading (at [DONE] or a bad event)
-        pass
-    return resp
+def scripted(pieces, *, status=200, error_body=b"overloaded", delay=0.0, first_delay=0.0) -> Answer:
+    """`status` and `error_body`, or 200 and the `pieces` of a stream written one by one
+    (so events split across reads), `first_delay` before the first and `delay` after each."""
+    return Answer(status=status, body=error_body if error_body is not None else b"", pieces=list(pieces),
+                  first_delay=first_delay, delay=delay)
 
 
 async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first_delay=0.0, first_token_timeout=None,
                       error_body=b"overloaded"):
-    """Serve `pieces` (see `write_answer`) and record the request."""
-
-    async def handler(request):
-        return await write_answer(request, pieces, status=status, error_body=error_body, delay=delay,
-                                  first_delay=first_delay)
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
+    """Serve `pieces` (see `scripted`) and record the request."""
+    double = StreamDouble(scripted(pieces, status=status, error_body=error_body, delay=delay,
+                                   first_delay=first_delay))
     rec = RequestRecord(0, "probe", 5, 3, 0.0)
     tokens = []
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    async with serving(app) as base, aiohttp.ClientSession() as session:
+    async with double.serving() as base, aiohttp.ClientSession() as session:
         await send_streamed(
             session, f"{base}/v1/completions", b"{}", rec, tokens,
             lambda: loop.time() - t0, aiohttp.ClientTimeout(total=total_timeout),
@@ -79,18 +51,10 @@ async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first
     return rec, tokens
 
 
-async def replay_against(handler, schedule, **settings) -> Replay:
-    """Replay `schedule` against a double whose completions `handler` answers (its /metrics
-    has none); `settings` on top of ReplaySettings' defaults."""
-
-    async def metrics(request):
-        return web.Response(text="# no metrics\n")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    app.router.add_get("/metrics", metrics)
+async def replay_against(double: StreamDouble, schedule, **settings) -> Replay:
+    """Replay `schedule` against `double`; `settings` on top of ReplaySettings' defaults."""
     settings = ReplaySettings(**{"model": "m", "token_low": 10, "token_high": 20, "scrape_interval_s": 0.5, **settings})
-    async with serving(app) as base:
+    async with double.serving() as base:
         replay = Replay(schedule, base, settings, progress=False)
         await replay.run()
     return replay
@@ -160,18 +124,9 @@ def test_unreachable_server_is_a_disconnect():
 
 def test_closed_loop_workers_against_a_test_double():
     """N workers: never more than N in flight, every request sent once, in order per worker."""
-
-    async def handler(request):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for _ in range(3):
-            await asyncio.sleep(0.01)
-            await resp.write(token())
-        await resp.write(USAGE + DONE)
-        return resp
-
+    double = StreamDouble(ttft_s=0.01, itl_s=0.01)  # 3 tokens 10 ms apart, usage on each
     sched = [ScheduledRequest(i, 999.0, 5, 3, "x") for i in range(15)]  # arrival times ignored
-    replay = asyncio.run(replay_against(handler, sched, request_timeout_s=5, drain_timeout_s=5, mode="closed",
+    replay = asyncio.run(replay_against(double, sched, request_timeout_s=5, drain_timeout_s=5, mode="closed",
                                         concurrency=3))
     reqs = replay.requests
     assert [r.status for r in reqs] == ["ok"] * 15
@@ -279,19 +234,38 @@ def test_a_replay_stores_the_timings_where_the_server_sent_them():
     """An endpoint that sends per-request timings for some requests and none for others (another
     server, an older vLLM): every request ok, the timings in the run's table or NULL."""
 
-    async def handler(request):
-        rid = int(request.headers["X-Request-Id"].removeprefix("ff-"))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(token() + token() + token())
-        await resp.write(final_usage(VLLM_METRICS if rid % 2 else None) + DONE)
-        return resp
+    def answer(request):
+        rid = int(request.rid.removeprefix("ff-"))
+        return scripted([token() + token() + token(), final_usage(VLLM_METRICS if rid % 2 else None) + DONE])
 
     from filledfirst.records import REQUEST_SCHEMA, to_table
 
     sched = [ScheduledRequest(i, 0.01 * i, 5, 3, "x") for i in range(4)]
-    replay = asyncio.run(replay_against(handler, sched, request_timeout_s=5, drain_timeout_s=5))
+    replay = asyncio.run(replay_against(StreamDouble(answer), sched, request_timeout_s=5, drain_timeout_s=5))
     table = to_table(sorted(replay.requests, key=lambda r: r.request_id), REQUEST_SCHEMA)
     assert table["status"].to_pylist() == ["ok"] * 4
     assert table["server_queue_ms"].to_pylist() == [None, 3.0, None, 3.0]
     assert table["server_prefill_ms"].to_pylist() == [None, 41.5, None, 41.5]
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_the_double_streams_on_its_clock_and_logs_what_it_emitted(api):
+    """The double of the tests and the benchmarks: `max_tokens` chunks with usage on each,
+    the first `ttft_s` after the request was read, then one per `itl_s`; its emit log holds
+    every request and chunk, and the client read each chunk after it was written (one clock)."""
+    double = StreamDouble(ttft_s=0.03, itl_s=0.01)
+    sched = [ScheduledRequest(i, 0.02 * i, 5, 6, "x") for i in range(10)]
+    replay = asyncio.run(replay_against(double, sched, request_timeout_s=5, drain_timeout_s=5, api=api,
+                                        prompt="text" if api == "chat" else "token_ids"))
+    assert [r.status for r in replay.requests] == ["ok"] * 10
+    assert all((r.output_tokens_received, r.chunks) == (6, 6) for r in replay.requests)
+    log = {rid: (t_recv, times) for rid, t_recv, times in double.emitted}
+    assert sorted(log) == sorted(f"ff-{i}" for i in range(10))
+    for r in replay.requests:
+        t_recv, emitted = log[f"ff-{r.request_id}"]
+        received = [replay._t0 + t.t for t in replay.tokens if t.request_id == r.request_id]
+        assert len(emitted) == len(received) == 6
+        # chunk i is due ttft + i * itl after the request was read (absolute targets: a late
+        # chunk does not delay the next), and timers fire on the millisecond at or after it
+        assert all(sent - t_recv > 0.03 + i * 0.01 - 0.001 for i, sent in enumerate(emitted))
+        assert all(got >= sent - 1e-9 for got, sent in zip(received, emitted))

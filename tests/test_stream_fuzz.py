@@ -1,4 +1,4 @@
-"""Our SSE client fuzzed with hypothesis against the loopback test double of test_stream.py.
+"""Our SSE client fuzzed with hypothesis against the loopback test double (tests/helpers).
 
 Whatever a server sends, the client never raises and every request becomes one record
 that can be written (status in the known set, an error text when not ok); a well-formed
@@ -16,11 +16,13 @@ from typing import NamedTuple
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_stream import DONE, replay_against, run_against, write_answer
+from test_stream import DONE, replay_against, run_against, scripted
 
 from filledfirst.loadgen.stream import UNREADABLE, SSEData
 from filledfirst.metrics import PER_REQUEST
 from filledfirst.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
+
+from helpers.stream_double import StreamDouble
 
 FUZZ = dict(derandomize=True, database=None, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -249,14 +251,14 @@ def test_known_answers_become_the_right_records():
 @settings(max_examples=15, **FUZZ)
 @given(st.lists(anything(), min_size=1, max_size=8), st.sampled_from(["open", "closed"]))
 def test_a_replay_keeps_one_record_per_request(answers, mode):
-    async def completions(request):
+    def completions(request):
         # the client's X-Request-Id says which answer this request gets
-        answer = answers[int(request.headers["X-Request-Id"].removeprefix("ff-"))]
-        return await write_answer(request, answer.pieces, status=answer.status, error_body=answer.error_body)
+        answer = answers[int(request.rid.removeprefix("ff-"))]
+        return scripted(answer.pieces, status=answer.status, error_body=answer.error_body)
 
     sched = [ScheduledRequest(i, 0.0, 5, 3, "x") for i in range(len(answers))]
-    replay = asyncio.run(replay_against(completions, sched, request_timeout_s=10, drain_timeout_s=10, mode=mode,
-                                        concurrency=2 if mode == "closed" else None))
+    replay = asyncio.run(replay_against(StreamDouble(completions), sched, request_timeout_s=10, drain_timeout_s=10,
+                                        mode=mode, concurrency=2 if mode == "closed" else None))
     assert sorted(r.request_id for r in replay.requests) == list(range(len(answers)))
     assert replay.interrupted is None
     for rec in replay.requests:

@@ -241,7 +241,12 @@ def _cmd_frontier_run(args) -> int:
 
 
 def _add_replay(sub) -> None:
-    p = sub.add_parser("replay", help="replay a schedule against a server already running (bring your own endpoint)")
+    p = sub.add_parser(
+        "replay", help="replay a schedule against a server already running (bring your own endpoint)",
+        description="The endpoint is asked first (GET /v1/models, with the key when one is given): one that "
+        "cannot be reached or refuses the key is an error before the schedule starts (exit 2, nothing written). "
+        "A run whose every request failed is written with status failed (exit 1).",
+    )
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000 (its /metrics is scraped)")
     p.add_argument("--schedule", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)

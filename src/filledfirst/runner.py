@@ -30,6 +30,7 @@ from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers,
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
+from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.provenance import hardware, versions
@@ -74,6 +75,8 @@ class _Run:
         self, base_url: str, settings: ReplaySettings, progress: bool,
         server_alive: Callable[[], bool] | None, server_log: Path | None = None,
     ) -> None:
+        """The replay; the run is `ok` when it ran to its end and at least one request
+        succeeded (a run whose every sent request failed is `failed`, with the commonest error)."""
         self.replay = Replay(self.schedule, base_url, settings, progress=progress, server_alive=server_alive)
         # The diagnosis holds a scraped value for a multiple of this, also for external replays.
         self.meta["scrape"] = {"interval_s": settings.scrape_interval_s}
@@ -87,6 +90,8 @@ class _Run:
             self.meta["error"] = "vLLM exited during the run. " + log_excerpt(server_log)
         elif self.replay.interrupted:
             self.meta["status"], self.meta["error"] = "partial", f"interrupted: {self.replay.interrupted}"
+        elif (why := every_request_failed(self.replay.requests)) is not None:
+            self.meta["status"], self.meta["error"] = "failed", why
         else:
             self.meta["status"] = "ok"
 
@@ -109,10 +114,28 @@ class _Run:
         # run.json last: its presence is what marks the folder complete.
         atomic.write_json(meta, self.work / rundir.RUN_JSON)
         atomic.publish_dir(self.work, self.out)
-        log.info("run %s: %s -> %s", meta["run_id"], meta["status"], self.out)
+        if meta["status"] == "ok":
+            log.info("run %s: ok -> %s", meta["run_id"], self.out)
+        else:
+            why = (meta.get("error") or "no error recorded").strip().splitlines()[0]
+            log.warning("run %s: %s (%s) -> %s", meta["run_id"], meta["status"], why, self.out)
         if interrupt_reason():
             raise SystemExit(130)  # the pipeline must see an interrupted job as not done
         return meta["status"]
+
+
+def every_request_failed(requests) -> str | None:
+    """Why a run whose every sent request failed is not a result to read latencies from
+    (one line: the statuses and the commonest error), or None when one succeeded or none
+    was sent."""
+    sent = [r for r in requests if r.status != "not_sent"]
+    if not sent or any(r.status == "ok" for r in sent):
+        return None
+    statuses = Counter(r.status for r in sent)
+    errors = Counter(((r.error or "").strip().splitlines() or [r.status])[0][:300] for r in sent)
+    error, n = errors.most_common(1)[0]
+    return (f"every request failed ({', '.join(f'{k} {s}' for s, k in statuses.most_common())} of {len(sent)} sent); "
+            f"commonest error ({n} of {len(sent)}): {error}")
 
 
 @dataclass(frozen=True)
@@ -281,6 +304,12 @@ def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, pro
     # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
     server = {"launcher": "external", "url": url, "api_key_env": key_env, "settings": {}}
     run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], spec, server))
+    try:
+        check_endpoint(url, settings.api_key)
+    except EndpointError as exc:
+        # Like a server that did not start: a failed run folder, kept for the report.
+        run.meta["status"], run.meta["error"] = "failed", str(exc)
+        return run.finish()
     return _replay_external(run, url, settings, progress)
 
 
@@ -328,9 +357,12 @@ def replay_endpoint(
     url: str, schedule_path: Path, out: Path, settings: ReplaySettings, *,
     name: str = "replay", api_key_env: str | None = None, progress: bool = True,
 ) -> str:
-    """Replay a schedule against a running OpenAI-compatible server; /metrics is scraped there."""
+    """Replay a schedule against a running OpenAI-compatible server; /metrics is scraped there.
+    An endpoint that cannot be reached or refuses the key raises EndpointError before
+    anything is written; a run whose every request failed returns `failed`."""
     url = url.rstrip("/")
     settings.api_key = _api_key(api_key_env, f"--api-key-env {api_key_env}")
+    check_endpoint(url, settings.api_key)  # nothing measured, no run folder: the caller fixes the URL or key
     install_interrupt_handlers()
     run = _Run(name, schedule_path, out, {
         "workload": Path(schedule_path).stem,

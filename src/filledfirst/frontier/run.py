@@ -13,7 +13,7 @@ The search's state is a function of its probes alone (frontier.search), so an in
 search resumes from the probe folders: those that finished (`ok`, with an attainment, the
 same search fingerprint, at the rate the search asks for next, in probe order) are read
 back; the first one that did not, and every folder after it, is measured again. A probe
-that fails outright (the server died or never started, no request answered) ends the
+that fails outright (the server died or never started, every request failed) ends the
 search (PROBE_FAILED), its reason kept. At the end `DIR/search.json` is written atomically:
 
     {frontier, setting, workload, fingerprint, slo, probe_s, bounds: {...},
@@ -32,7 +32,6 @@ import math
 import re
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 from filledfirst import atomic, rundir
@@ -95,17 +94,11 @@ def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
     if meta["status"] != "ok":
         return {"requests": None, "attainment": None, "held": None, "missed": None,
                 "error": (meta.get("error") or meta["status"]).strip()}
+    # A probe whose every request failed is a failed run already (the runner's rule).
     measured = probe_attainment(replay.requests, replay.tokens, slo)
     if not measured["requests"]:
-        error = "no request in the probe"
-    elif not any(r.status in ("ok", "timeout") for r in replay.requests):
-        counts = Counter(r.status for r in replay.requests)
-        error = f"no request was answered ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
-    else:
-        error = None
-    if error:
-        return {"requests": measured["requests"], "attainment": None, "held": None, "missed": measured["missed"],
-                "error": error}
+        return {"requests": 0, "attainment": None, "held": None, "missed": measured["missed"],
+                "error": "no request in the probe"}
     return {**measured, "held": measured["attainment"] >= target, "error": None}
 
 

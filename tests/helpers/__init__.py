@@ -1,0 +1,1 @@
+"""Helpers shared by the tests and the benchmarks (benchmarks put tests/ on sys.path)."""
