@@ -7,7 +7,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from filledfirst.analysis import signals
+from filledfirst.analysis import request_path, signals
 
 from conftest import REPO, snakemake_argv
 
@@ -33,6 +33,10 @@ def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
         env=pipeline_env, capture_output=True, text=True, timeout=300,
     )
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def diag_clue(con, experiment: str) -> str:
+    return con.execute("SELECT clue FROM diagnosis WHERE experiment = ?", [experiment]).fetchall()[0][0]
 
 
 def check_study(workdir):
@@ -99,6 +103,26 @@ def check_study(workdir):
         assert c["n_server"] == c["n_client"] > 0
         assert c["client_ttft_p50_ms"] >= (c["bucket_lo_ms"] or 0), c
     assert checks[ids["seq_limit"]]["agrees"], checks[ids["seq_limit"]]
+    # The request path: the pipeline starts vLLM with its per-request timings, so every ok
+    # request has vLLM's queue and prefill; each part is non-negative (vLLM's interval lies
+    # inside ours: the front end is what remains of our TTFT from send, a ms of float slack).
+    parts = {r["experiment"]: r for r in con.execute(f"""
+        SELECT experiment, count(*) AS n_ok, count(*) FILTER (WHERE timed) AS n_timed,
+               min(dispatch_ms) AS dispatch_min, min(queue_ms) AS queue_min, min(prefill_ms) AS prefill_min,
+               min(front_end_ms) AS front_end_min,
+               max(abs(dispatch_ms + front_end_ms + queue_ms + prefill_ms - ttft_ms)) AS sum_error,
+               sum(queue_ms) / sum(ttft_ms) AS queue_share
+        FROM ({request_path.REQUEST_PARTS}) JOIN runs USING (run_id) WHERE status = 'ok' GROUP BY experiment
+        """).pl().to_dicts()}
+    for exp, p in parts.items():
+        assert p["n_timed"] == p["n_ok"] > 0, p
+        assert min(p["dispatch_min"], p["queue_min"], p["prefill_min"]) >= 0 and p["front_end_min"] >= -1, p
+        assert p["sum_error"] < 1e-6, p
+    # Under a cap of 8 with 16 workers, all but the first 8 requests wait out a whole
+    # decode in vLLM's queue: the queue is most of their TTFT. Nothing ever waits in the
+    # reference.
+    assert parts["seq_limit"]["queue_share"] > 0.5 > parts["reference"]["queue_share"], parts
+    assert "vLLM's queue was" in diag_clue(con, "seq_limit")
     # vLLM's own gauges were scraped on the run's clock
     for exp in runs:
         metrics = {m for (m,) in con.execute(
@@ -114,6 +138,7 @@ def check_study(workdir):
 
     meta = json.loads((workdir / "results" / "runs" / "seq_limit" / "run.json").read_text())
     assert "--max-num-seqs" in meta["server"]["argv"] and meta["versions"]["vllm"]
+    assert "--enable-per-request-metrics" in meta["server"]["argv"]
     assert (workdir / "results" / "runs" / "seq_limit" / "server.log").stat().st_size > 0
 
     html = (workdir / "reports" / "report.html").read_text()

@@ -138,6 +138,9 @@ def test_text_prompts_for_servers_that_refuse_token_ids(server, tmp_path, api):
         assert r["output_tokens_received"] == 16 and r["reasoning_tokens"] == 0
         assert r["prompt_tokens_received"] >= 50  # one or more tokens per word
         assert r["t_first_content"] == r["t_first_token"] > r["t_sent"]
+        # vLLM's per-request timings ride on the final usage chunk of both APIs
+        assert r["server_queue_ms"] is not None and r["server_prefill_ms"] is not None, r
+        assert r["server_queue_ms"] + r["server_prefill_ms"] <= (r["t_first_token"] - r["t_sent"]) * 1000 + 1
     toks = pq.read_table(out / "tokens.parquet").to_pylist()
     assert sum(t["n"] for t in toks) == 12 * 16
 
