@@ -466,3 +466,21 @@ def test_ttft_parts_chart_draws_a_bar_per_role_and_quantile():
     text = tables.ttft_parts_sentence(rows)
     assert text == f"TTFT parts from vLLM's per-request timings of 10 of 20 successful requests. decoding: " \
                    f"{tables.NOT_REPORTED}."
+
+
+def test_a_schedule_placed_relative_to_a_knee_says_where_it_was_placed():
+    """The reader sees the rate a run was offered as the multiple of a measured knee it is."""
+    from filledfirst.report.tables import schedule_sentence
+
+    stats = {"requests": 333, "duration_s": 3.1, "prompt_tokens": {"p50": 150, "p90": 150},
+             "output_tokens": {"p50": 160},
+             "relative": [{"key": "phases[0].interval_s", "role": "decode", "of": "decode/default",
+                           "knee_rps": 53.817, "times": 2.0, "rate_rps": 107.63, "interval_s": 0.00929}]}
+    text = schedule_sentence(stats)
+    assert ("Placed relative to a measured knee: the decode requests at 2x the knee of decode/default "
+            "(53.8 req/s held): 108 req/s.") in text
+    trace = {"requests": 287, "duration_s": 24.0, "keep_every": 10, "time_scale": 0.05,
+             "relative": [{"key": "time_scale", "of": "azure/default", "knee_rps": 16.0, "times": 0.5,
+                           "rate_rps": 8.0, "kept_per_s": 0.48, "time_scale": 0.06}]}
+    assert "the trace's time scale at 0.5x the knee of azure/default (16 req/s held): 8 req/s, time scale 0.06" \
+        in schedule_sentence(trace)

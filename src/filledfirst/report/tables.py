@@ -278,6 +278,20 @@ def schedule_sentence(stats: Mapping[str, Any] | None) -> str:
     dropped = [f"{stats[k]:,} {k.replace('_', ' ')}" for k in ("clipped", "skipped") if stats.get(k)]
     if dropped:
         text += " Changed or dropped: " + ", ".join(dropped) + "."
+    placed = [placement_phrase(r) for r in stats.get("relative") or []]
+    if placed:
+        text += " Placed relative to a measured knee: " + "; ".join(placed) + "."
+    return text
+
+
+def placement_phrase(resolved: Mapping[str, Any]) -> str:
+    """One resolved knee-relative rate of a schedule (filledfirst.frontier.relative): what
+    it is relative to, the knee the search measured, and the rate that made."""
+    what = f"the {resolved['role']} requests" if resolved.get("role") else "the trace's time scale"
+    text = (f"{what} at {resolved['times']:g}x the knee of {resolved['of']} "
+            f"({resolved['knee_rps']:.3g} req/s held): {resolved['rate_rps']:.3g} req/s")
+    if resolved.get("time_scale") is not None:
+        text += f", time scale {resolved['time_scale']:.3g}"
     return text
 
 

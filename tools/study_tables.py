@@ -1,0 +1,65 @@
+"""The tables of docs/results.md from a study's database: the capacity searches (table
+`frontiers`) and every run with its label (tables `runs`, `diagnosis` and the signals).
+
+    .venv/bin/python tools/study_tables.py results/filledfirst.duckdb
+"""
+
+from __future__ import annotations
+
+import sys
+
+import duckdb
+
+from filledfirst.analysis import signals
+
+
+def _n(x, fmt="{:,.0f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def frontiers(con) -> None:
+    print("| search | setting | probes | held at (req/s) | broke at (req/s) | output tok/s at the knee "
+          "| what filled first at the knee | first crossings (req/s): waiting / cap / KV / TTFT p95 |")
+    print("|---|---|---:|---:|---:|---:|---|---|")
+    for r in con.execute("""SELECT frontier, setting, probes, lo_rps, hi_rps, lo_output_tok_s, knee_label,
+                                   waiting_from_rps, cap_from_rps, kv_full_from_rps, ttft_p95_from_rps
+                            FROM frontiers ORDER BY frontier, setting""").fetchall():
+        f, s, probes, lo, hi, tok, label, w, cap, kv, ttft = r
+        print(f"| {f} | {s} | {probes} | {_n(lo, '{:.3g}')} | {_n(hi, '{:.3g}')} | {_n(tok)} | {label} | "
+              f"{_n(w, '{:.3g}')} / {_n(cap, '{:.3g}')} / {_n(kv, '{:.3g}')} / {_n(ttft, '{:.3g}')} |")
+
+
+def runs(con) -> None:
+    summary = {r["run_id"]: r for r in signals.run_summary(con).to_dicts()}
+    rows = con.execute("""SELECT d.run_id, d.experiment, d.expect, d.label
+                          FROM diagnosis d JOIN runs r USING (run_id)
+                          WHERE d.experiment NOT LIKE '%/%/p%' ORDER BY r.started_at""").fetchall()
+    print("| run | offered (req/s) | requests | TTFT p50 / p90 (ms) | ITL p50 (ms) | running median / max (cap) "
+          "| waiting max | KV median / max (%) | preemptions | vLLM's queue share of TTFT | label | designed for |")
+    print("|---|---:|---:|---|---:|---|---:|---|---:|---:|---|---|")
+    shares = {r[0]: r[1] for r in con.execute(
+        "SELECT run_id, window_queue_share FROM diagnosis").fetchall()}
+    offered = {r[0]: r[1] for r in con.execute(
+        f"SELECT run_id, offered_rps FROM ({signals.OFFERED})").fetchall()}
+    for run_id, exp, expect, label in rows:
+        s = summary[run_id]
+        share = shares.get(run_id)
+        print(f"| {exp} | {_n(offered.get(run_id), '{:.3g}')} | {s['n_requests']:,} | "
+              f"{_n(s['ttft_p50_ms'])} / {_n(s['ttft_p90_ms'])} | {_n(s['itl_p50_ms'], '{:.1f}')} | "
+              f"{_n(s['running_median'], '{:g}')} / {_n(s['running_max'], '{:g}')} ({_n(s['max_num_seqs'], '{:g}')}) | "
+              f"{_n(s['waiting_max'], '{:g}')} | "
+              f"{_n(s['kv_median_pct'], '{:.1f}')} / {_n(s['kv_max_pct'], '{:.0f}')} | "
+              f"{_n(s['preemptions'], '{:g}')} | {_n(share, '{:.0%}')} | {label} | {expect or ''} |")
+
+
+def main() -> None:
+    con = duckdb.connect(sys.argv[1] if len(sys.argv) > 1 else "results/filledfirst.duckdb", read_only=True)
+    frontiers(con)
+    print()
+    runs(con)
+    n, ok = con.execute("SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM requests").fetchall()[0]
+    print(f"\nrequests: {ok:,} ok of {n:,} (runs and probes)")
+
+
+if __name__ == "__main__":
+    main()
