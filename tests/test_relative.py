@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from filledfirst.cli import main
-from filledfirst.config import load_config, load_study, validate_config
+from filledfirst.config import deep_merge, load_config, load_study, validate_config
 from filledfirst.errors import UserError
 from filledfirst.frontier.probes import trace_kept_rate
 from filledfirst.frontier.relative import knee, knee_searches, load_knees, resolve_synthetic, resolve_time_scale
@@ -166,7 +166,7 @@ def test_trace_subsample_cli_refuses_half_a_knee(tmp_path, capsys):
     csv = trace_csv(tmp_path / "t.csv")
     assert main(["trace", "subsample", str(csv), "--minutes", "1", "--times", "2", "--out",
                  str(tmp_path / "s.parquet")]) == 2
-    assert "--knee SEARCH_JSON and --times X go together" in capsys.readouterr().err
+    assert "--knee SEARCH_JSON (once) and --times X go together" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: not both
         main(["trace", "subsample", str(csv), "--minutes", "1", "--time-scale", "2", "--knee", "x.json",
               "--times", "2", "--out", str(tmp_path / "s.parquet")])
@@ -234,3 +234,42 @@ def test_a_trace_workloads_error_is_its_own_kinds(cfg, value, expected):
     with pytest.raises(UserError) as err:
         validate_config(cfg)
     assert expected in str(err.value)
+
+
+def test_trace_subsample_of_a_config_workload(tmp_path, capsys):
+    """`trace subsample --config --workload` takes every window setting from the config (as
+    `workload synth` does), a relative time scale from the search its `of` names; the
+    result is the schedule the flags would give."""
+    import yaml
+
+    csv = trace_csv(tmp_path / "t.csv")
+    search = write_search(tmp_path / "search.json", setting="seq2", lo=1.0)
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
+    cfg = deep_merge(cfg, yaml.safe_load((REPO / "tests" / "configs" / "frontier.yaml").read_text()))
+    cfg["workloads"]["w_abs"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 1, "keep_every": 2,
+                                 "time_scale": 0.5}
+    cfg["workloads"]["w_rel"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 1, "keep_every": 2,
+                                 "time_scale": {"of": "knee/seq2", "times": 0.5}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    by_config, by_flags = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_abs",
+                 "--out", str(by_config)]) == 0
+    assert main(["trace", "subsample", str(csv), "--minutes", "1", "--keep-every", "2", "--time-scale", "0.5",
+                 "--max-model-len", str(cfg["model"]["max_model_len"]), "--out", str(by_flags)]) == 0
+    assert pl.read_parquet(by_config).equals(pl.read_parquet(by_flags))
+    rel = tmp_path / "r.parquet"
+    assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_rel",
+                 "--knee", str(search), "--out", str(rel)]) == 0
+    stats = json.loads(Path(str(rel) + ".stats.json").read_text())
+    assert stats["relative"][0]["of"] == "knee/seq2" and stats["time_scale"] == pytest.approx(1.0 / 0.5)
+    # the config is the one place the window comes from
+    assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_abs", "--minutes", "2",
+                 "--out", str(rel)]) == 2
+    assert "drop --minutes" in capsys.readouterr().err
+    assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "paced", "--out",
+                 str(rel)]) == 2
+    assert "is synthetic" in capsys.readouterr().err
+    assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_rel", "--out",
+                 str(rel)]) == 2
+    assert "knee/seq2" in capsys.readouterr().err

@@ -132,7 +132,7 @@ def test_summary_rows_by_part_and_frontier(con):
     diagnosis = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
     from filledfirst.analysis import signals
 
-    rows = frontiers.summary_rows(diagnosis, signals.run_meta(con), frontiers.frontier_rows(con), DiagnosisRules())
+    rows = frontiers.summary_rows(diagnosis, signals.run_metas(con), frontiers.frontier_rows(con), DiagnosisRules())
     assert [(r["part"], r["what"]) for r in rows] == [
         ("decode_load", "ref"), ("sequence_limit", "lim"), ("frontier cap", "seq8"), ("frontier cap", "slow")]
     ref, lim, seq8, slow = rows

@@ -52,11 +52,36 @@ def runs(con) -> None:
               f"{_n(s['preemptions'], '{:g}')} | {_n(share, '{:.0%}')} | {label} | {expect or ''} |")
 
 
+def ttft_parts(con) -> None:
+    """Where TTFT went, per run and role, around its p50 and p90 (request_path.ttft_parts)."""
+    from filledfirst.analysis import request_path
+
+    print("| run | role | TTFT p50: dispatch / front end / vLLM queue / vLLM prefill (ms) "
+          "| TTFT p90: dispatch / front end / vLLM queue / vLLM prefill (ms) |")
+    print("|---|---|---|---|")
+    runs = con.execute("""SELECT run_id, experiment FROM runs WHERE experiment NOT LIKE '%/%/p%'
+                          ORDER BY started_at""").fetchall()
+    cols = [c for c, _ in request_path.TTFT_PARTS]
+    for run_id, exp in runs:
+        by_role: dict[str, dict[float, dict]] = {}
+        for row in request_path.ttft_parts(con, run_id).to_dicts():
+            by_role.setdefault(row["role"], {})[row["q"]] = row
+        for role, qs in by_role.items():
+            cells = []
+            for q in (0.5, 0.9):
+                r = qs.get(q) or {}
+                cells.append("not reported by the server" if r.get(cols[-1]) is None
+                             else f"{_n(r.get('ttft_ms'))} = " + " / ".join(_n(r.get(c), "{:,.1f}") for c in cols))
+            print(f"| {exp} | {role} | {cells[0]} | {cells[1]} |")
+
+
 def main() -> None:
     con = duckdb.connect(sys.argv[1] if len(sys.argv) > 1 else "results/filledfirst.duckdb", read_only=True)
     frontiers(con)
     print()
     runs(con)
+    print()
+    ttft_parts(con)
     n, ok = con.execute("SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM requests").fetchall()[0]
     print(f"\nrequests: {ok:,} ok of {n:,} (runs and probes)")
 

@@ -53,14 +53,20 @@ def _add_trace(sub) -> None:
     f.add_argument("--out", required=True, type=Path)
     f.set_defaults(func=_cmd_trace_fetch)
 
-    s = tsub.add_parser("subsample", help="a time window, then every K-th request")
+    s = tsub.add_parser(
+        "subsample", help="a time window, then every K-th request",
+        description="A trace workload of the config (--config ... --workload NAME: its window, keep_every, "
+        "time scale and the model's max_model_len), or a window given by the options below.")
     s.add_argument("csv", type=Path)
+    s.add_argument("--config", action="append", type=Path, default=[], dest="configs",
+                   help="with --workload: the study's config files (merged in order)")
+    s.add_argument("--workload", default=None, help="a trace workload of the config: the window's every setting")
     where = s.add_mutually_exclusive_group()
     where.add_argument("--start-offset", type=float, default=default_of(TraceWorkload, "start_offset_s"),
                        help="seconds after the first row")
     where.add_argument("--start", default=None, metavar="TIMESTAMP",
                        help="window start as a timestamp, e.g. '2024-05-12 13:00:00+00:00'")
-    s.add_argument("--minutes", type=float, required=True)
+    s.add_argument("--minutes", type=float, default=None, help="the window's length (required without --workload)")
     s.add_argument("--keep-every", type=int, default=default_of(TraceWorkload, "keep_every"))
     s.add_argument("--phase", type=int, default=default_of(TraceWorkload, "phase"),
                    help="keep rows phase, phase+K, ...")
@@ -68,9 +74,10 @@ def _add_trace(sub) -> None:
     scale.add_argument("--time-scale", type=float, default=None,
                        help="multiply arrival gaps (0.5 = twice as fast; default "
                        f"{default_of(TraceWorkload, 'time_scale')})")
-    scale.add_argument("--knee", type=Path, default=None, metavar="SEARCH_JSON",
+    scale.add_argument("--knee", type=Path, action="append", default=[], dest="knees", metavar="SEARCH_JSON",
                        help="instead of --time-scale: the time scale at which the window offers --times x the "
-                       "knee (highest rate that held) of this capacity search")
+                       "knee (highest rate that held) of this capacity search; with --workload, the search "
+                       "its relative time_scale names")
     s.add_argument("--times", type=float, default=None, help="with --knee: the multiple of the knee's rate")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
     s.add_argument("--role", default="trace")
@@ -95,29 +102,61 @@ def _cmd_trace_fetch(args) -> int:
 def _cmd_trace_subsample(args) -> int:
     from filledfirst.trace.subsample import subsample_to_parquet
 
-    relative = None
-    if (args.knee is None) != (args.times is None):
-        raise UserError("--knee SEARCH_JSON and --times X go together")
-    if args.knee is not None:
-        from filledfirst.frontier.relative import load_knees
+    if args.workload is not None:
+        spec = _trace_workload_spec(args)
+    else:
+        if args.configs:
+            raise UserError("--config goes with --workload NAME")
+        if args.minutes is None:
+            raise UserError("give --minutes (or --config ... --workload NAME)")
+        if bool(args.knees) != (args.times is not None) or len(args.knees) > 1:
+            raise UserError("--knee SEARCH_JSON (once) and --times X go together")
+        spec = dict(start_offset_s=args.start_offset, start=args.start, minutes=args.minutes,
+                    keep_every=args.keep_every, phase=args.phase, max_model_len=args.max_model_len,
+                    skip_bad=args.skip_bad, relative=None,
+                    time_scale=args.time_scale if args.time_scale is not None
+                    else default_of(TraceWorkload, "time_scale"))
+        if args.knees:
+            from filledfirst.frontier.relative import load_knees
 
-        knees = load_knees([args.knee])
-        relative = (next(iter(knees)), args.times, knees)
-    subsample_to_parquet(
-        args.csv,
-        args.out,
-        start_offset_s=args.start_offset,
-        start=args.start,
-        minutes=args.minutes,
-        keep_every=args.keep_every,
-        phase=args.phase,
-        time_scale=args.time_scale if args.time_scale is not None else default_of(TraceWorkload, "time_scale"),
-        max_model_len=args.max_model_len,
-        role=args.role,
-        skip_bad=args.skip_bad,
-        relative=relative,
-    )
+            knees = load_knees(args.knees)
+            spec["relative"] = (next(iter(knees)), args.times, knees)
+    subsample_to_parquet(args.csv, args.out, role=args.role, **spec)
     return 0
+
+
+_WINDOW_FLAGS = ("start", "minutes", "time_scale", "times", "max_model_len")
+
+
+def _trace_workload_spec(args) -> dict:
+    """subsample_to_parquet's window from a trace workload of the config: the config is the
+    one place its settings come from, so no window flag may be given beside it."""
+    from filledfirst.config import load_study
+    from filledfirst.frontier.relative import is_relative, load_knees
+
+    given = [f"--{f.replace('_', '-')}" for f in _WINDOW_FLAGS if getattr(args, f) is not None]
+    if given:
+        raise UserError(f"--workload takes its window from the config: drop {', '.join(given)}")
+    if not args.configs:
+        raise UserError("--workload NAME needs the config: --config FILE")
+    study = load_study(args.configs)
+    wl = study.workloads.get(args.workload)
+    if wl is None:
+        raise UserError(f"workloads: no {args.workload!r} in the config ({sorted(study.workloads)})")
+    if not isinstance(wl, TraceWorkload):
+        raise UserError(f"workloads.{args.workload} is synthetic: use `filledfirst workload synth`")
+    spec = dict(minutes=wl.minutes, keep_every=wl.keep_every, phase=wl.phase, skip_bad=wl.skip_bad or args.skip_bad,
+                max_model_len=study.model.max_model_len, relative=None,
+                time_scale=default_of(TraceWorkload, "time_scale"),
+                **({"start": wl.start} if wl.start is not None else {"start_offset_s": wl.start_offset_s}))
+    if is_relative(wl.time_scale):
+        knees = load_knees(args.knees)
+        spec["relative"] = (wl.time_scale.of, wl.time_scale.times, knees)
+    else:
+        if args.knees:
+            raise UserError(f"workloads.{args.workload}: its time_scale is not relative to a knee: drop --knee")
+        spec["time_scale"] = float(wl.time_scale)
+    return spec
 
 
 def _cmd_trace_stats(args) -> int:

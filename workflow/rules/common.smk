@@ -100,16 +100,6 @@ def trace_csv_of(wildcards):
     return f"data/traces/{config['workloads'][wildcards.workload]['trace']}.csv"
 
 
-def time_scale_args(w):
-    """`--time-scale X`, or for a time scale relative to a knee `--knee SEARCH_JSON --times X`."""
-    from filledfirst.frontier.relative import split_of
-
-    scale = w.get("time_scale", 1)
-    if isinstance(scale, dict):
-        return f"--knee {shlex.quote(frontier_search(*split_of(scale['of'])))} --times {float(scale['times'])}"
-    return f"--time-scale {float(scale)}"
-
-
 def knee_inputs(wildcards):
     """The search.json of every capacity search the workload's rates are relative to: its
     schedule is made after those searches (filledfirst.frontier.relative)."""
@@ -121,23 +111,6 @@ def knee_inputs(wildcards):
 def knee_args(wildcards, input):
     """`--knee SEARCH_JSON` for each of the job's knee inputs (a trailing space), else nothing."""
     return "".join(f"--knee {shlex.quote(path)} " for path in input.knees)
-
-
-def subsample_args(wildcards):
-    w = config["workloads"][wildcards.workload]
-    # `start` (a timestamp) or `start_offset_s` (seconds after the first row); the schema
-    # allows only one.
-    if "start" in w:
-        where = f"--start {shlex.quote(str(w['start']))}"
-    else:
-        where = f"--start-offset {float(w.get('start_offset_s', 0))}"
-    return (
-        f"{where} --minutes {float(w['minutes'])} "
-        f"--keep-every {int(w.get('keep_every', 1))} --phase {int(w.get('phase', 0))} "
-        f"{time_scale_args(w)} "
-        f"--max-model-len {int(config['model']['max_model_len'])}"
-        + (" --skip-bad" if w.get("skip_bad") else "")
-    )
 
 
 def workload_fingerprint(wildcards):

@@ -29,9 +29,12 @@ rule schedule_from_trace:
         "../../environment.yml"
     params:
         cli=FILLEDFIRST,
-        args=subsample_args,
+        configs=CONFIG_ARGS,
+        spec=workload_fingerprint,
+        knees=knee_args,
     shell:
-        "{params.cli} trace subsample {input.trace:q} {params.args} --out {output.schedule:q} > {log:q} 2>&1"
+        "{params.cli} trace subsample {input.trace:q} {params.configs} --workload {wildcards.workload:q} "
+        "{params.knees}--out {output.schedule:q} > {log:q} 2>&1"
 
 
 rule schedule_synthetic:

@@ -35,11 +35,12 @@ import math
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import duckdb
 import polars as pl
 
+from filledfirst import runmeta
 from filledfirst.analysis import request_path, signals
 from filledfirst.errors import UserError
 from filledfirst.metrics import (
@@ -52,6 +53,7 @@ from filledfirst.metrics import (
     WAITING,
     sql_list,
 )
+from filledfirst.runmeta import RunMeta
 from filledfirst.study import DiagnosisRules  # the thresholds: the config's `diagnosis` section
 
 __all__ = ["DiagnosisRules", "diagnose", "stored_rules", "write_diagnosis"]
@@ -226,7 +228,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
         "run_id", "experiment", "status", "error", "n_requests", "n_failed", "n_not_sent", "ttft_p50_ms", "ttft_p90_ms",
         "ttft_timeouts",
         "lag_p99_ms", "max_num_seqs")
-    metas = signals.run_meta(con)
+    metas = signals.run_metas(con)
     window = _windows(con, summary, metas, rules)
     con.register(_WIN, window.to_arrow())
     try:
@@ -246,7 +248,8 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     table = summary.join(window, on="run_id", how="left")
     for part in parts:
         table = table.join(part, on="run_id", how="left")
-    rows = [_finish(row, metas.get(row["run_id"], {}), rules, expect or {}) for row in table.to_dicts()]
+    rows = [_finish(row, metas.get(row["run_id"]) or runmeta.unknown(row["run_id"]), rules, expect or {})
+            for row in table.to_dicts()]
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
@@ -271,7 +274,7 @@ SELECT r.*, s.scraped, s.interval, e.engines FROM r LEFT JOIN s USING (run_id) L
 """
 
 
-def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> pl.DataFrame:
+def _windows(con, summary: pl.DataFrame, metas: Mapping[str, RunMeta], rules: DiagnosisRules) -> pl.DataFrame:
     spans = {r[0]: r[1:] for r in con.execute(_SPANS).fetchall()}
     rows = []
     for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
@@ -284,9 +287,9 @@ def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> 
                 start, stop = first, done if done is not None and done > first else first + 1.0
             if scraped is not None:  # a gauge is not known after the last scrape that read it
                 stop = min(stop, scraped)
-        meta = metas.get(run_id, {})
+        meta = metas.get(run_id) or runmeta.unknown(run_id)
         cap = _cap(db_cap, meta, rules)
-        interval = _get(meta, "scrape", "interval_s") or _get(meta, "spec", "scrape", "interval_s") or scraped_interval
+        interval = meta.scrape_interval_s or scraped_interval
         rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap, "engines": engines,
                      "at_cap": None if cap is None else rules.cap_frac * cap * engines,
                      "hold": rules.scrape_hold_factor * interval if interval else math.inf})
@@ -296,28 +299,21 @@ def _windows(con, summary: pl.DataFrame, metas: dict, rules: DiagnosisRules) -> 
     return pl.DataFrame(rows, schema=schema)
 
 
-def _cap(db_cap: int | None, meta: dict, rules: DiagnosisRules) -> int | None:
+def _cap(db_cap: int | None, meta: RunMeta, rules: DiagnosisRules) -> int | None:
     # runs.max_num_seqs is the server's setting as the runner recorded it; an external
     # replay records none, so the spec's or the rules' value stands in.
-    for value in (db_cap, _get(meta, "server", "settings", "max_num_seqs"),
-                  _get(meta, "spec", "server", "max_num_seqs"), rules.default_cap):
+    for value in (db_cap, meta.max_num_seqs, rules.default_cap):
         if value is not None:
             return int(value)
     return None
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for key in keys:
-        d = d.get(key) if isinstance(d, dict) else None
-    return d
-
-
-def _finish(row: dict, meta: dict, r: DiagnosisRules, expect: Mapping[str, str]) -> dict:
+def _finish(row: dict, meta: RunMeta, r: DiagnosisRules, expect: Mapping[str, str]) -> dict:
     notes: list[str] = []
     n = row["n_requests"] - row["n_not_sent"]  # what the server saw
     out = {k: row.get(k) for k in SCHEMA}
     out.update(
-        expect=meta.get("expect") or expect.get(row["experiment"]),
+        expect=meta.expect or expect.get(row["experiment"]),
         window_start_s=row["start"], window_end_s=row["stop"],
         failed_share=row["n_failed"] / n if n else None,
         first_crossings=_crossings(row, r) if n else None,
@@ -359,17 +355,7 @@ def _crossings(row: dict, r: DiagnosisRules) -> str:
     return "; ".join(x for x in (", ".join(f"{name} at {t:.1f} s" for t, name in seen), ", ".join(rest)) if x)
 
 
-def _closed_loop(meta: dict) -> bool:
-    mode = _get(meta, "spec", "loadgen", "mode")
-    if mode is not None:
-        return mode == "closed"
-    # An external replay does not record --closed; a schedule whose arrivals are all at
-    # one instant is what the closed-loop sweep replays.
-    stats = _get(meta, "schedule", "stats") or {}
-    return stats.get("duration_s") == 0 and (stats.get("requests") or 0) > 1
-
-
-def _littles(row: dict, meta: dict, r: DiagnosisRules, notes: list[str]) -> dict:
+def _littles(row: dict, meta: RunMeta, r: DiagnosisRules, notes: list[str]) -> dict:
     """L (what the server holds, running + waiting, time-averaged) against lambda W from the
     client's records: a check that the gauges and the records describe the same requests.
     lambda W is taken in its sample-path form, the time-average of the requests in flight
@@ -377,7 +363,7 @@ def _littles(row: dict, meta: dict, r: DiagnosisRules, notes: list[str]) -> dict
     for any window, where arrivals-in-window x mean sojourn assumes a steady state that
     requests outlasting the window (the decoders of the interference runs) break."""
     arrivals, lambda_w, big_l = row.get("arrivals") or 0, row.get("lambda_w"), row.get("littles_L_server")
-    skip = ("closed loop" if _closed_loop(meta)
+    skip = ("closed loop" if meta.closed_loop
             else f"{arrivals} arrivals in the window" if arrivals < r.littles_min_arrivals
             else "no scheduler samples" if big_l is None or not lambda_w else None)
     if skip:
@@ -419,7 +405,7 @@ def _engine_tokens(labels: str) -> int | None:
     return tokens if tokens is not None else blocks * block_size if blocks is not None and block_size else None
 
 
-def _kv_ledger(row: dict, meta: dict, notes: list[str]) -> dict:
+def _kv_ledger(row: dict, meta: RunMeta, notes: list[str]) -> dict:
     """Seed 004's ledger. What the engines report comes first (capacity in tokens, and bytes
     per token as their KV memory over those tokens); bytes per token from config.json only
     for the families whose KV is plain per-token K and V, or MLA's latent. NULL, with the
@@ -449,13 +435,13 @@ def _model_config(path: str, repo_root: str) -> dict | None:
     return json.loads(found.read_text()) if found is not None else None
 
 
-def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> tuple[float | None, str]:
+def _kv_bytes_per_token(meta: RunMeta, cache_dtype: str | None) -> tuple[float | None, str]:
     """Bytes per token from the model's shape, and why not when it cannot be told."""
     from filledfirst.config import REPO_ROOT
 
-    model = meta.get("model") or {}
+    model = meta.model
     try:
-        top = _model_config(str(model.get("path")), str(REPO_ROOT))
+        top = _model_config(str(model.path), str(REPO_ROOT))
     except (OSError, ValueError) as exc:
         return None, f"config.json unreadable: {type(exc).__name__}"
     if top is None:
@@ -464,7 +450,7 @@ def _kv_bytes_per_token(meta: dict, cache_dtype: str | None) -> tuple[float | No
     layer_types = set(cfg.get("layer_types") or ())
     if layer_types - {"full_attention", "attention"} or any(k in cfg for k in _NOT_PER_TOKEN_KEYS):
         return None, f"{cfg.get('model_type', 'this model')}: hybrid, linear-attention or shared-KV layers"
-    dtype = cache_dtype if cache_dtype not in (None, "auto") else model.get("dtype") or "auto"
+    dtype = cache_dtype if cache_dtype not in (None, "auto") else model.dtype or "auto"
     if dtype == "auto":
         dtype = cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype")
         if dtype in ("float32", "float"):

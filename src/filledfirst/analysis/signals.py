@@ -44,7 +44,9 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from filledfirst import runmeta
 from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, TTFT_HISTOGRAM, WAITING, sql_list
+from filledfirst.runmeta import RunMeta
 
 OK = "ok"
 NOT_SENT = "not_sent"
@@ -260,8 +262,16 @@ def request_points(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     return query(con, sql, [run_id])
 
 
+def run_metas(con: duckdb.DuckDBPyConnection) -> dict[str, RunMeta]:
+    """run_id -> its run.json, typed (filledfirst.runmeta), in run_summary's order."""
+    rows = con.execute(
+        "SELECT run_id, experiment, status, meta FROM runs ORDER BY started_at NULLS LAST, run_id").fetchall()
+    return {row[0]: runmeta.from_row(*row) for row in rows}
+
+
 def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
-    """run_id -> the full run.json, in run_summary's order, for the report's Setup."""
+    """run_id -> the full run.json as a document, in run_summary's order: for the
+    report's setup dumps only (everything else reads run_metas)."""
     rows = con.execute(
         "SELECT run_id, meta FROM runs ORDER BY started_at NULLS LAST, run_id"
     ).fetchall()

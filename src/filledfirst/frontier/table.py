@@ -1,7 +1,7 @@
 """Table `frontiers`: one row per (frontier, setting), from the ingested probe runs.
 
 Made after the diagnosis (`filledfirst diagnose` writes both), from what is stored only:
-each probe run's `frontier` block (run.json, in `runs.meta`), its `diagnosis` row, its
+each probe run's `frontier` block (run.json, typed: filledfirst.runmeta.FrontierProbe), its `diagnosis` row, its
 rates (`signals.run_rates`) and the search's search.json (`frontier_searches`, when it
 was ingested; without it the bracket is read off the probes: lo the highest rate that
 held below the lowest that broke). When a probe was measured more than once (a search
@@ -33,6 +33,7 @@ import json
 from pathlib import Path
 
 import duckdb
+import msgspec
 import polars as pl
 
 from filledfirst.analysis import signals
@@ -63,11 +64,11 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
 def _probes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dict]]:
     """(frontier, setting) -> its probe runs, latest run per probe, in probe order."""
     latest: dict[tuple[str, str, int], dict] = {}
-    for run_id, meta in signals.run_meta(con).items():  # ordered by started_at
-        f = meta.get("frontier")
+    for run_id, meta in signals.run_metas(con).items():  # ordered by started_at
+        f = meta.frontier
         if f:
-            latest[(f["name"], f["setting"], f["probe"])] = {"run_id": run_id, "status": meta.get("status"),
-                                                             "workload": meta.get("workload"), **f}
+            latest[(f.name, f.setting, f.probe)] = {"run_id": run_id, "status": meta.status,
+                                                    "workload": meta.workload, **msgspec.structs.asdict(f)}
     out: dict[tuple[str, str], list[dict]] = {}
     for (name, setting, _), probe in sorted(latest.items()):
         out.setdefault((name, setting), []).append(probe)

@@ -1,7 +1,7 @@
 """The report's capacity-search part and its one-screen summary, from DuckDB only.
 
-Per frontier: the probes (each an ingested run whose run.json `frontier` block sits in
-`runs.meta`; a probe measured twice counts once, its latest run, as in table
+Per frontier: the probes (each an ingested run whose run.json has a `frontier` block,
+filledfirst.runmeta.FrontierProbe; a probe measured twice counts once, its latest run, as in table
 `frontiers`), a chart of attainment against offered rate with the knee's bracket, and a
 table per setting: what held, what filled first at the knee, which scheduler signal
 crossed first and how far ahead of the break, and what would move the knee.
@@ -23,6 +23,7 @@ from filledfirst.analysis.diagnosis import DiagnosisRules
 from filledfirst.frontier.table import _has_table, _probes
 from filledfirst.report import charts
 from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
+from filledfirst.runmeta import RunMeta
 
 # --- data ------------------------------------------------------------------------------------
 
@@ -251,7 +252,7 @@ def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
     return "no rule matched"
 
 
-def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Mapping[str, Any]],
+def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, RunMeta],
                  frontiers: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> list[dict[str, str]]:
     """Designed experiments (not the probes) grouped by their part in the study's order,
     then one line per (frontier, setting). Each: part, what, designed, found, number, mark
@@ -259,12 +260,13 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Map
     from filledfirst.report.tables import PARTS
 
     order = {p: i for i, p in enumerate(PARTS)}
-    designed = [d for d in diagnosis if not metas.get(d["run_id"], {}).get("frontier")]
-    designed.sort(key=lambda d: order.get(metas.get(d["run_id"], {}).get("part"), len(order)))  # stable
+    part = {run_id: m.part for run_id, m in metas.items()}
+    designed = [d for d in diagnosis if not (d["run_id"] in metas and metas[d["run_id"]].frontier)]
+    designed.sort(key=lambda d: order.get(part.get(d["run_id"]), len(order)))  # stable
     out = []
     for d in designed:
         expect, label = d.get("expect"), d.get("label") or "unclassified"
-        out.append({"part": metas.get(d["run_id"], {}).get("part") or DASH, "what": d["experiment"],
+        out.append({"part": part.get(d["run_id"]) or DASH, "what": d["experiment"],
                     "designed": expect or DASH, "found": label, "number": key_number(d, rules),
                     "mark": "" if not expect else ("as designed" if expect == label else "DIFFERS")})
     for r in frontiers:

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import duckdb
 
-from filledfirst import rundir
+from filledfirst import rundir, runmeta
 from filledfirst.atomic import atomic_path
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
 
@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS runs (
     model VARCHAR,
     vllm_version VARCHAR,
     launcher VARCHAR,
-    meta JSON
+    meta JSON,
+    {", ".join(f"{name} {sql}" for name, sql in runmeta.RUN_COLUMNS.items())}
 );
 CREATE TABLE IF NOT EXISTS requests (run_id VARCHAR NOT NULL, {_columns(REQUEST_SCHEMA)});
 CREATE TABLE IF NOT EXISTS tokens (run_id VARCHAR NOT NULL, {_columns(TOKEN_SCHEMA)});
@@ -55,6 +56,8 @@ def upgrade(con: duckdb.DuckDBPyConnection) -> None:
     """The tables, and every column a record has gained since the database was written
     (NULL for the runs it holds), so what reads it can rely on the current schema."""
     con.execute(DDL)
+    for name, sql in runmeta.RUN_COLUMNS.items():
+        con.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {name} {sql}")
     for table, schema in _SCHEMAS.items():
         for f in schema:
             con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{f.name}" {_ARROW_TO_SQL[str(f.type)]}')
@@ -98,39 +101,37 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
     written. A capacity search's search.json (or its folder) brings its probe folders."""
     run_dirs, searches = _searches(run_dirs)
     metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
+    typed = [_typed(d, meta) for d, meta in metas]
     with edited_copy(db_path) as con:
         upgrade(con)
-        for run_dir, meta in metas:
-            _ingest_one(con, run_dir, meta)
+        for (run_dir, meta), t in zip(metas, typed):
+            _ingest_one(con, run_dir, meta, t)
         for doc in searches:
             con.execute("INSERT OR REPLACE INTO frontier_searches VALUES (?, ?, ?)",
                         [doc["frontier"], doc["setting"], json.dumps(doc)])
     return [m["run_id"] for _, m in metas]
 
 
-def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict) -> None:
+def _typed(run_dir: Path, meta: dict) -> runmeta.RunMeta:
+    try:
+        return runmeta.decode(meta)
+    except ValueError as exc:
+        raise rundir.IncompleteRunDir(f"{run_dir}: {exc}") from None
+
+
+def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict, typed: runmeta.RunMeta) -> None:
     run_id = meta["run_id"]
     for table in ("runs", *_TABLES):
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-    server = meta.get("server", {})
-    con.execute(
-        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            run_id,
-            meta["experiment"],
-            meta.get("workload"),
-            meta.get("description"),
-            meta["status"],
-            meta.get("error"),
-            meta.get("started_at"),
-            meta.get("duration_s"),
-            server.get("settings", {}).get("max_num_seqs"),
-            meta.get("model", {}).get("name"),
-            meta.get("versions", {}).get("vllm"),
-            server.get("launcher"),
-            json.dumps(meta),
-        ],
-    )
+    row = {
+        "run_id": run_id, "experiment": typed.experiment, "workload": typed.workload,
+        "description": typed.description, "status": typed.status, "error": typed.error,
+        "started_at": typed.started_at, "duration_s": typed.duration_s,
+        "max_num_seqs": typed.server.settings.get("max_num_seqs"), "model": typed.model.name,
+        "vllm_version": typed.versions.get("vllm"), "launcher": typed.server.launcher, "meta": json.dumps(meta),
+        **runmeta.run_columns(typed),
+    }
+    con.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     for table, filename in _TABLES.items():
         path = run_dir / filename
         if path.is_file():

@@ -1,0 +1,88 @@
+"""run.json, typed (filledfirst.runmeta): decoded once at ingest, its key facts lifted into
+columns of table `runs`, nothing downstream walking the document by string paths."""
+
+import json
+
+import duckdb
+import pytest
+from test_ingest import make_run
+
+from filledfirst import atomic, rundir, runmeta
+from filledfirst.analysis import signals
+from filledfirst.store.ingest import ingest
+
+PROBE = {"name": "decode", "setting": "seq8", "probe": 3, "rate": 4.0, "probe_s": 10.0,
+         "slo": {"ttft_ms": 2000.0, "itl_ms": 1000.0}, "target": 0.95, "fingerprint": "ab", "requests": 40,
+         "attainment": 0.9, "held": False, "missed": {"failed": 0, "ttft": 4, "itl": 0}, "error": None}
+
+
+def document(**extra) -> dict:
+    return {
+        "run_id": "seq_limit-1", "experiment": "seq_limit", "status": "ok", "workload": "natural12",
+        "part": "sequence_limit", "expect": "active-sequence limit",
+        "model": {"name": "tiny", "path": "data/models/tiny", "dtype": "float32", "prompt_token_ids": {"low": 1}},
+        "server": {"launcher": "cpu", "settings": {"max_num_seqs": 8}, "argv": ["vllm", "--max-num-seqs", "8"],
+                   "shared_with": "seq_limit"},
+        "spec": {"loadgen": {"mode": "closed", "concurrency": 16, "seed": 0}, "scrape": {"interval_s": 0.5}},
+        "schedule": {"path": "s.parquet", "requests": 128, "stats": {"duration_s": 0, "requests": 128}},
+        "versions": {"vllm": "0.32.0"}, "a_key_of_a_newer_runner": [1, 2],
+        **extra,
+    }
+
+
+def test_a_run_json_decodes_whole_with_unknown_keys_and_null_sections():
+    m = runmeta.decode(document())
+    assert (m.part, m.expect, m.max_num_seqs, m.closed_loop, m.load_mode) == (
+        "sequence_limit", "active-sequence limit", 8, True, "closed")
+    assert m.spec.loadgen.concurrency == 16 and m.scrape_interval_s == 0.5 and m.model.dtype == "float32"
+    # sections written as null read as absent; the cap falls back to the spec's
+    old = runmeta.decode({"run_id": "r", "experiment": "e", "status": "ok", "schedule": None, "model": None,
+                          "spec": {"server": {"max_num_seqs": 4}}})
+    assert old.max_num_seqs == 4 and old.schedule.stats is None and old.frontier is None
+    # an external replay records no mode: a schedule all at one instant is a closed loop
+    ext = runmeta.decode({"run_id": "r", "experiment": "e", "status": "ok",
+                          "schedule": {"stats": {"duration_s": 0, "requests": 5}}})
+    assert ext.closed_loop and not runmeta.decode({"run_id": "r", "experiment": "e", "status": "ok"}).closed_loop
+    with pytest.raises(ValueError, match="run.json"):
+        runmeta.decode(document(frontier={"name": "decode"}))  # a probe block without its probe
+
+
+def test_ingest_lifts_run_json_into_columns_and_refuses_a_bad_one(tmp_path):
+    run = make_run(tmp_path / "lim", "seq_limit-1")
+    atomic.write_json(document(), run / rundir.RUN_JSON)
+    probe = make_run(tmp_path / "p03", "probe-1")
+    atomic.write_json({"run_id": "probe-1", "experiment": "decode/seq8/p03", "status": "ok",
+                       "spec": {"loadgen": {"mode": "open"}}, "frontier": PROBE}, probe / rundir.RUN_JSON)
+    db = tmp_path / "f.duckdb"
+    ingest([run, probe], db)
+    con = duckdb.connect(str(db), read_only=True)
+    cols = ", ".join(runmeta.RUN_COLUMNS)
+    rows = {r[0]: r[1:] for r in con.execute(f"SELECT run_id, {cols} FROM runs").fetchall()}
+    assert rows["seq_limit-1"] == ("sequence_limit", "active-sequence limit", "closed", 16, None, None, None, None)
+    assert rows["probe-1"] == (None, None, "open", None, "decode", "seq8", 3, 4.0)
+    metas = signals.run_metas(con)
+    assert metas["probe-1"].frontier.attainment == 0.9 and metas["seq_limit-1"].server.argv[-1] == "8"
+    con.close()
+    bad = make_run(tmp_path / "bad", "bad-1")
+    atomic.write_json({"run_id": "bad-1", "experiment": "bad", "status": "ok", "frontier": {"name": 1}},
+                      bad / rundir.RUN_JSON)
+    with pytest.raises(rundir.IncompleteRunDir, match="bad.*run.json"):
+        ingest([bad], db)
+
+
+def test_a_database_written_before_the_columns_gains_them(tmp_path):
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, experiment VARCHAR NOT NULL, workload VARCHAR, "
+                "description VARCHAR, status VARCHAR NOT NULL, error VARCHAR, started_at VARCHAR, "
+                "duration_s DOUBLE, max_num_seqs BIGINT, model VARCHAR, vllm_version VARCHAR, launcher VARCHAR, "
+                "meta JSON)")
+    con.execute("INSERT INTO runs (run_id, experiment, status, meta) VALUES ('old-1', 'old', 'ok', ?)",
+                [json.dumps({"run_id": "old-1", "experiment": "old", "status": "ok", "part": "azure"})])
+    con.close()
+    run = make_run(tmp_path / "new", "new-1")
+    ingest([run], db)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT run_id, part FROM runs ORDER BY run_id").fetchall() == [("new-1", None),
+                                                                                        ("old-1", None)]
+    assert signals.run_metas(con)["old-1"].part == "azure"
