@@ -56,7 +56,7 @@ def test_ingest_lifts_run_json_into_columns_and_refuses_a_bad_one(tmp_path):
     db = tmp_path / "f.duckdb"
     ingest([run, probe], db)
     con = duckdb.connect(str(db), read_only=True)
-    cols = ", ".join(runmeta.RUN_COLUMNS)
+    cols = "part, expect, load_mode, concurrency, frontier, frontier_setting, frontier_probe, frontier_rate_rps"
     rows = {r[0]: r[1:] for r in con.execute(f"SELECT run_id, {cols} FROM runs").fetchall()}
     assert rows["seq_limit-1"] == ("sequence_limit", "active-sequence limit", "closed", 16, None, None, None, None)
     assert rows["probe-1"] == (None, None, "open", None, "decode", "seq8", 3, 4.0)
@@ -86,3 +86,48 @@ def test_a_database_written_before_the_columns_gains_them(tmp_path):
     assert con.execute("SELECT run_id, part FROM runs ORDER BY run_id").fetchall() == [("new-1", None),
                                                                                         ("old-1", None)]
     assert signals.run_metas(con)["old-1"].part == "azure"
+
+
+def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=False):
+    """20 requests scheduled every 0.1 s, sent `lag_per_request` x i late, 10 tokens each."""
+    from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, to_table
+
+    path.mkdir()
+    reqs = []
+    for i in range(20):
+        sent = 0.1 * i + lag_per_request * i
+        reqs.append(RequestRecord(i, "decode", 10, 10, 0.1 * i, sent, sent + 0.02, sent + 0.02, sent + 0.2,
+                                  sent + 0.2, 10, 10, 10))
+    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / rundir.REQUESTS)
+    atomic.write_parquet(to_table([], TOKEN_SCHEMA), path / rundir.TOKENS)
+    atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / rundir.SAMPLES)
+    atomic.write_json({"run_id": run_id, "experiment": run_id, "status": "ok",
+                       "spec": {"loadgen": {"mode": "closed" if closed else "open"}},
+                       "timings": {"replay_s": replay_s, "client_cpu_s": cpu_s}}, path / rundir.RUN_JSON)
+    return path
+
+
+def test_every_run_checks_its_client(tmp_path):
+    """The client's CPU per 1,000 tokens and share of its core, and the arrival rate it
+    achieved: a saturated or late client is a warning on the run, whatever its label."""
+    from filledfirst.analysis.diagnosis import write_diagnosis
+    from filledfirst.study import DiagnosisRules
+
+    runs = [lagging_run(tmp_path / "fine", "fine", cpu_s=1.0, replay_s=4.0),
+            lagging_run(tmp_path / "busy", "busy", cpu_s=3.8, replay_s=4.0),
+            lagging_run(tmp_path / "late", "late", cpu_s=1.0, replay_s=4.0, lag_per_request=0.02),
+            lagging_run(tmp_path / "closed", "closed", cpu_s=1.0, replay_s=4.0, closed=True)]
+    db = tmp_path / "f.duckdb"
+    ingest(runs, db)
+    write_diagnosis(db, DiagnosisRules())
+    con = duckdb.connect(str(db), read_only=True)
+    checks = signals.client_checks(con)
+    assert checks["fine"]["client_cpu_share"] == pytest.approx(0.25)
+    assert checks["fine"]["client_cpu_ms_per_1k_tokens"] == pytest.approx(1.0 * 1e6 / 200)  # 5,000 ms
+    assert checks["fine"]["arrival_ratio"] == pytest.approx(1.0)
+    assert checks["late"]["arrival_ratio"] == pytest.approx(0.1 / 0.12)
+    assert checks["closed"]["arrival_ratio"] is None  # a closed loop has no schedule to keep
+    warnings = dict(con.execute("SELECT experiment, warnings FROM diagnosis").fetchall())
+    assert "client-limited" not in warnings["fine"] and "client-limited" not in warnings["closed"]
+    assert "client-limited (its CPU 95 % of a core" in warnings["busy"]
+    assert "client-limited (sent 83 % of the scheduled arrival rate" in warnings["late"]

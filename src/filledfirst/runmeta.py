@@ -72,6 +72,12 @@ class Scrape(_Part):
     interval_s: float | None = None
 
 
+class Timings(_Part):
+    startup_s: float | None = None
+    replay_s: float | None = None
+    client_cpu_s: float | None = None  # the load generator's process (client and scraper)
+
+
 class RunMeta(_Part):
     run_id: str
     experiment: str
@@ -89,6 +95,7 @@ class RunMeta(_Part):
     scrape: Scrape = Scrape()
     schedule: ScheduleInfo = ScheduleInfo()
     frontier: FrontierProbe | None = None
+    timings: Timings = Timings()
     versions: dict[str, Any] = {}
 
     @property
@@ -116,7 +123,7 @@ class RunMeta(_Part):
 
 
 # Sections a runner may have written as null: the same as absent.
-_SECTIONS = ("model", "server", "spec", "scrape", "schedule", "versions")
+_SECTIONS = ("model", "server", "spec", "scrape", "schedule", "timings", "versions")
 
 
 def decode(doc: dict) -> RunMeta:
@@ -151,6 +158,8 @@ RUN_COLUMNS: dict[str, str] = {
     "frontier_setting": "VARCHAR",
     "frontier_probe": "BIGINT",
     "frontier_rate_rps": "DOUBLE",
+    "replay_s": "DOUBLE",
+    "client_cpu_s": "DOUBLE",
 }
 
 
@@ -165,4 +174,6 @@ def run_columns(meta: RunMeta) -> dict[str, Any]:
         "frontier_setting": f.setting if f else None,
         "frontier_probe": f.probe if f else None,
         "frontier_rate_rps": f.rate if f else None,
+        "replay_s": meta.timings.replay_s,
+        "client_cpu_s": meta.timings.client_cpu_s,
     }

@@ -247,6 +247,8 @@ class DiagnosisRules:
     reference_max_cap_share: float = _d("diagnosis", "reference_max_cap_share")
     reference_max_kv_full_share: float = _d("diagnosis", "reference_max_kv_full_share")
     max_lag_ms: float = _d("diagnosis", "max_lag_ms")
+    max_client_cpu_share: float = _d("diagnosis", "max_client_cpu_share")
+    min_arrival_ratio: float = _d("diagnosis", "min_arrival_ratio")
     max_failed_share: float = _d("diagnosis", "max_failed_share")
     littles_min_ratio: float = _d("diagnosis", "littles_min_ratio")
     littles_max_ratio: float = _d("diagnosis", "littles_max_ratio")

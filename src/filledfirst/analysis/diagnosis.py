@@ -79,6 +79,9 @@ SCHEMA = {
     # requests arriving in the window, how many had timings, and the interference ratio of
     # the TTFT outside that queue
     "window_queue_share": pl.Float64, "window_timed": pl.Int64, "interference_prefill_ratio": pl.Float64,
+    # did the client keep up (signals.CLIENT): its CPU over the replay, per 1,000 tokens,
+    # and the rate it sent at over the one it was asked for (open loop)
+    "client_cpu_share": pl.Float64, "client_cpu_ms_per_1k_tokens": pl.Float64, "arrival_ratio": pl.Float64,
 }
 
 # per run: start, stop, at_cap (running count that counts as at the cap), hold (how long
@@ -242,6 +245,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
             signals.query(con, _CACHE_INFO),
             signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAM, 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
+            signals.query(con, signals.CLIENT).drop("client_cpu_s"),
         ]
     finally:
         con.unregister(_WIN)
@@ -609,6 +613,13 @@ def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
     lag, failed = d["lag_p99_ms"], d["failed_share"]
     if lag is not None and lag > r.max_lag_ms:
         out.append(f"client-limited (dispatch lag p99 {lag:.0f} ms > {r.max_lag_ms:g} ms)")
+    cpu, arrivals = d["client_cpu_share"], d["arrival_ratio"]
+    if cpu is not None and cpu >= r.max_client_cpu_share:
+        out.append(f"client-limited (its CPU {_pct(cpu)} of a core over the replay, >= "
+                   f"{_pct(r.max_client_cpu_share)})")
+    if arrivals is not None and arrivals < r.min_arrival_ratio:
+        out.append(f"client-limited (sent {_pct(arrivals)} of the scheduled arrival rate, needs >= "
+                   f"{_pct(r.min_arrival_ratio)})")
     if failed is not None and failed > r.max_failed_share:
         out.append(f"errors ({_pct(failed)} of sent requests failed)")
     if not d["littles_ok"]:

@@ -219,17 +219,28 @@ def measurement_table(rows: Sequence[Mapping[str, Any]], checks: Mapping[str, Ma
         c = checks.get(r["run_id"], {})
         ratio = c.get("ratio")
         body.append([
-            r["run_id"], f"{fmt_ms(r['lag_p50_ms'])} / {fmt_ms(r['lag_p99_ms'])}",
+            r["run_id"], f"{fmt_ms(r['lag_p50_ms'])} / {fmt_ms(r['lag_p99_ms'])}", client_cpu(r),
+            fmt_share(r["arrival_ratio"]) if r.get("arrival_ratio") is not None else "n/a",
             f"{r['n_usage_mismatch']:,}", f"{r['reasoning_tokens']:,}",
             fmt_ms(c.get("client_ttft_p50_ms")), server(c),
             f"{ratio:.2f}" if ratio is not None else "n/a",
             {True: "yes", False: "NO"}.get(c.get("agrees"), "n/a"),
         ])
     return html_table(
-        ["run", "dispatch lag p50 / p99", "usage not as asked", "reasoning tokens",
+        ["run", "dispatch lag p50 / p99", "client CPU: share of a core, per 1,000 tokens",
+         "arrivals sent / scheduled", "usage not as asked", "reasoning tokens",
          "our TTFT p50 (from send)", "vLLM's TTFT histogram median", "ours / vLLM's", "agree"],
         body,
     )
+
+
+def client_cpu(r: Mapping[str, Any]) -> str:
+    """The client's own CPU over the replay (signals.client_checks): share of one core and
+    ms per 1,000 streamed tokens; n/a for runs that did not record it."""
+    share, per_1k = r.get("client_cpu_share"), r.get("client_cpu_ms_per_1k_tokens")
+    if share is None:
+        return "n/a"
+    return f"{fmt_share(share)}, {per_1k:.0f} ms" if per_1k is not None else fmt_share(share)
 
 
 def role_table(rows: Sequence[Mapping[str, Any]]) -> str:
