@@ -159,8 +159,10 @@ def test_report_shows_the_frontier_and_the_summary(report):
     assert body.index("What filled up first") < body.index("Capacity search") < body.index("Setup")
     assert "Frontier cap" in html and "what would move the knee" in html and "<strong>differs</strong>" in html
     assert "<b>boom" not in html  # the failed probe's error stays text
-    # runs with requests (2 designed + 6 probes) + goodput + the frontier
-    assert html.count('class="ff-chart"') == 10
+    # the 2 designed runs with requests + goodput + the frontier; the probes are drawn in
+    # the frontier chart and listed (folded away), without a section of their own
+    assert html.count('class="ff-chart"') == 4
+    assert "the capacity searches' probes (7 runs)" in html
 
 
 @pytest.mark.browser
@@ -169,7 +171,7 @@ def test_frontier_chart_draws_offline(report, tmp_path):
     run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
     parser = _ChartDivs()
     parser.feed(run.stdout)
-    assert len(parser.charts) == 10 and all(parser.charts.values()), parser.charts
+    assert len(parser.charts) == 4 and all(parser.charts.values()), parser.charts
     assert "Attainment against offered rate: cap" in run.stdout
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console
