@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from filledfirst.config import load_config
+from filledfirst.engine.lifetime import install_interrupt_handlers, watch_owners
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.run import Prober, probe_outcome
 from filledfirst.frontier.search import CapacitySearch
@@ -41,10 +42,14 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config([args.config])
     plan = frontier_plan(cfg, args.frontier)
+    if args.setting not in plan.settings:
+        raise SystemExit(f"frontier {args.frontier}: no setting {args.setting!r} ({sorted(plan.settings)})")
     if plan.workload["kind"] != "synthetic":
         raise SystemExit("the benchmark probes synthetic shapes only")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    install_interrupt_handlers()  # Ctrl-C or a kill still stops the server (no orphan vLLM)
+    watch_owners()
     prober = Prober(cfg, plan, args.setting, out, None, None, progress=False)
     rows = []
     try:

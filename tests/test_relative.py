@@ -267,6 +267,9 @@ def test_trace_subsample_of_a_config_workload(tmp_path, capsys):
     assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_abs", "--minutes", "2",
                  "--out", str(rel)]) == 2
     assert "drop --minutes" in capsys.readouterr().err
+    assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_abs", "--keep-every", "2",
+                 "--out", str(rel)]) == 2
+    assert "drop --keep-every" in capsys.readouterr().err
     assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "paced", "--out",
                  str(rel)]) == 2
     assert "is synthetic" in capsys.readouterr().err

@@ -83,9 +83,19 @@ def test_a_database_written_before_the_columns_gains_them(tmp_path):
     run = make_run(tmp_path / "new", "new-1")
     ingest([run], db)
     con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT run_id, part FROM runs ORDER BY run_id").fetchall() == [("new-1", None),
-                                                                                        ("old-1", None)]
+    # the runs already stored get the new columns from their run.json
+    assert con.execute("SELECT run_id, part, load_mode FROM runs ORDER BY run_id").fetchall() == [
+        ("new-1", None, "open"), ("old-1", "azure", "open")]
     assert signals.run_metas(con)["old-1"].part == "azure"
+
+
+def test_a_stored_run_json_that_no_longer_decodes_is_known_by_its_id(tmp_path, caplog):
+    db = tmp_path / "f.duckdb"
+    ingest([make_run(tmp_path / "a", "a-1")], db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET meta = ? WHERE run_id = 'a-1'", [json.dumps({"frontier": {"name": "x"}})])
+    metas = signals.run_metas(con)
+    assert metas["a-1"] == runmeta.unknown("a-1") and "a-1" in caplog.text
 
 
 def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=False):

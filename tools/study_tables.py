@@ -17,6 +17,14 @@ def _n(x, fmt="{:,.0f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def not_probe(con) -> str:
+    """SQL over `runs r`: not a capacity-search probe (a database ingested before runs had
+    the column: from run.json itself)."""
+    cols = {c for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'").fetchall()}
+    return "r.frontier IS NULL" if "frontier" in cols else "json_extract(r.meta, '$.frontier') IS NULL"
+
+
 def frontiers(con) -> None:
     print("| search | setting | probes | held at (req/s) | broke at (req/s) | output tok/s at the knee "
           "| what filled first at the knee | first crossings (req/s): waiting / cap / KV / TTFT p95 |")
@@ -33,7 +41,7 @@ def runs(con) -> None:
     summary = {r["run_id"]: r for r in signals.run_summary(con).to_dicts()}
     rows = con.execute("""SELECT d.run_id, d.experiment, d.expect, d.label
                           FROM diagnosis d JOIN runs r USING (run_id)
-                          WHERE d.experiment NOT LIKE '%/%/p%' ORDER BY r.started_at""").fetchall()
+                          WHERE {NOT_PROBE} ORDER BY r.started_at""".format(NOT_PROBE=not_probe(con))).fetchall()
     print("| run | offered (req/s) | requests | TTFT p50 / p90 (ms) | ITL p50 (ms) | running median / max (cap) "
           "| waiting max | KV median / max (%) | preemptions | vLLM's queue share of TTFT | label | designed for |")
     print("|---|---:|---:|---|---:|---|---:|---|---:|---:|---|---|")
@@ -59,8 +67,7 @@ def ttft_parts(con) -> None:
     print("| run | role | TTFT p50: dispatch / front end / vLLM queue / vLLM prefill (ms) "
           "| TTFT p90: dispatch / front end / vLLM queue / vLLM prefill (ms) |")
     print("|---|---|---|---|")
-    runs = con.execute("""SELECT run_id, experiment FROM runs WHERE experiment NOT LIKE '%/%/p%'
-                          ORDER BY started_at""").fetchall()
+    runs = con.execute(f"SELECT run_id, experiment FROM runs r WHERE {not_probe(con)} ORDER BY started_at").fetchall()
     cols = [c for c, _ in request_path.TTFT_PARTS]
     for run_id, exp in runs:
         by_role: dict[str, dict[float, dict]] = {}

@@ -62,14 +62,15 @@ def _add_trace(sub) -> None:
                    help="with --workload: the study's config files (merged in order)")
     s.add_argument("--workload", default=None, help="a trace workload of the config: the window's every setting")
     where = s.add_mutually_exclusive_group()
-    where.add_argument("--start-offset", type=float, default=default_of(TraceWorkload, "start_offset_s"),
-                       help="seconds after the first row")
+    where.add_argument("--start-offset", type=float, default=None,
+                       help=f"seconds after the first row (default {default_of(TraceWorkload, 'start_offset_s')})")
     where.add_argument("--start", default=None, metavar="TIMESTAMP",
                        help="window start as a timestamp, e.g. '2024-05-12 13:00:00+00:00'")
     s.add_argument("--minutes", type=float, default=None, help="the window's length (required without --workload)")
-    s.add_argument("--keep-every", type=int, default=default_of(TraceWorkload, "keep_every"))
-    s.add_argument("--phase", type=int, default=default_of(TraceWorkload, "phase"),
-                   help="keep rows phase, phase+K, ...")
+    s.add_argument("--keep-every", type=int, default=None,
+                   help=f"keep every K-th row (default {default_of(TraceWorkload, 'keep_every')})")
+    s.add_argument("--phase", type=int, default=None,
+                   help=f"keep rows phase, phase+K, ... (default {default_of(TraceWorkload, 'phase')})")
     scale = s.add_mutually_exclusive_group()
     scale.add_argument("--time-scale", type=float, default=None,
                        help="multiply arrival gaps (0.5 = twice as fast; default "
@@ -111,8 +112,12 @@ def _cmd_trace_subsample(args) -> int:
             raise UserError("give --minutes (or --config ... --workload NAME)")
         if bool(args.knees) != (args.times is not None) or len(args.knees) > 1:
             raise UserError("--knee SEARCH_JSON (once) and --times X go together")
-        spec = dict(start_offset_s=args.start_offset, start=args.start, minutes=args.minutes,
-                    keep_every=args.keep_every, phase=args.phase, max_model_len=args.max_model_len,
+        def given(value, key):
+            return value if value is not None else default_of(TraceWorkload, key)
+
+        spec = dict(start_offset_s=given(args.start_offset, "start_offset_s"), start=args.start, minutes=args.minutes,
+                    keep_every=given(args.keep_every, "keep_every"), phase=given(args.phase, "phase"),
+                    max_model_len=args.max_model_len,
                     skip_bad=args.skip_bad, relative=None,
                     time_scale=args.time_scale if args.time_scale is not None
                     else default_of(TraceWorkload, "time_scale"))
@@ -125,7 +130,7 @@ def _cmd_trace_subsample(args) -> int:
     return 0
 
 
-_WINDOW_FLAGS = ("start", "minutes", "time_scale", "times", "max_model_len")
+_WINDOW_FLAGS = ("start", "start_offset", "minutes", "keep_every", "phase", "time_scale", "times", "max_model_len")
 
 
 def _trace_workload_spec(args) -> dict:

@@ -1,8 +1,9 @@
 """run.json, typed: the contract between a run folder and everything that reads it.
 
-The runner writes run.json; ingest decodes it once into `RunMeta` and lifts what the
-diagnosis and the report need into columns of table `runs` (`RUN_COLUMNS`), so nothing
-downstream walks the document by string paths. The whole document stays in `runs.meta`
+The runner writes run.json; ingest decodes it once into `RunMeta` (refusing a folder
+whose run.json does not fit) and lifts its key facts into columns of table `runs`
+(`RUN_COLUMNS`) for SQL; the diagnosis and the report read the typed record
+(signals.run_metas), so nothing downstream walks the document by string paths. The whole document stays in `runs.meta`
 for the report's setup dumps. Unknown keys are allowed: a newer runner may add some, and
 an older run folder lacks the newer ones (their defaults here).
 """

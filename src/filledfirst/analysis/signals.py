@@ -39,6 +39,7 @@ Definitions (times are seconds on the run's one monotonic clock):
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import duckdb
@@ -47,6 +48,8 @@ import polars as pl
 from filledfirst import runmeta
 from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, TTFT_HISTOGRAM, WAITING, sql_list
 from filledfirst.runmeta import RunMeta
+
+log = logging.getLogger(__name__)
 
 OK = "ok"
 NOT_SENT = "not_sent"
@@ -132,7 +135,12 @@ FROM runs r LEFT JOIN sent s USING (run_id) LEFT JOIN ({OFFERED}) o USING (run_i
 
 
 def client_checks(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
-    """run_id -> client_cpu_s, client_cpu_share, client_cpu_ms_per_1k_tokens, arrival_ratio."""
+    """run_id -> client_cpu_s, client_cpu_share, client_cpu_ms_per_1k_tokens, arrival_ratio;
+    nothing for a database ingested before runs had the client's columns."""
+    have = {r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'").fetchall()}
+    if not {"client_cpu_s", "replay_s", "load_mode"} <= have:
+        return {}
     return {r["run_id"]: r for r in query(con, CLIENT).to_dicts()}
 
 
@@ -287,7 +295,14 @@ def run_metas(con: duckdb.DuckDBPyConnection) -> dict[str, RunMeta]:
     """run_id -> its run.json, typed (filledfirst.runmeta), in run_summary's order."""
     rows = con.execute(
         "SELECT run_id, experiment, status, meta FROM runs ORDER BY started_at NULLS LAST, run_id").fetchall()
-    return {row[0]: runmeta.from_row(*row) for row in rows}
+    out = {}
+    for row in rows:
+        try:
+            out[row[0]] = runmeta.from_row(*row)
+        except ValueError as exc:  # stored before ingest checked it: known by its id alone
+            log.warning("%s: %s", row[0], exc)
+            out[row[0]] = runmeta.unknown(row[0])
+    return out
 
 
 def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:

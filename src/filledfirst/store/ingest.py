@@ -56,11 +56,26 @@ def upgrade(con: duckdb.DuckDBPyConnection) -> None:
     """The tables, and every column a record has gained since the database was written
     (NULL for the runs it holds), so what reads it can rely on the current schema."""
     con.execute(DDL)
-    for name, sql in runmeta.RUN_COLUMNS.items():
-        con.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {name} {sql}")
+    missing = [name for name in runmeta.RUN_COLUMNS if name not in _column_names(con, "runs")]
+    for name in missing:
+        con.execute(f"ALTER TABLE runs ADD COLUMN {name} {runmeta.RUN_COLUMNS[name]}")
+    if missing:  # the runs already stored: their columns from their run.json
+        for run_id, experiment, status, meta in con.execute(
+                "SELECT run_id, experiment, status, meta FROM runs").fetchall():
+            try:
+                values = runmeta.run_columns(runmeta.from_row(run_id, experiment, status, meta))
+            except ValueError:
+                continue  # left NULL: signals.run_metas says why
+            con.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in missing)} WHERE run_id = ?",
+                        [*(values[k] for k in missing), run_id])
     for table, schema in _SCHEMAS.items():
         for f in schema:
             con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{f.name}" {_ARROW_TO_SQL[str(f.type)]}')
+
+
+def _column_names(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
+    return {r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
 
 
 @contextmanager
