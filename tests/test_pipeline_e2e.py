@@ -106,13 +106,13 @@ def check_study(workdir):
     # The request path: the pipeline starts vLLM with its per-request timings, so every ok
     # request has vLLM's queue and prefill; each part is non-negative (vLLM's interval lies
     # inside ours: the front end is what remains of our TTFT from send, a ms of float slack).
-    parts = {r["experiment"]: r for r in con.execute(f"""
+    parts = {r["experiment"]: r for r in con.sql(f"""
         SELECT experiment, count(*) AS n_ok, count(*) FILTER (WHERE timed) AS n_timed,
                min(dispatch_ms) AS dispatch_min, min(queue_ms) AS queue_min, min(prefill_ms) AS prefill_min,
                min(front_end_ms) AS front_end_min,
                max(abs(dispatch_ms + front_end_ms + queue_ms + prefill_ms - ttft_ms)) AS sum_error,
                sum(queue_ms) / sum(ttft_ms) AS queue_share
-        FROM ({request_path.REQUEST_PARTS}) JOIN runs USING (run_id) WHERE status = 'ok' GROUP BY experiment
+        FROM ({request_path.REQUEST_PARTS}) p JOIN runs USING (run_id) WHERE p.status = 'ok' GROUP BY experiment
         """).pl().to_dicts()}
     for exp, p in parts.items():
         assert p["n_timed"] == p["n_ok"] > 0, p

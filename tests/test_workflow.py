@@ -109,7 +109,7 @@ def test_dry_run_orders_search_then_relative_schedule_then_run(tmp_path):
     for setting, workload, experiment, flags in (
         ("default", "twice_knee", "past_knee", "--knee results/frontiers/knee/default/search.json --out"),
         ("seq2", "azure_half_knee", "azure_below_knee",
-         "--knee results/frontiers/knee/seq2/search.json --times 0.5 --max-model-len"),
+         "--workload azure_half_knee --knee results/frontiers/knee/seq2/search.json --out"),
     ):
         search = order.index(f"frontier_knee_{setting}")
         schedule = index(lambda rule, inputs, shell: rule.startswith("schedule_")
@@ -123,4 +123,5 @@ def test_dry_run_orders_search_then_relative_schedule_then_run(tmp_path):
     light = index(lambda rule, inputs, shell: "--workload light " in shell)
     assert "--knee" not in jobs[light][2] and "search.json" not in jobs[light][1]
     azure = index(lambda rule, inputs, shell: "data/schedules/azure.parquet " in shell)
-    assert "--time-scale 0.25 " in jobs[azure][2] and "search.json" not in jobs[azure][1]
+    assert "--workload azure --out" in jobs[azure][2] and "--knee" not in jobs[azure][2]
+    assert "search.json" not in jobs[azure][1]
