@@ -171,3 +171,16 @@ def test_bad_trace_rates_are_refused():
         trace_time_scale(0.0, 1.0)
     with pytest.raises(ValueError, match="no rate to scale"):
         trace_kept_rate({"requests": 0, "duration_s": 60.0, "time_scale": 1.0})
+
+
+def test_a_probe_lasts_its_lifetimes_of_the_highest_rate_that_held():
+    from filledfirst.frontier.probes import probe_duration
+
+    assert probe_duration(10, 4, 120, []) == 10  # nothing measured yet
+    assert probe_duration(10, 4, 120, [(1, True, 1.0)]) == 10  # 4 lifetimes are shorter
+    assert probe_duration(10, 4, 120, [(1, True, 5.0)]) == 20
+    # the highest rate that held, not a broken probe's queue-inflated lifetime
+    assert probe_duration(10, 4, 120, [(1, True, 5.0), (4, False, 60.0), (2, True, 6.0)]) == 24
+    assert probe_duration(10, 4, 120, [(1, True, 50.0)]) == 120  # capped
+    assert probe_duration(10, 0, 120, [(1, True, 50.0)]) == 10  # off
+    assert probe_duration(10, 4, 120, [(1, None, None), (1, False, 9.0)]) == 10  # no held probe

@@ -51,9 +51,9 @@ def study(tmp_path, monkeypatch):
 
     original_workload = frun.Prober.workload
 
-    def workload(self, rate, schedule):
+    def workload(self, rate, schedule, probe_s):
         state["rates"].append(rate)
-        return original_workload(self, rate, schedule)
+        return original_workload(self, rate, schedule, probe_s)
 
     async def fake_run(replay):
         probe = len(state["rates"])
@@ -77,6 +77,8 @@ def study(tmp_path, monkeypatch):
             r.t_first_token = r.t_scheduled + (2 * SLO_TTFT_MS if late and i % 2 else 0.05 * SLO_TTFT_MS) / 1000
             gap = (2 * SLO_ITL_MS if late and not i % 2 else 0.2 * SLO_ITL_MS) / 1000
             r.t_last_token = r.t_done = r.t_first_token + gap
+            if "life_s" in state:  # requests that live longer than their first token and a gap
+                r.t_done = r.t_scheduled + state["life_s"]
             r.output_tokens_received, r.prompt_tokens_received = 2, r.prompt_tokens
             replay.tokens.append(TokenRecord(r.request_id, 0, r.t_first_token, 1))
             replay.tokens.append(TokenRecord(r.request_id, 1, r.t_last_token, 1))
@@ -167,6 +169,34 @@ def test_an_interrupted_search_resumes_from_its_finished_probes(study, monkeypat
     assert state["rates"] == [p.rate for p in expected.probes[3:]]  # only the rest was
     assert state["shared"].starts == ["cap/default/p04"]
     assert run_json(out / "p04")["status"] == "ok"
+
+
+def test_probes_last_as_many_request_lifetimes_as_asked_and_resume_at_that_length(study, monkeypatch):
+    """Requests living 3 s: after the first probe (probe_s, 4 s) every probe lasts 4
+    lifetimes of the highest-rate probe that held (12 s), and offers its rate all along."""
+    cfg, out, state = study
+    state["life_s"] = 3.0
+    state["during"][4] = "interrupt"
+    with pytest.raises(SystemExit):
+        frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    state["during"].clear()
+    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    probes = doc["probes"]
+    assert [p["reused"] for p in probes[:4]] == [True] * 3 + [False]
+    assert probes[0]["probe_s"] == 4 and all(p["probe_s"] == pytest.approx(12) for p in probes[1:])
+    for p in probes:
+        assert p["lifetime_p90_s"] == pytest.approx(3.0)
+        assert abs(p["requests"] - p["rate"] * p["probe_s"]) <= 1
+        meta = run_json(out / p["run_dir"])
+        assert meta["frontier"]["probe_s"] == p["probe_s"]
+        assert meta["schedule"]["stats"]["duration_s"] <= p["probe_s"]
+    assert doc["result"]["lo"] <= CAPACITY < doc["result"]["hi"]
+    # probe_max_s caps the length; another cap is another search, measured again
+    cfg["frontiers"]["cap"]["probe_max_s"] = 6
+    state["rates"].clear()
+    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    assert [p["probe_s"] for p in doc["probes"]][:2] == [4, 6] and not any(p["reused"] for p in doc["probes"])
 
 
 def test_a_finished_search_is_read_back_without_a_server(study):
@@ -281,11 +311,11 @@ def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, mo
     cfg, out, state = study
     original = frun.Prober.workload
 
-    def workload(self, rate, schedule):
+    def workload(self, rate, schedule, probe_s):
         if len(state["rates"]) == 2:
             lifetime.note_interrupt("received SIGTERM")
             raise lifetime.Interrupted("received SIGTERM")
-        return original(self, rate, schedule)
+        return original(self, rate, schedule, probe_s)
 
     monkeypatch.setattr(frun.Prober, "workload", workload)
     with pytest.raises(SystemExit) as exit_:

@@ -65,6 +65,7 @@ class FrontierProbe(_Part):
     requests: int | None = None
     attainment: float | None = None
     held: bool | None = None
+    lifetime_p90_s: float | None = None  # its ok requests' scheduled arrival to end, p90
     missed: dict[str, int] | None = None  # None: the probe failed outright
     error: str | None = None
 

@@ -285,6 +285,8 @@ class Frontier(_Struct):
     description: str = ""
     target_attainment: float = _d("frontiers", "*", "target_attainment")
     probe_s: float = _d("frontiers", "*", "probe_s")
+    probe_lifetimes: float = _d("frontiers", "*", "probe_lifetimes")
+    probe_max_s: float = _d("frontiers", "*", "probe_max_s")
     growth: float = _d("frontiers", "*", "growth")
     precision: float = _d("frontiers", "*", "precision")
     budget: int = _d("frontiers", "*", "budget")

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from filledfirst.frontier.probes import shape_rate
+from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
 from filledfirst.frontier.search import SearchBounds, Slo
 
@@ -21,6 +21,16 @@ class FrontierPlan:
     slo: Slo
     probe_s: float
     bounds: SearchBounds
+    probe_lifetimes: float = 0.0
+    probe_max_s: float = math.inf
+
+    def probe_duration(self, done) -> float:
+        """Seconds of arrivals of the next probe, after the probes `done` (filledfirst.frontier.probes)."""
+        return probe_duration(self.probe_s, self.probe_lifetimes, self.probe_max_s, done)
+
+    @property
+    def longest_probe_s(self) -> float:
+        return max(self.probe_s, self.probe_max_s) if self.probe_lifetimes > 0 else self.probe_s
 
 
 def frontier_plan(cfg: dict, name: str) -> FrontierPlan:
@@ -37,6 +47,8 @@ def frontier_plan(cfg: dict, name: str) -> FrontierPlan:
         settings={s: deep_merge(base, over) for s, over in raw["settings"].items()},
         slo=Slo(ttft_ms=float(f.slo.ttft_ms), itl_ms=float(f.slo.itl_ms)),
         probe_s=float(f.probe_s),
+        probe_lifetimes=float(f.probe_lifetimes),
+        probe_max_s=float(f.probe_max_s),
         bounds=SearchBounds(
             start=f.start, maximum=f.maximum, target=f.target_attainment, growth=f.growth,
             precision=f.precision, budget=f.budget, repeats=f.repeats,
@@ -65,13 +77,14 @@ def search_fingerprint(plan: FrontierPlan, base: dict) -> str:
 
     return fingerprint({
         **base, "workload": plan.workload, "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s,
+        "probe_lifetimes": plan.probe_lifetimes, "probe_max_s": plan.probe_max_s,
         "bounds": dataclasses.asdict(plan.bounds),
     })
 
 
 def frontier_runtime_minutes(cfg: dict, name: str) -> int:
     """A search job's time limit on a cluster, erring long as filledfirst.cluster does: one
-    server start-up, then `budget` probes of `probe_s` seconds of arrivals and a drain each."""
+    server start-up, then `budget` probes of the longest a probe can last and a drain each."""
     from filledfirst.study import as_study
 
     plan, study = frontier_plan(cfg, name), as_study(cfg)
@@ -79,7 +92,7 @@ def frontier_runtime_minutes(cfg: dict, name: str) -> int:
     drain = study.cluster.drain_allowance_s
     startup = study.engine.startup_timeout_s if startup is None else startup
     drain = study.loadgen.drain_timeout_s if drain is None else drain
-    return max(1, math.ceil((float(startup) + plan.bounds.budget * (plan.probe_s + float(drain))) / 60))
+    return max(1, math.ceil((float(startup) + plan.bounds.budget * (plan.longest_probe_s + float(drain))) / 60))
 
 
 def frontier_problems(cfg: dict) -> list[str]:
@@ -98,6 +111,8 @@ def frontier_problems(cfg: dict) -> list[str]:
                 shape_rate(wl)
             except ValueError as exc:
                 problems.append(f"{where}.workload: {f['workload']!r}: {exc}")
+        if f.get("probe_max_s") is not None and f["probe_max_s"] < f.get("probe_s", f["probe_max_s"]):
+            problems.append(f"{where}: probe_max_s ({f['probe_max_s']}) must be at least probe_s ({f['probe_s']})")
         if not f["start"] < f["maximum"]:
             problems.append(f"{where}: start ({f['start']}) must be below maximum ({f['maximum']})")
     return problems + relative_problems(cfg)

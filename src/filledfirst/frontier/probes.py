@@ -14,11 +14,20 @@ requests the window keeps per second of trace time (`trace_kept_rate` of its sch
 stats). A probe at rate r has time_scale kept_per_s / r, and a window of P / time_scale
 seconds of trace time from the same start, so its arrivals last P seconds. The trace
 around the window decides the probe's exact rate: the same density, not the same rows.
+
+A probe's length: at least `probe_s`, and at least `lifetimes` request lifetimes (the p90
+of scheduled arrival to end) of the highest-rate probe that held so far, at most `max_s`.
+An open-loop probe shorter than its requests' life ends before the requests in flight
+reach their steady state: nothing has finished when the last arrives, no cap fills, and
+the probe holds a rate the server cannot sustain. The held probe nearest the knee is the
+one whose lifetimes are closest to the next probe's; a broken probe's are inflated by its
+queue. The first probe, with nothing measured, lasts `probe_s`: start well below the knee.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import polars as pl
 
@@ -30,6 +39,16 @@ def _check(rate: float, probe_s: float) -> None:
         raise ValueError(f"a probe's rate must be > 0, got {rate}")
     if not (math.isfinite(probe_s) and probe_s > 0):
         raise ValueError(f"a probe's duration must be > 0, got {probe_s}")
+
+
+def probe_duration(probe_s: float, lifetimes: float, max_s: float,
+                   done: Iterable[tuple[float, bool | None, float | None]]) -> float:
+    """Seconds of arrivals of the next probe (module docstring), after the probes `done`,
+    each (rate, held, lifetime p90 s)."""
+    held = [(rate, life) for rate, ok, life in done if ok and life is not None]
+    if lifetimes <= 0 or not held:
+        return probe_s
+    return min(max(probe_s, lifetimes * max(held)[1]), max(max_s, probe_s))
 
 
 def shape_span_s(spec: dict) -> float:

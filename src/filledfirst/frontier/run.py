@@ -7,17 +7,21 @@ always stopped at the end), so `filledfirst ingest` reads it like any other. Its
 carries, beside the usual keys, `experiment` = `<frontier>/<setting>/pNN` and
 
     frontier: {name, setting, probe, rate, probe_s, slo, target, fingerprint,
-               requests, attainment, held, missed: {failed, ttft, itl}, error}
+               requests, attainment, held, lifetime_p90_s, missed: {failed, ttft, itl}, error}
+
+(probe_s: this probe's seconds of arrivals, which grow with its requests' lifetimes:
+frontier.probes.probe_duration.)
 
 The search's state is a function of its probes alone (frontier.search), so an interrupted
 search resumes from the probe folders: those that finished (`ok`, with an attainment, the
-same search fingerprint, at the rate the search asks for next, in probe order) are read
+same search fingerprint, at the rate and length the search asks for next, in probe order) are read
 back; the first one that did not, and every folder after it, is measured again. A probe
 that fails outright (the server died or never started, every request failed) ends the
 search (PROBE_FAILED), its reason kept. At the end `DIR/search.json` is written atomically:
 
     {frontier, setting, workload, fingerprint, slo, probe_s, bounds: {...},
-     probes: [{probe, rate, run_dir, run_id, status, requests, attainment, held, error, reused}],
+     probes: [{probe, rate, probe_s, run_dir, run_id, status, requests, attainment, held,
+               lifetime_p90_s, error, reused}],
      result: {lo, hi, ratio, reason, error}}
 
 (run_dir relative to DIR).
@@ -31,6 +35,7 @@ import logging
 import math
 import re
 import shutil
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -60,12 +65,14 @@ def probe_experiment(frontier: str, setting: str, probe: int) -> str:
 def probe_attainment(requests, tokens, slo: Slo) -> dict:
     """A probe's verdict from its records, as `attainment` defines it (a request is
     (ok, TTFT from its scheduled arrival, longest gap between token-carrying chunks)),
-    with why the others missed: failed (never ok), TTFT over, ITL over (both may count)."""
+    with why the others missed: failed (never ok), TTFT over, ITL over (both may count),
+    and the p90 lifetime of its ok requests (scheduled arrival to end), which sets the
+    length of the probes after it."""
     times: dict[int, set[float]] = {}
     for tok in tokens:
         if tok.n > 0:
             times.setdefault(tok.request_id, set()).add(tok.t)
-    rows, missed = [], {"failed": 0, "ttft": 0, "itl": 0}
+    rows, missed, lifetimes = [], {"failed": 0, "ttft": 0, "itl": 0}, []
     for r in requests:
         ok = r.status == "ok" and r.t_first_token is not None
         ttft = (r.t_first_token - r.t_scheduled) * 1000 if ok else None
@@ -76,9 +83,14 @@ def probe_attainment(requests, tokens, slo: Slo) -> dict:
         if not ok:
             missed["failed"] += 1
             continue
+        if r.t_done is not None:
+            lifetimes.append(r.t_done - r.t_scheduled)
         missed["ttft"] += ttft > slo.ttft_ms
         missed["itl"] += gap_ms is not None and gap_ms > slo.itl_ms
-    return {"requests": len(rows), "attainment": attainment(rows, slo) if rows else None, "missed": missed}
+    lifetime = (statistics.quantiles(lifetimes, n=10, method="inclusive")[-1] if len(lifetimes) > 1
+                else lifetimes[0] if lifetimes else None)
+    return {"requests": len(rows), "attainment": attainment(rows, slo) if rows else None,
+            "lifetime_p90_s": lifetime, "missed": missed}
 
 
 def probe_outcome(meta: dict) -> ProbeOutcome:
@@ -92,13 +104,12 @@ def probe_outcome(meta: dict) -> ProbeOutcome:
 def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
     """The frontier block's measured part, filled in before run.json is written."""
     if meta["status"] != "ok":
-        return {"requests": None, "attainment": None, "held": None, "missed": None,
+        return {"requests": None, "attainment": None, "held": None, "lifetime_p90_s": None, "missed": None,
                 "error": (meta.get("error") or meta["status"]).strip()}
     # A probe whose every request failed is a failed run already (the runner's rule).
     measured = probe_attainment(replay.requests, replay.tokens, slo)
     if not measured["requests"]:
-        return {"requests": 0, "attainment": None, "held": None, "missed": measured["missed"],
-                "error": "no request in the probe"}
+        return {**measured, "requests": 0, "attainment": None, "held": None, "error": "no request in the probe"}
     return {**measured, "held": measured["attainment"] >= target, "error": None}
 
 
@@ -122,18 +133,18 @@ class Prober:
         self.shared = SharedServer({**self.base, "experiment": plan.name}, self.scratch / rundir.SERVER_LOG)
         self.log_from = 0
 
-    def workload(self, rate: float, schedule: Path) -> dict:
+    def workload(self, rate: float, schedule: Path, probe_s: float) -> dict:
         """Write the probe's schedule (and its stats beside it); returns its workload spec."""
         wl = self.plan.workload
         if wl["kind"] == "synthetic":
             from filledfirst.workloads.synthetic import write_synthetic_schedule
 
-            spec = synthetic_probe(wl, rate, self.plan.probe_s)
+            spec = synthetic_probe(wl, rate, probe_s)
             write_synthetic_schedule(spec, schedule)
             return spec
         from filledfirst.trace.subsample import subsample_to_parquet
 
-        spec = trace_probe(wl, self.kept_per_s, rate, self.plan.probe_s)
+        spec = trace_probe(wl, self.kept_per_s, rate, probe_s)
         where = ({"start": spec["start"]} if "start" in spec
                  else {"start_offset_s": float(spec.get("start_offset_s", 0))})
         subsample_to_parquet(
@@ -144,17 +155,19 @@ class Prober:
         )
         return spec
 
-    def measure(self, probe: int, rate: float) -> dict:
+    def measure(self, probe: int, rate: float, probe_s: float | None = None) -> dict:
+        """Probe `rate` for `probe_s` seconds of arrivals (the plan's probe_s by default)."""
         from filledfirst.runner import run_on_server
 
         plan, setting = self.plan, self.setting
         name = probe_experiment(plan.name, setting, probe)
         schedule = self.scratch / f"{probe_dir_name(probe)}.parquet"
-        workload = self.workload(rate, schedule)
+        probe_s = plan.probe_s if probe_s is None else probe_s
+        workload = self.workload(rate, schedule, probe_s)
         spec = {"experiment": name, "description": f"capacity search {plan.name}, setting {setting}: "
-                f"probe {probe} at {rate:.4g} req/s", "workload_name": plan.workload_name, "workload": workload,
-                **self.base}
-        block = {"name": plan.name, "setting": setting, "probe": probe, "rate": rate, "probe_s": plan.probe_s,
+                f"probe {probe} at {rate:.4g} req/s for {probe_s:.3g} s", "workload_name": plan.workload_name,
+                "workload": workload, **self.base}
+        block = {"name": plan.name, "setting": setting, "probe": probe, "rate": rate, "probe_s": probe_s,
                  "slo": dataclasses.asdict(plan.slo), "target": plan.bounds.target,
                  "fingerprint": self.fingerprint}
         meta = {
@@ -167,7 +180,7 @@ class Prober:
         def annotate(run_meta: dict, replay) -> None:
             run_meta["frontier"].update(_verdict(run_meta, replay, plan.slo, plan.bounds.target))
 
-        log.info("%s: probing %.4g req/s (%s)", plan.name + "/" + setting, rate, name)
+        log.info("%s: probing %.4g req/s for %.3g s (%s)", plan.name + "/" + setting, rate, probe_s, name)
         run_meta, self.log_from = run_on_server(
             self.shared, name, schedule, self.out / probe_dir_name(probe), spec, meta,
             progress=self.progress, log_from=self.log_from, annotate=annotate,
@@ -181,9 +194,15 @@ class Prober:
 
 def _probe_record(meta: dict, reused: bool) -> dict:
     f = meta["frontier"]
-    return {"probe": f["probe"], "rate": f["rate"], "run_dir": probe_dir_name(f["probe"]), "run_id": meta["run_id"],
-            "status": meta["status"], "requests": f.get("requests"), "attainment": f.get("attainment"),
-            "held": f.get("held"), "error": f.get("error"), "reused": reused}
+    return {"probe": f["probe"], "rate": f["rate"], "probe_s": f.get("probe_s"), "run_dir": probe_dir_name(f["probe"]),
+            "run_id": meta["run_id"], "status": meta["status"], "requests": f.get("requests"),
+            "attainment": f.get("attainment"), "held": f.get("held"), "lifetime_p90_s": f.get("lifetime_p90_s"),
+            "error": f.get("error"), "reused": reused}
+
+
+def _lifetimes(records: list[dict]) -> list[tuple[float, bool | None, float | None]]:
+    """What the next probe's length depends on (FrontierPlan.probe_duration)."""
+    return [(r["rate"], r["held"], r["lifetime_p90_s"]) for r in records]
 
 
 def _probe_dirs(out: Path) -> dict[int, Path]:
@@ -205,6 +224,7 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
             meta, why = None, f"unfinished ({exc})"
         f = (meta or {}).get("frontier") or {}
         expected = search.next_rate()
+        length = plan.probe_duration(_lifetimes(records))
         if why is None:
             if meta["status"] != "ok" or f.get("attainment") is None:
                 why = f"status {meta['status']}" + (f": {f['error']}" if f.get("error") else "")
@@ -213,6 +233,8 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
                 why = "measured for another search (config changed)"
             elif expected is None or not math.isclose(f["rate"], expected, rel_tol=1e-9):
                 why = f"at {f['rate']:g}/s where the search asks for {expected}"
+            elif f.get("probe_s") is None or not math.isclose(f["probe_s"], length, rel_tol=1e-9):
+                why = f"{f.get('probe_s')} s long where the search asks for {length:g} s"
         if why is not None:
             log.info("%s: measuring probe %d again (%s)", out, probe, why)
             break
@@ -245,7 +267,7 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
     try:
         search, records = resume(out, plan, setting, prober.fingerprint)
         while (rate := search.next_rate()) is not None:
-            meta = prober.measure(len(search.probes) + 1, rate)
+            meta = prober.measure(len(search.probes) + 1, rate, plan.probe_duration(_lifetimes(records)))
             search.record(probe_outcome(meta))
             records.append(_probe_record(meta, reused=False))
     except Interrupted as exc:  # between probes (a probe's own interruption exits 130 itself)
@@ -257,7 +279,8 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
     assert result is not None
     doc = {
         "frontier": frontier, "setting": setting, "workload": plan.workload_name, "fingerprint": prober.fingerprint,
-        "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s, "bounds": dataclasses.asdict(plan.bounds),
+        "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s, "probe_lifetimes": plan.probe_lifetimes,
+        "probe_max_s": plan.probe_max_s, "bounds": dataclasses.asdict(plan.bounds),
         "probes": records,
         "result": {"lo": result.lo, "hi": result.hi, "ratio": result.ratio, "reason": str(result.reason),
                    "error": result.error},
