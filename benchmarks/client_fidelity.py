@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -42,7 +44,8 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: float, use_uvloop: bool,
-            double_loop: str, tick_ms: float, double_script: Path = DOUBLE) -> dict:
+            double_loop: str, tick_ms: float, double_script: Path = DOUBLE, workers: int = 1,
+            profile: Path | None = None) -> dict:
     emit_log = Path(tempfile.mkstemp(suffix=".json")[1])
     ours = ["--loop", double_loop, "--tick-ms", str(tick_ms)] if double_script == DOUBLE else []
     double = subprocess.Popen(
@@ -57,15 +60,21 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
         times = arrival_times(n, 0.5, 1.0 / rate, "poisson", seed=1)
         schedule = [ScheduledRequest(i, float(t), 8, tokens, "probe") for i, t in enumerate(times)]
         settings = ReplaySettings(model="double", token_low=10, token_high=20, request_timeout_s=60,
-                                  drain_timeout_s=60)
+                                  drain_timeout_s=60, workers=workers)
         replay = Replay(schedule, f"http://127.0.0.1:{port}", settings, progress=False)
         double_cpu0 = cpu_seconds(double_proc)
+        profiler = cProfile.Profile() if profile is not None else None
+        if profiler is not None:
+            profiler.enable()
         if use_uvloop:
             import uvloop
 
             uvloop.run(replay.run())
         else:
             asyncio.run(replay.run())
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         double_cpu = cpu_seconds(double_proc) - double_cpu0  # the same span as the client's, give or take
     finally:
         double.stdin.close()
@@ -93,6 +102,7 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
     return {
         "double": double_script.stem,
         "loop": "uvloop" if use_uvloop else "asyncio",
+        "workers": replay.workers,
         "rate": rate,
         "requests": n,
         "not_ok": sum(r.status != "ok" for r in replay.requests),
@@ -103,6 +113,8 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
         "chunk_err_p99_ms": float(np.percentile(chunk_err, 99)) if len(chunk_err) else None,
         "itl_err_p99_ms": float(np.percentile(itl_err, 99)) if len(itl_err) else None,
         "cpu_ms_per_1k_tokens": client_ms,
+        # the busiest process's CPU over the replay: a full core is 1.0
+        "peak_cpu_share": replay.client_cpu_peak_s / replay.t_end if replay.t_end else None,
         "double_cpu_ms_per_1k_tokens": double_ms,
         "double_over_client": double_ms / client_ms if client_ms else None,
     }
@@ -119,6 +131,10 @@ def main() -> None:
     p.add_argument("--double-loop", choices=["uvloop", "asyncio"], default="uvloop", help="the double's event loop")
     p.add_argument("--tick-ms", type=float, default=1.0,
                    help="the double's timer resolution: streams due in the same tick are written together")
+    p.add_argument("--workers", type=int, nargs="+", default=[1],
+                   help="client processes (loadgen.workers) to compare, interleaved")
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="cProfile the client's main process, one file per measurement in DIR (top entries printed)")
     p.add_argument("--doubles", type=Path, nargs="+", default=[DOUBLE],
                    help="double scripts to compare, interleaved (each takes --ttft-ms, --itl-ms and --emit-log "
                    "and prints its port); default: the tests' double")
@@ -126,10 +142,22 @@ def main() -> None:
     loops = [False, True] if args.loop == "both" else [args.loop == "uvloop"]
     doubles = [d.resolve() for d in args.doubles]
     # Interleaved, so every loop and double sees the same machine state.
-    rows = [measure(r, args.seconds, args.tokens, args.ttft_ms, args.itl_ms, u, args.double_loop, args.tick_ms, d)
-            for r in args.rates for d in doubles for u in loops]
-    cols = ["double", "loop", "rate", "requests", "not_ok", "chunks_lost", "lag_p50_ms", "lag_p99_ms",
-            "chunk_err_p50_ms", "chunk_err_p99_ms", "itl_err_p99_ms", "cpu_ms_per_1k_tokens",
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for r in args.rates:
+        for d in doubles:
+            for u in loops:
+                for w in args.workers:
+                    prof = (args.profile / f"{d.stem}-{'uvloop' if u else 'asyncio'}-w{w}-{r:g}.prof"
+                            if args.profile else None)
+                    rows.append(measure(r, args.seconds, args.tokens, args.ttft_ms, args.itl_ms, u,
+                                        args.double_loop, args.tick_ms, d, w, prof))
+                    if prof is not None:
+                        print(f"== {prof.name}: top 20 by own time")
+                        pstats.Stats(str(prof)).sort_stats("tottime").print_stats(20)
+    cols = ["double", "loop", "workers", "rate", "requests", "not_ok", "chunks_lost", "lag_p50_ms", "lag_p99_ms",
+            "chunk_err_p50_ms", "chunk_err_p99_ms", "itl_err_p99_ms", "cpu_ms_per_1k_tokens", "peak_cpu_share",
             "double_cpu_ms_per_1k_tokens", "double_over_client"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -141,10 +169,10 @@ def main() -> None:
         if ratios:
             print(f"{double}: its CPU per 1,000 tokens over the client's: {min(ratios):.2f} to {max(ratios):.2f} "
                   "(the target: at most 0.20)")
-        for loop in sorted({r["loop"] for r in mine}):
-            ok = [r["rate"] for r in mine if r["loop"] == loop and r["lag_p99_ms"] < 5]
-            print(f"{double}, client on {loop}: ceiling (highest rate with dispatch lag p99 < 5 ms): "
-                  f"{max(ok) if ok else 'below the lowest rate'} req/s")
+        for loop, workers in sorted({(r["loop"], r["workers"]) for r in mine}):
+            ok = [r["rate"] for r in mine if (r["loop"], r["workers"]) == (loop, workers) and r["lag_p99_ms"] < 5]
+            print(f"{double}, client on {loop}, {workers} process(es): ceiling (highest rate with dispatch lag "
+                  f"p99 < 5 ms): {max(ok) if ok else 'below the lowest rate'} req/s")
 
 
 if __name__ == "__main__":

@@ -178,3 +178,38 @@ def test_an_experiment_against_an_endpoint_the_study_does_not_start(server, tmp_
     for path in [p for p in tmp_path.rglob("*") if p.is_file()]:  # runs, logs, database, .snakemake
         assert KEY.encode() not in path.read_bytes(), f"API key leaked into {path}"
     assert KEY not in proc.stderr + proc.stdout
+
+
+def test_two_worker_processes_give_what_one_gives_on_the_real_engine(server, tmp_path):
+    """The same schedule with one load-generator process and with two: the same requests,
+    each answered in full with vLLM's timings, and the same diagnosis."""
+    from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+
+    runs = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "filledfirst", "replay", "--url", server.base_url,
+             "--schedule", str(schedule(tmp_path / "s.parquet", n=24)), "--out", str(out),
+             "--model", "tiny", "--token-ids", "10", "2050", "--api-key-env", "FF_TEST_KEY",
+             "--name", f"w{workers}", "--workers", workers, "--no-progress"],
+            env={**os.environ, "FF_TEST_KEY": KEY}, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        meta = json.loads((out / "run.json").read_text())
+        assert meta["status"] == "ok" and meta["timings"]["client_workers"] == int(workers)
+        assert meta["timings"]["client_cpu_s"] >= meta["timings"]["client_cpu_peak_s"] > 0
+        reqs = sorted(pq.read_table(out / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
+        runs[workers] = reqs
+        assert [r["request_id"] for r in reqs] == list(range(24))
+        for r in reqs:
+            assert r["status"] == "ok" and r["output_tokens_received"] == 16, r
+            assert r["server_queue_ms"] is not None and r["server_prefill_ms"] is not None
+            assert r["t_scheduled"] <= r["t_sent"] <= r["t_first_token"] <= r["t_done"]
+        toks = pq.read_table(out / "tokens.parquet").to_pylist()
+        assert sum(t["n"] for t in toks) == 24 * 16
+    assert [r["t_scheduled"] for r in runs["1"]] == [r["t_scheduled"] for r in runs["2"]]
+    db = tmp_path / "w.duckdb"
+    ingest([tmp_path / "w1", tmp_path / "w2"], db)
+    labels = {d["experiment"]: d["label"] for d in write_diagnosis(db, DiagnosisRules()).to_dicts()}
+    assert labels["w1"] == labels["w2"], labels

@@ -98,7 +98,7 @@ def test_a_stored_run_json_that_no_longer_decodes_is_known_by_its_id(tmp_path, c
     assert metas["a-1"] == runmeta.unknown("a-1") and "a-1" in caplog.text
 
 
-def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=False):
+def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=False, peak_s=None):
     """20 requests scheduled every 0.1 s, sent `lag_per_request` x i late, 10 tokens each."""
     from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, to_table
 
@@ -113,7 +113,9 @@ def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=Fa
     atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / rundir.SAMPLES)
     atomic.write_json({"run_id": run_id, "experiment": run_id, "status": "ok",
                        "spec": {"loadgen": {"mode": "closed" if closed else "open"}},
-                       "timings": {"replay_s": replay_s, "client_cpu_s": cpu_s}}, path / rundir.RUN_JSON)
+                       "timings": {"replay_s": replay_s, "client_cpu_s": cpu_s,
+                                   **({"client_cpu_peak_s": peak_s, "client_workers": 2} if peak_s else {})}},
+                      path / rundir.RUN_JSON)
     return path
 
 
@@ -126,7 +128,10 @@ def test_every_run_checks_its_client(tmp_path):
     runs = [lagging_run(tmp_path / "fine", "fine", cpu_s=1.0, replay_s=4.0),
             lagging_run(tmp_path / "busy", "busy", cpu_s=3.8, replay_s=4.0),
             lagging_run(tmp_path / "late", "late", cpu_s=1.0, replay_s=4.0, lag_per_request=0.02),
-            lagging_run(tmp_path / "closed", "closed", cpu_s=1.0, replay_s=4.0, closed=True)]
+            lagging_run(tmp_path / "closed", "closed", cpu_s=1.0, replay_s=4.0, closed=True),
+            # two worker processes: 5.4 s of CPU in all over 4 s, the busiest 2.0 s (half its core)
+            lagging_run(tmp_path / "spread", "spread", cpu_s=5.4, replay_s=4.0, peak_s=2.0),
+            lagging_run(tmp_path / "hot", "hot", cpu_s=5.4, replay_s=4.0, peak_s=3.7)]
     db = tmp_path / "f.duckdb"
     ingest(runs, db)
     write_diagnosis(db, DiagnosisRules())
@@ -139,5 +144,9 @@ def test_every_run_checks_its_client(tmp_path):
     assert checks["closed"]["arrival_ratio"] is None  # a closed loop has no schedule to keep
     warnings = dict(con.execute("SELECT experiment, warnings FROM diagnosis").fetchall())
     assert "client-limited" not in warnings["fine"] and "client-limited" not in warnings["closed"]
-    assert "client-limited (its CPU 95 % of a core" in warnings["busy"]
+    assert "client-limited (its busiest process used 95 % of a core" in warnings["busy"]
+    assert checks["spread"]["client_cpu_share"] == pytest.approx(0.5)  # the busiest, not the sum
+    assert checks["spread"]["client_cpu_ms_per_1k_tokens"] == pytest.approx(5.4 * 1e6 / 200)  # all of them
+    assert "client-limited" not in warnings["spread"]
+    assert "client-limited (its busiest process used 92 % of a core" in warnings["hot"]
     assert "client-limited (sent 83 % of the scheduled arrival rate" in warnings["late"]

@@ -314,8 +314,23 @@ def _add_replay(sub) -> None:
     p.add_argument("--scrape-interval", type=float, default=SCRAPE.interval_s)
     p.add_argument("--closed", type=int, metavar="N", default=None,
                    help="closed loop with N workers instead of the schedule's arrival times")
+    p.add_argument("--workers", type=_workers, default=LOADGEN.workers, metavar="N|auto",
+                   help="processes to split the replay across, each with its own connections, on one clock "
+                   "(auto: enough for the schedule's token rate)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_replay)
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a positive number or auto, got {value!r}")
+    return n
 
 
 def _cmd_replay(args) -> int:
@@ -333,6 +348,7 @@ def _cmd_replay(args) -> int:
         scrape_interval_s=args.scrape_interval,
         mode="closed" if args.closed else "open", concurrency=args.closed,
         connect_timeout_s=args.connect_timeout, first_token_timeout_s=args.first_token_timeout,
+        workers=args.workers,
     )
     status = replay_endpoint(
         args.url, args.schedule, args.out, settings,

@@ -77,7 +77,9 @@ class Scrape(_Part):
 class Timings(_Part):
     startup_s: float | None = None
     replay_s: float | None = None
-    client_cpu_s: float | None = None  # the load generator's process (client and scraper)
+    client_cpu_s: float | None = None  # the load generator's processes (client and scraper), all of them
+    client_cpu_peak_s: float | None = None  # the busiest of them (one process: the same)
+    client_workers: int | None = None  # processes that sent requests
 
 
 class RunMeta(_Part):
@@ -162,6 +164,8 @@ RUN_COLUMNS: dict[str, str] = {
     "frontier_rate_rps": "DOUBLE",
     "replay_s": "DOUBLE",
     "client_cpu_s": "DOUBLE",
+    "client_cpu_peak_s": "DOUBLE",
+    "client_workers": "BIGINT",
 }
 
 
@@ -178,4 +182,6 @@ def run_columns(meta: RunMeta) -> dict[str, Any]:
         "frontier_rate_rps": f.rate if f else None,
         "replay_s": meta.timings.replay_s,
         "client_cpu_s": meta.timings.client_cpu_s,
+        "client_cpu_peak_s": meta.timings.client_cpu_peak_s,
+        "client_workers": meta.timings.client_workers,
     }

@@ -84,6 +84,8 @@ class _Run:
         asyncio.run(self.replay.run())
         self.meta["timings"]["replay_s"] = self.replay.t_end
         self.meta["timings"]["client_cpu_s"] = self.replay.client_cpu_s
+        self.meta["timings"]["client_cpu_peak_s"] = self.replay.client_cpu_peak_s
+        self.meta["timings"]["client_workers"] = self.replay.workers
         if self.replay.server_died:
             self.meta["status"] = "partial"
             assert server_log is not None  # only a server we started is watched

@@ -117,6 +117,7 @@ class Loadgen(_Struct):
     concurrency: int | None = None
     api: Literal["completions", "chat"] = _d("loadgen", "api")
     prompt: Literal["token_ids", "text"] = _d("loadgen", "prompt")
+    workers: int | Literal["auto"] = _d("loadgen", "workers")
 
 
 class LoadMode(_Struct):

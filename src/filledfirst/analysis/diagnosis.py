@@ -615,7 +615,7 @@ def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
         out.append(f"client-limited (dispatch lag p99 {lag:.0f} ms > {r.max_lag_ms:g} ms)")
     cpu, arrivals = d["client_cpu_share"], d["arrival_ratio"]
     if cpu is not None and cpu >= r.max_client_cpu_share:
-        out.append(f"client-limited (its CPU {_pct(cpu)} of a core over the replay, >= "
+        out.append(f"client-limited (its busiest process used {_pct(cpu)} of a core over the replay, >= "
                    f"{_pct(r.max_client_cpu_share)})")
     if arrivals is not None and arrivals < r.min_arrival_ratio:
         out.append(f"client-limited (sent {_pct(arrivals)} of the scheduled arrival rate, needs >= "

@@ -1,13 +1,16 @@
 """Replay a schedule: open loop (each request leaves at its scheduled time, whatever the
-server does) or closed loop (N workers, each sends the next request when its last ends)."""
+server does) or closed loop (N workers, each sends the next request when its last ends),
+in this process or split across worker processes (filledfirst.loadgen.workers)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
-from typing import Any, Callable, Coroutine
+from multiprocessing.connection import Connection
+from typing import Any, AsyncIterator, Callable, Coroutine
 
 import aiohttp
 
@@ -16,6 +19,7 @@ from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DRAIN_TIMEOUT, connection_trace, send_streamed
+from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard
 from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
 
@@ -41,15 +45,18 @@ class Replay:
         self.mode = settings.mode
         self.concurrency = settings.concurrency
         self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
+        self.base_url, self.settings = base_url, settings
+        self.workers = resolve_workers(settings.workers, self.schedule, self.mode)
         self.url = base_url + endpoint(settings.api)
         # Bodies are built before the clock starts so building them never delays a send.
+        # With worker processes, each builds its own shard's.
         self.bodies = {
             r.request_id: completion_body(
                 r, model=settings.model, low=settings.token_low, high=settings.token_high, seed=settings.seed,
                 api=settings.api, prompt=settings.prompt,
             )
             for r in self.schedule
-        }
+        } if self.workers == 1 else {}
         self.requests = [
             RequestRecord(r.request_id, r.role, r.prompt_tokens, r.output_tokens, r.t_offset_s, status="not_sent")
             for r in self.schedule
@@ -68,23 +75,24 @@ class Replay:
         self.server_died = False
         self.t_end: float | None = None
         self.client_cpu_s: float | None = None  # to tell a starved client from a slow server
+        self.client_cpu_peak_s: float | None = None  # the busiest process's share of it
+        self._pool: WorkerPool | None = None
 
     def clock(self) -> float:
         return time.perf_counter() - self._t0
 
     def status_line(self) -> str:
-        sent = sum(1 for r in self.requests if r.t_sent is not None)
-        in_flight = sum(1 for r in self.requests if r.t_sent is not None and r.t_done is None)
-        done = sent - in_flight
-        failed = done - sum(1 for r in self.requests if r.t_done is not None and r.status == "ok")
+        pool = self._pool
+        sent, done, failed, in_flight = pool.progress() if pool is not None else progress_counts(self.requests)
         g = self.scraper.latest
         server = (
             f"running {g['running']:.0f}  waiting {g['waiting']:.0f}  KV {100 * g['kv']:.1f}%"
             if g else "server: no scrape yet"
         )
+        workers = f"  ({len(pool)} workers)" if pool is not None else ""
         return (
             f"t={self.clock():6.1f}s  sent {sent}/{len(self.requests)}  done {done}  failed {failed}  "
-            f"in flight {in_flight}  |  {server}"
+            f"in flight {in_flight}{workers}  |  {server}"
         )
 
     async def run(self) -> None:
@@ -107,12 +115,13 @@ class Replay:
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, previous[sig])  # asyncio would leave the default action
 
-    async def _run(self, stop: asyncio.Event) -> None:
+    @contextlib.asynccontextmanager
+    async def _sessions(self) -> AsyncIterator[aiohttp.ClientSession]:
         # Open loop: no client-side cap on concurrency. Connections are reused (opening one
         # per request delayed arrivals by seconds at 200 req/s); a request whose pooled
         # connection the server closed meanwhile ("Can not write request body",
         # ServerDisconnectedError) is sent once more on a fresh connection from
-        # `fresh`, so that race of the client never becomes a failed request.
+        # `self._fresh`, so that race of the client never becomes a failed request.
         # The scraper keeps a fresh connection per scrape, as before.
         # Idle connections are dropped before uvicorn's 5 s keep-alive closes them, so the
         # stale-connection retry stays rare.
@@ -124,29 +133,105 @@ class Replay:
             aiohttp.ClientSession(connector=fresh_connector, headers=self._headers) as fresh,
         ):
             self._fresh = fresh
-            self._t0 = time.perf_counter()
-            cpu0 = time.process_time()
-            scrape_stop = asyncio.Event()
-            background = [asyncio.create_task(self.scraper.run(fresh, scrape_stop))]
-            if self.progress:
-                background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
-            if self.server_alive is not None:
-                background.append(asyncio.create_task(self._watch_server(stop, scrape_stop)))
-            if self.mode == "open":
-                tasks = await self._dispatch(session, stop)
-                await self._drain(tasks, stop)
-            else:
-                tasks = await self._closed_loop(session, stop)
-            still = [t for t in tasks if not t.done()]
-            for t in still:
-                t.cancel(self.interrupted or DRAIN_TIMEOUT)
-            await asyncio.gather(*still, return_exceptions=True)
-            self.t_end = self.clock()
-            self.client_cpu_s = time.process_time() - cpu0
-            scrape_stop.set()
-            for result in await asyncio.gather(*background, return_exceptions=True):
-                if isinstance(result, Exception):
-                    log.error("a background task of the replay failed: %r", result)
+            yield session
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        async with self._sessions() as session:
+            pool = None
+            if self.workers > 1:
+                pool = self._pool = WorkerPool(shard(self.schedule, self.workers, self.mode, self.concurrency),
+                                               self.base_url, self.settings)
+            try:
+                if pool is not None and not await pool.start(stop):
+                    self.interrupted = self.interrupted or "; ".join(pool.lost) or "stopped"
+                    pool.stop(self.interrupted)
+                    return
+                self._t0 = time.perf_counter()
+                cpu0 = time.process_time()
+                if pool is not None:
+                    pool.go(self._t0)
+                scrape_stop = asyncio.Event()
+                assert self._fresh is not None
+                background = [asyncio.create_task(self.scraper.run(self._fresh, scrape_stop))]
+                if self.progress:
+                    background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
+                if self.server_alive is not None:
+                    background.append(asyncio.create_task(self._watch_server(stop, scrape_stop)))
+                if pool is None:
+                    await self._send_all(session, stop)
+                else:
+                    await pool.wait(stop, lambda: self.interrupted or "stopped")
+                    self._merge(pool)
+                self.t_end = self.clock()
+                own = time.process_time() - cpu0
+                workers = [c for c in (pool.cpu() if pool is not None else []) if c is not None]
+                self.client_cpu_s = own + sum(workers)
+                self.client_cpu_peak_s = max([own, *workers])
+                scrape_stop.set()
+                for result in await asyncio.gather(*background, return_exceptions=True):
+                    if isinstance(result, Exception):
+                        log.error("a background task of the replay failed: %r", result)
+            finally:
+                if pool is not None:
+                    pool.close()
+
+    async def _send_all(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        """Send the schedule (open or closed loop), drain, cancel what is still open."""
+        if self.mode == "open":
+            tasks = await self._dispatch(session, stop)
+            await self._drain(tasks, stop)
+        else:
+            tasks = await self._closed_loop(session, stop)
+        still = [t for t in tasks if not t.done()]
+        for t in still:
+            t.cancel(self.interrupted or DRAIN_TIMEOUT)
+        await asyncio.gather(*still, return_exceptions=True)
+
+    def _merge(self, pool: WorkerPool) -> None:
+        """The workers' records in place of this process's (all `not_sent` until now)."""
+        where = {r.request_id: i for i, r in enumerate(self.requests)}
+        for w in pool.workers:
+            if w.requests is None:
+                for s in w.shard.schedule:
+                    self.requests[where[s.request_id]].error = (
+                        f"replay worker {w.shard.index} lost its records")
+                continue
+            for rec in w.requests:
+                self.requests[where[rec.request_id]] = rec
+            self.tokens.extend(w.tokens)
+        if pool.lost:
+            self.interrupted = self.interrupted or "; ".join(pool.lost)
+
+    async def run_shard(self, t0: float, conn: Connection, index: int) -> None:
+        """A worker process's part (filledfirst.loadgen.workers): send this replay's
+        schedule on the main process's clock until its end or a stop from the main process."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_message() -> None:
+            try:
+                _, reason = conn.recv()
+            except (EOFError, OSError):
+                reason = "the replay's main process went away"
+            loop.remove_reader(conn.fileno())
+            self.interrupted = self.interrupted or reason
+            stop.set()
+
+        loop.add_reader(conn.fileno(), on_message)
+        try:
+            async with self._sessions() as session:
+                self._t0 = t0
+                cpu0 = time.process_time()
+                finished = asyncio.Event()
+                reporter = asyncio.create_task(report_progress(conn, index, self.requests, finished))
+                await self._send_all(session, stop)
+                self.t_end = self.clock()
+                self.client_cpu_s = time.process_time() - cpu0
+                finished.set()
+                await reporter
+        finally:
+            if not stop.is_set():
+                loop.remove_reader(conn.fileno())
 
     async def _watch_server(self, stop: asyncio.Event, done: asyncio.Event) -> None:
         """A dead server ends the run at once instead of after the whole schedule."""

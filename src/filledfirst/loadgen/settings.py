@@ -28,6 +28,7 @@ class ReplaySettings:
     first_token_timeout_s: float | None = LOADGEN.first_token_timeout_s
     api: str = LOADGEN.api  # or "chat"
     prompt: str = LOADGEN.prompt  # or "text", for servers that refuse token ids (and chat)
+    workers: int | str = LOADGEN.workers  # processes, or "auto" (filledfirst.loadgen.workers)
 
     @classmethod
     def from_spec(cls, spec: dict) -> "ReplaySettings":
@@ -51,4 +52,5 @@ class ReplaySettings:
             first_token_timeout_s=loadgen.first_token_timeout_s,
             api=loadgen.api,
             prompt=loadgen.prompt,
+            workers=loadgen.workers,
         )
