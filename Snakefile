@@ -15,8 +15,8 @@ include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 
 
-# On a cluster (--profile config/profiles/slurm) only the experiment jobs are submitted;
-# model, traces, schedules, the DuckDB file (one writer: ingest) and the report are made
+# On a cluster (--profile profiles/slurm) only the experiment jobs are submitted;
+# model, traces, schedules, the DuckDB files (ingest, then diagnose) and the report are made
 # where Snakemake runs.
 localrules:
     all,
@@ -24,6 +24,7 @@ localrules:
     schedule_from_trace,
     schedule_synthetic,
     ingest,
+    diagnose,
     report,
 
 

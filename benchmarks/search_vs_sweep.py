@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from filledfirst.config import load_config
-from filledfirst.engine.lifetime import install_interrupt_handlers, watch_owners
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.run import Prober, probe_outcome
 from filledfirst.frontier.search import CapacitySearch
+from filledfirst.interrupts import install_interrupt_handlers, watch_owners
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,6 +17,7 @@ from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, stored_rule
 from filledfirst.cli import main
 from filledfirst.config import SCHEMA_PATH
 from filledfirst.errors import UserError
+from filledfirst.model.kv import kv_record
 from filledfirst.store.ingest import DDL
 
 RUNNING, WAITING, KV = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
@@ -292,15 +293,21 @@ def test_kv_ledger(tmp_path):
     shape = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
              "torch_dtype": "bfloat16"}
     (model / "config.json").write_text(json.dumps(shape))
-    run = reference_run("ledger") | {"meta": {"model": {"path": str(model), "dtype": "auto"}}}
+    meta = {"model": {"path": str(model), "dtype": "auto"}}
+    run = reference_run("ledger") | {"meta": meta | {"kv": kv_record(meta["model"])}}
     run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1)]
     run["labels"] = {"vllm:cache_config_info": "block_size=16,cache_dtype=auto,engine=0,num_gpu_blocks=100,"
                                                "num_gpu_blocks_override=None"}
     d = run_of(tmp_path, **run)
     assert d["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2 and d["kv_capacity_tokens"] == 1600
     assert d["kv_fit_concurrency"] == pytest.approx(1600 / 250)
-    d = run_of(tmp_path, **reference_run("noledger") | {"meta": {"model": {"path": str(tmp_path / "nowhere")}}})
+    nowhere = {"path": str(tmp_path / "nowhere")}
+    d = run_of(tmp_path, **reference_run("noledger") | {"meta": {"model": nowhere, "kv": kv_record(nowhere)}})
     assert d["kv_bytes_per_token"] is None and d["kv_capacity_tokens"] is None
+    assert "KV bytes per token not known (no local model config.json)" in d["notes"]
+    # a run.json from before runs recorded the KV shape: the diagnosis reads no model folder
+    d = run_of(tmp_path, **reference_run("older") | {"meta": {"model": {"path": str(model), "dtype": "auto"}}})
+    assert d["kv_bytes_per_token"] is None and "recorded no KV shape" in d["notes"]
 
 
 def test_rules_from_config_and_schema_defaults_agree():
@@ -310,6 +317,23 @@ def test_rules_from_config_and_schema_defaults_agree():
         DiagnosisRules.from_config({"bogus": 1})
     props = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["diagnosis"]["properties"]
     assert {k: v["default"] for k, v in props.items()} == DiagnosisRules().__dict__
+
+
+def test_diagnose_from_an_ingested_copy(tmp_path):
+    """The workflow's `diagnose` rule: the ingested file stays as it was, the labelled copy
+    appears whole or not at all."""
+    src = make_db(tmp_path / "ingested.duckdb", [reference_run(), kv_pressure_run()])
+    before = src.read_bytes()
+    out = tmp_path / "filledfirst.duckdb"
+    assert main(["diagnose", "--from", str(src), "--db", str(out)]) == 0
+    assert src.read_bytes() == before
+    with duckdb.connect(str(out), read_only=True) as con:
+        assert dict(con.execute("SELECT run_id, label FROM diagnosis").fetchall()) == {
+            "ref": "reference", "kv": "KV-capacity pressure"}
+        assert con.execute("SELECT count(*) FROM frontiers").fetchone()[0] == 0
+    labelled = out.read_bytes()
+    assert main(["diagnose", "--from", str(tmp_path / "nowhere.duckdb"), "--db", str(out)]) == 2
+    assert out.read_bytes() == labelled and not list(tmp_path.glob(".*partial*"))
 
 
 def test_write_diagnosis_and_cli(tmp_path, capsys):
@@ -522,7 +546,8 @@ def test_kv_bytes_per_token_by_model_family(tmp_path, name, config, dtype, cache
     model = tmp_path / name
     model.mkdir()
     (model / "config.json").write_text(json.dumps(config))
-    run = reference_run(name) | {"meta": {"model": {"path": str(model), "dtype": dtype}}}
+    meta = {"model": {"path": str(model), "dtype": dtype}}
+    run = reference_run(name) | {"meta": meta | {"kv": kv_record(meta["model"])}}
     info = cache + "block_size=16,engine=0,num_gpu_blocks=250"
     run["samples"] = run["samples"] + [(0.0, "vllm:cache_config_info", 1, info)]
     d = run_of(tmp_path, **run)

@@ -12,8 +12,8 @@ import math
 import pytest
 from test_group_runs import FakeShared
 
+from filledfirst import interrupts
 from filledfirst.config import load_config
-from filledfirst.engine import lifetime
 from filledfirst.frontier import run as frun
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
@@ -67,7 +67,7 @@ def study(tmp_path, monkeypatch):
             replay.server_died = True
             return
         if what == "interrupt":
-            lifetime.note_interrupt("received SIGINT")
+            interrupts.note_interrupt("received SIGINT")
             replay.interrupted = "received SIGINT"
             return
         met = round(curve(rate) * len(replay.requests))
@@ -88,7 +88,7 @@ def study(tmp_path, monkeypatch):
     monkeypatch.setattr(Replay, "run", fake_run)
     monkeypatch.setattr(frun, "install_interrupt_handlers", lambda: None)
     monkeypatch.setattr(frun, "watch_owners", lambda: None)
-    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     return cfg, tmp_path / "frontiers" / "cap" / "default", state
 
 
@@ -158,7 +158,7 @@ def test_an_interrupted_search_resumes_from_its_finished_probes(study, monkeypat
     assert not state["shared"].alive()
     finished = {p: run_json(out / f"p0{p}")["run_id"] for p in (1, 2, 3)}
 
-    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
     state["rates"].clear()
     doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
@@ -179,7 +179,7 @@ def test_probes_last_as_many_request_lifetimes_as_asked_and_resume_at_that_lengt
     state["during"][4] = "interrupt"
     with pytest.raises(SystemExit):
         frun.run_frontier(cfg, "cap", "default", out, progress=False)
-    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
     doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
     probes = doc["probes"]
@@ -313,8 +313,8 @@ def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, mo
 
     def workload(self, rate, schedule, probe_s):
         if len(state["rates"]) == 2:
-            lifetime.note_interrupt("received SIGTERM")
-            raise lifetime.Interrupted("received SIGTERM")
+            interrupts.note_interrupt("received SIGTERM")
+            raise interrupts.Interrupted("received SIGTERM")
         return original(self, rate, schedule, probe_s)
 
     monkeypatch.setattr(frun.Prober, "workload", workload)

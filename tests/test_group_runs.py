@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from filledfirst import runner
+from filledfirst import interrupts, runner
 from filledfirst.config import load_config
-from filledfirst.engine import lifetime
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.server import ServerStartError
 from filledfirst.engine.shared import SharedServer
@@ -76,7 +75,7 @@ def group(tmp_path, monkeypatch):
             state["shared"].server.running = False
             replay.server_died = True
         elif what == "interrupt":
-            lifetime.note_interrupt("received SIGINT")
+            interrupts.note_interrupt("received SIGINT")
             replay.interrupted = "received SIGINT"
 
     monkeypatch.setattr(runner, "SharedServer", make_shared)
@@ -84,7 +83,7 @@ def group(tmp_path, monkeypatch):
     # Leave the test process's own signal handlers and parent alone.
     monkeypatch.setattr(runner, "install_interrupt_handlers", lambda: None)
     monkeypatch.setattr(runner, "watch_owners", lambda: None)
-    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     return cfg, jobs, state
 
 
@@ -153,7 +152,7 @@ def interrupted_at_b_then_cleaned(group, monkeypatch):
     first_a = meta(jobs[0])["run_id"]
     for job in jobs:
         shutil.rmtree(job.out, ignore_errors=True)
-    monkeypatch.setattr(lifetime, "_interrupt_reason", None)
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
     return first_a
 

@@ -15,6 +15,7 @@ import pytest
 from filledfirst import atomic, rundir
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.config import load_study
 from filledfirst.records import (
     REQUEST_SCHEMA,
     SAMPLE_SCHEMA,
@@ -150,7 +151,7 @@ def db(tmp_path_factory) -> Path:
     ]
     path = root / "study.duckdb"
     ingest(dirs, path)
-    write_diagnosis(path, DiagnosisRules())
+    write_diagnosis(path, DiagnosisRules(), parts=load_study([REPO / "tests" / "configs" / "e2e.yaml"]).parts)
     return path
 
 
@@ -484,3 +485,57 @@ def test_a_schedule_placed_relative_to_a_knee_says_where_it_was_placed():
                            "rate_rps": 8.0, "kept_per_s": 0.48, "time_scale": 0.06}]}
     assert "the trace's time scale at 0.5x the knee of azure/default (16 req/s held): 8 req/s, time scale 0.06" \
         in schedule_sentence(trace)
+
+
+# --- the study's parts -----------------------------------------------------------------------
+
+
+def test_the_schemas_rows_are_the_reports():
+    import yaml
+
+    from filledfirst.config import SCHEMA_PATH
+    from filledfirst.report import parts
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["parts"]["oneOf"][1]
+    assert schema["additionalProperties"]["properties"]["rows"]["items"]["enum"] == list(parts.ROWS)
+    assert set(parts.DEFAULT_ROWS) <= set(parts.ROWS)
+
+
+def test_a_study_with_parts_of_its_own(tmp_path, db):
+    """A part the seed study does not have goes through the config, the diagnosis and the
+    report: its own title and rows, reference figures beside; a run whose part the
+    database does not describe still gets a table, under its part's name."""
+    import yaml
+
+    from filledfirst.report import parts
+    from filledfirst.store.study_parts import stored_parts
+
+    base = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
+    base["parts"] = {"warm_up": {"title": "Does a cold server differ?", "rows": ["ttft_p90", "running_max"],
+                                 "reference": {"last week": {"ttft_p90": "90 ms"}}}}
+    for exp in base["experiments"].values():
+        exp["part"] = "warm_up"
+    config = tmp_path / "own.yaml"
+    config.write_text(yaml.safe_dump(base, sort_keys=False))
+    study = load_study([config])
+    assert list(study.parts) == ["warm_up"] and study.parts["warm_up"].table == "signals"
+    base["experiments"]["reference"]["part"] = "nope"
+    config.write_text(yaml.safe_dump(base, sort_keys=False))
+    with pytest.raises(Exception, match=r"experiments.reference.part: 'nope' is not in parts \(\['warm_up'\]\)"):
+        load_study([config])
+
+    own = tmp_path / "own.duckdb"
+    shutil.copyfile(db, own)
+    write_diagnosis(own, DiagnosisRules(), parts=study.parts)
+    with duckdb.connect(str(own), read_only=True) as c:
+        assert stored_parts(c) == study.parts
+        summary = [r for r in signals.run_summary(c).to_dicts() if r["n_requests"] > 0]
+        metas = signals.run_metas(c)
+    part_of = {RUN_A: "warm_up", RUN_LEGACY: "decode_load"}
+    blocks = parts.parts_html(study.parts, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas)
+    html = "".join(blocks)
+    assert html.index("Does a cold server differ?") < html.index("decode_load")  # the study's, then the rest
+    own_table = blocks[1]
+    assert "TTFT p90" in own_table and "running (max)" in own_table and "TTFT p50" not in own_table
+    assert "last week" in own_table and "90 ms" in own_table
+    assert "running (median / max)" in html  # the general rows for the part not described

@@ -1,4 +1,4 @@
-"""The study on SLURM with the profile config/profiles/slurm (snakemake-executor-plugin-slurm).
+"""The study on SLURM with the profile profiles/slurm (snakemake-executor-plugin-slurm).
 
 1. What the GPU study (config/config.yaml) would submit: the real plugin against stand-in
    SLURM commands that record every sbatch call (no cluster, no GPU needed).
@@ -24,7 +24,7 @@ from filledfirst.config import load_config, server_groups
 from conftest import REPO
 from slurm_cluster import SlurmCluster, missing_requirements
 
-PROFILE = REPO / "config" / "profiles" / "slurm"
+PROFILE = REPO / "profiles" / "slurm"
 
 
 def profile_argv(configfile: Path, *extra: str) -> list[str]:

@@ -38,7 +38,7 @@ def test_dry_run_plans_one_job_per_server_group(tmp_path, configfile, model_jobs
     assert {rule: n for rule, n in stats.items() if rule.startswith("run_group_")} == {
         f"run_group_{group}": 1 for group in groups
     }
-    assert stats["ingest"] == 1 and stats["report"] == 1
+    assert stats["ingest"] == 1 and stats["diagnose"] == 1 and stats["report"] == 1
     assert stats.get("tiny_model", 0) == model_jobs
     # One `filledfirst run` per group, its experiments in config order, each to its own folder.
     runs = [line for line in out.splitlines() if " -m filledfirst run " in line]

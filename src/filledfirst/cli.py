@@ -377,22 +377,43 @@ def _add_diagnose(sub) -> None:
     p = sub.add_parser("diagnose", help="label each run with what filled first; stored as table `diagnosis` "
                        "(and the capacity searches' results as table `frontiers`)")
     p.add_argument("--db", required=True, type=Path)
+    p.add_argument("--from", type=Path, dest="source", metavar="INGESTED",
+                   help="label a copy of this database (what `ingest` wrote) and write it as --db, whole or not "
+                   "at all; without it --db is labelled in place")
     p.add_argument("--config", action="append", type=Path, dest="configs", default=[],
                    help="thresholds from its `diagnosis` section, designed-for labels from its experiments")
     p.set_defaults(func=_cmd_diagnose)
 
 
 def _cmd_diagnose(args) -> int:
-    from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+    from filledfirst.analysis.diagnosis import DiagnosisRules
     from filledfirst.config import load_study
 
     if args.configs:
         study = load_study(args.configs)
         rules = study.diagnosis
         expect = {name: e.expect for name, e in study.experiments.items() if e.expect}
+        parts = study.parts if isinstance(study.parts, dict) else None  # load_study reads a parts file
     else:
-        rules, expect = DiagnosisRules(), {}
-    df = write_diagnosis(args.db, rules, expect)
+        rules, expect, parts = DiagnosisRules(), {}, None
+    if args.source is not None:
+        import shutil
+
+        from filledfirst import atomic
+
+        if not args.source.is_file():
+            raise UserError(f"{args.source}: no such database (run `filledfirst ingest` first)")
+        with atomic.atomic_path(args.db, suffix=".duckdb") as work:
+            shutil.copyfile(args.source, work)
+            code = _diagnose_in_place(work, rules, expect, parts)
+        return code
+    return _diagnose_in_place(args.db, rules, expect, parts)
+
+
+def _diagnose_in_place(db: Path, rules, expect, parts) -> int:
+    from filledfirst.analysis.diagnosis import write_diagnosis
+
+    df = write_diagnosis(db, rules, expect, parts)
     rows = [(d["run_id"], d["expect"] or "", d["label"], d["clue"], d["warnings"]) for d in df.to_dicts()]
     if sys.stdout.isatty():
         from rich.console import Console
@@ -410,7 +431,7 @@ def _cmd_diagnose(args) -> int:
     from filledfirst.frontier.table import write_frontiers
 
     # The capacity searches' results need the probes' diagnosis: table `frontiers`.
-    for f in write_frontiers(args.db).to_dicts():
+    for f in write_frontiers(db).to_dicts():
         print(f"frontier {f['frontier']}/{f['setting']}: held {f['lo_rps']} req/s, broke {f['hi_rps']} req/s "
               f"({f['reason']}); at the knee: {f['knee_label']}")
     return 0

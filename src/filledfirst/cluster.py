@@ -1,9 +1,9 @@
 """What an experiment job asks a batch system for: GPUs, CPUs, memory and a time limit.
 
 One job per server group (Snakemake rule `run_group_<name>`): one vLLM start, then the
-group's experiments one after the other. The SLURM profile (config/profiles/slurm) turns
+group's experiments one after the other. The SLURM profile (profiles/slurm) turns
 these resources into sbatch options; a local run ignores them. Defaults are the schema's
-(`cluster` in workflow/schemas/config.schema.yaml), read through filledfirst.study.
+(`cluster` in src/filledfirst/schemas/config.schema.yaml), read through filledfirst.study.
 
 The time limit is the longest the job can legitimately take by the runner's own limits:
 the server start-up (it gives up after `engine.startup_timeout_s`), then for each

@@ -36,9 +36,28 @@ def load_config(paths: list[Path]) -> dict:
             raise UserError(f"config file {path} does not exist") from None
         except yaml.YAMLError as exc:
             raise UserError(f"config file {path} is not valid YAML: {exc}") from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("parts"), str):
+            loaded = {**loaded, "parts": _parts_file(loaded["parts"], Path(path))}
         cfg = deep_merge(cfg, loaded)
     validate_config(cfg)
     return cfg
+
+
+def _parts_file(name: str, named_in: Path) -> dict:
+    """The `parts:` of the file a config's `parts` names: relative to that config, else
+    to the repository's config/ (where the shipped studies' parts live, so a copy of a
+    shipped config elsewhere still finds them)."""
+    candidates = [named_in.parent / name, REPO_ROOT / "config" / name]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise UserError(f"{named_in}: parts: {name} is in none of {', '.join(str(p.parent) for p in candidates)}")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{named_in}: parts: {path} is not valid YAML: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("parts"), dict):
+        raise UserError(f"{named_in}: parts: {path} has no `parts:` mapping")
+    return doc["parts"]
 
 
 def load_study(paths: list[Path]) -> Study:
@@ -60,6 +79,11 @@ def validate_config(cfg: dict) -> None:
         if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):
             known = sorted(cfg.get("traces", {}))
             problems.append(f"workloads.{name}.trace: {wl['trace']!r} is not in traces ({known})")
+    parts = cfg.get("parts")
+    for name, exp in cfg["experiments"].items():
+        if exp.get("part") is not None and not (isinstance(parts, dict) and exp["part"] in parts):
+            known = sorted(parts) if isinstance(parts, dict) else "none: add a parts section"
+            problems.append(f"experiments.{name}.part: {exp['part']!r} is not in parts ({known})")
     for name, exp in cfg["experiments"].items():
         if exp["workload"] not in cfg["workloads"]:
             known = sorted(cfg["workloads"])

@@ -16,7 +16,7 @@ HEADER = """# Configuring a study
 
 A study is one YAML file (or several given one after the other with `--configfile`,
 later files overriding earlier ones key by key). It is checked against
-`workflow/schemas/config.schema.yaml` before anything runs; unknown keys are errors.
+`src/filledfirst/schemas/config.schema.yaml` before anything runs; unknown keys are errors.
 `config/config.yaml` is the GPU study, `config/cpu.yaml` the same study scaled to a CPU.
 
 This file is generated from the schema (`python -m filledfirst.configdoc > config/README.md`);
@@ -84,9 +84,16 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
         _section(f"{title} (an external endpoint)", node["then"], schema, out)
         return
     if "oneOf" in node:
-        for branch in node["oneOf"]:
-            kind = branch["properties"]["kind"]["const"]
-            _section(f"{title} (kind: {kind})", branch, schema, out, _TYPE_DEFAULTS()[kind])
+        branches = [_resolve(b, schema) for b in node["oneOf"]]
+        if all("kind" in b.get("properties", {}) for b in branches):  # the workload kinds
+            for branch in branches:
+                kind = branch["properties"]["kind"]["const"]
+                _section(f"{title} (kind: {kind})", branch, schema, out, _TYPE_DEFAULTS()[kind])
+            return
+        # a value or a map of objects (`parts`: a file name or the parts inline): the objects
+        objects = [b for b in branches if b.get("type") == "object"]
+        if objects:
+            _section(title, objects[0], schema, out)
         return
     if "properties" not in node:
         extra = node.get("additionalProperties")

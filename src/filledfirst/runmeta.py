@@ -82,6 +82,14 @@ class Timings(_Part):
     client_workers: int | None = None  # processes that sent requests
 
 
+class KvShape(_Part):
+    """The model's KV per token, from its config.json when the run started (filledfirst.model.kv)."""
+
+    elements_per_token: float | None = None
+    config_dtype: str | None = None
+    why: str | None = None
+
+
 class RunMeta(_Part):
     run_id: str
     experiment: str
@@ -99,6 +107,7 @@ class RunMeta(_Part):
     scrape: Scrape = Scrape()
     schedule: ScheduleInfo = ScheduleInfo()
     frontier: FrontierProbe | None = None
+    kv: KvShape | None = None
     timings: Timings = Timings()
     versions: dict[str, Any] = {}
 

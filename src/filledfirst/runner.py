@@ -8,7 +8,6 @@ settings, replay each in turn, stop it (`run_experiment`: the same for one).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -25,14 +24,16 @@ from typing import Callable
 import polars as pl
 
 from filledfirst import atomic, kept, rundir
-from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint
-from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
+from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
+from filledfirst.interrupts import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
+from filledfirst.loadgen import loop as event_loop
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
+from filledfirst.model.kv import kv_record
 from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.study import Experiment, Study, as_study
@@ -67,6 +68,8 @@ class _Run:
             "timings": {},
             **extra,
         }
+        # The model folder is at hand now: the diagnosis reads its KV shape from here.
+        self.meta["kv"] = kv_record(self.meta.get("model"), REPO_ROOT)
         stats = Path(str(schedule_path) + ".stats.json")
         if stats.is_file():
             self.meta["schedule"]["stats"] = json.loads(stats.read_text())
@@ -81,7 +84,7 @@ class _Run:
         # The diagnosis holds a scraped value for a multiple of this, also for external replays.
         self.meta["scrape"] = {"interval_s": settings.scrape_interval_s}
         log.info("replaying %d requests against %s", len(self.schedule), base_url)
-        asyncio.run(self.replay.run())
+        event_loop.run(self.replay.run())
         self.meta["timings"]["replay_s"] = self.replay.t_end
         self.meta["timings"]["client_cpu_s"] = self.replay.client_cpu_s
         self.meta["timings"]["client_cpu_peak_s"] = self.replay.client_cpu_peak_s

@@ -1,7 +1,7 @@
 """The study config as types: converted once, after the schema has validated the dict.
 
 Defaults live in exactly one place each:
-- a key whose schema entry has `default:` (workflow/schemas/config.schema.yaml) takes it
+- a key whose schema entry has `default:` (src/filledfirst/schemas/config.schema.yaml) takes it
   from there: the fields below read it with `schema_default`, so Snakemake (which fills
   the schema's defaults into its `config` dict) and this module cannot disagree;
 - a key the schema cannot give a default (the workload kinds are a `oneOf`, whose
@@ -294,6 +294,24 @@ class Frontier(_Struct):
     repeats: int = _d("frontiers", "*", "repeats")
 
 
+class ReferenceRole(_Struct):
+    role: str
+    n: str = ""
+    ttft_p50: str = ""
+    ttft_p90: str = ""
+    itl_p50: str = ""
+
+
+class Part(_Struct):
+    """One of the study's parts: a table of the report (filledfirst.report.parts)."""
+
+    title: str
+    table: Literal["signals", "roles", "sweep"] = "signals"  # the schema names this default
+    rows: list[str] = []  # empty: filledfirst.report.parts.DEFAULT_ROWS
+    reference: dict[str, dict[str, str]] = {}
+    reference_roles: list[ReferenceRole] = []
+
+
 class Study(_Struct):
     study: StudyInfo
     model: Model
@@ -307,6 +325,8 @@ class Study(_Struct):
     cluster: Cluster = Cluster()
     diagnosis: DiagnosisRules = DiagnosisRules()
     frontiers: dict[str, Frontier] = {}
+    # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
+    parts: dict[str, Part] | str = {}
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:

@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import shlex
@@ -7,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from filledfirst.cluster import job_request, runtime_minutes
-from filledfirst.config import fingerprint, group_fingerprint, schema_problem, server_groups
+from filledfirst.config import SCHEMA_PATH, fingerprint, group_fingerprint, schema_problem, server_groups
 
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
@@ -24,7 +25,7 @@ if workflow.config_settings.config:
     )
 
 try:
-    validate(config, "../schemas/config.schema.yaml", set_default=True)
+    validate(config, str(SCHEMA_PATH), set_default=True)
 except WorkflowError as exc:
     # One line with the key path as the config spells it, instead of the schema dump.
     raise WorkflowError(f"invalid config: {schema_problem(config) or exc}") from None
@@ -44,7 +45,15 @@ EXPERIMENTS = sorted(config["experiments"])
 SERVER_GROUPS = server_groups(config)
 TRACE_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "trace")
 SYNTHETIC_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "synthetic")
+# What ingest measured, and the same with the diagnosis's tables (what the report reads).
+INGESTED = "results/ingested.duckdb"
 DB = "results/filledfirst.duckdb"
+# What the labels depend on besides the measurements: a change re-runs `diagnose` alone.
+DIAGNOSIS_RULES = json.dumps(
+    {"diagnosis": config.get("diagnosis", {}),
+     "expect": {name: e.get("expect") for name, e in sorted(config["experiments"].items())}},
+    sort_keys=True,
+)
 # The report's source lives with the workflow, so --directory elsewhere still finds it.
 REPORT_SOURCE = f"{workflow.basedir}/reports/report.qmd"
 

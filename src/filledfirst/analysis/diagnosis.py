@@ -29,7 +29,6 @@ Columns beyond the ones the report reads: `notes` (what could not be checked and
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -384,15 +383,6 @@ def _goodput(row: dict) -> dict:
             "slo_met_share": met / n if met is not None and n else None}
 
 
-# fp8 variants with other layouts (e.g. fp8_ds_mla) are left unknown rather than guessed.
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-# config.json keys of models whose layers do not all keep K and V per token: linear
-# attention or state-space layers (a fixed state), layers sharing another's KV.
-_NOT_PER_TOKEN_KEYS = ("layers_block_type", "attn_type_list", "full_attention_interval", "num_kv_shared_layers",
-                       "kv_sharing_target_layer_name", "mamba_d_state", "linear_attn_config")
-
-
 def _label_value(labels: str | None, key: str) -> str | None:
     m = re.search(rf"(?:^|,){key}=([^,]*)", labels or "")
     return m.group(1) if m else None
@@ -411,9 +401,9 @@ def _engine_tokens(labels: str) -> int | None:
 
 def _kv_ledger(row: dict, meta: RunMeta, notes: list[str]) -> dict:
     """Seed 004's ledger. What the engines report comes first (capacity in tokens, and bytes
-    per token as their KV memory over those tokens); bytes per token from config.json only
-    for the families whose KV is plain per-token K and V, or MLA's latent. NULL, with the
-    reason in the notes, where it is not known: never a wrong number."""
+    per token as their KV memory over those tokens); else bytes per token from the model's
+    shape run.json recorded (filledfirst.model.kv). NULL, with the reason in the notes,
+    where it is not known: never a wrong number."""
     engines = row.get("cache_labels") or []
     tokens = [_engine_tokens(labels) for labels in engines]
     memory = [_label_int(labels, "kv_cache_memory_bytes") for labels in engines]
@@ -431,46 +421,14 @@ def _kv_ledger(row: dict, meta: RunMeta, notes: list[str]) -> dict:
             "kv_fit_concurrency": capacity / mean_tokens if capacity and mean_tokens else None}
 
 
-@functools.lru_cache(maxsize=None)
-def _model_config(path: str, repo_root: str) -> dict | None:
-    """The model's config.json, read once per model (every run of a study shares it)."""
-    candidates = (Path(path) / "config.json", Path(repo_root) / path / "config.json")
-    found = next((p for p in candidates if p.is_file()), None)
-    return json.loads(found.read_text()) if found is not None else None
-
-
 def _kv_bytes_per_token(meta: RunMeta, cache_dtype: str | None) -> tuple[float | None, str]:
-    """Bytes per token from the model's shape, and why not when it cannot be told."""
-    from filledfirst.config import REPO_ROOT
+    """Bytes per token from the model's KV shape the run recorded when it started."""
+    from filledfirst.model.kv import kv_bytes_per_token
 
-    model = meta.model
-    try:
-        top = _model_config(str(model.path), str(REPO_ROOT))
-    except (OSError, ValueError) as exc:
-        return None, f"config.json unreadable: {type(exc).__name__}"
-    if top is None:
-        return None, "no local model config.json and no KV memory from the engine"
-    cfg = top.get("text_config") or top  # multimodal wrappers keep the language model's shape here
-    layer_types = set(cfg.get("layer_types") or ())
-    if layer_types - {"full_attention", "attention"} or any(k in cfg for k in _NOT_PER_TOKEN_KEYS):
-        return None, f"{cfg.get('model_type', 'this model')}: hybrid, linear-attention or shared-KV layers"
-    dtype = cache_dtype if cache_dtype not in (None, "auto") else model.dtype or "auto"
-    if dtype == "auto":
-        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype")
-        if dtype in ("float32", "float"):
-            return None, "dtype auto with a float32 config: vLLM picks 16 or 32 bits by platform"
-    nbytes = _DTYPE_BYTES.get(str(dtype))
-    if nbytes is None:
-        return None, f"bytes of KV dtype {dtype} not known"
-    try:
-        layers = cfg["num_hidden_layers"]
-        if cfg.get("kv_lora_rank"):  # MLA: one compressed latent and the rope key per layer
-            return float(layers * (cfg["kv_lora_rank"] + cfg.get("qk_rope_head_dim", 0)) * nbytes), ""
-        heads = cfg["num_attention_heads"]
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        return float(2 * layers * (cfg.get("num_key_value_heads") or heads) * head_dim * nbytes), ""
-    except (KeyError, TypeError, ZeroDivisionError) as exc:
-        return None, f"config.json lacks {exc}"
+    if meta.kv is None:
+        return None, "the run recorded no KV shape (made by an older version)"
+    return kv_bytes_per_token(meta.kv.elements_per_token, meta.kv.why, meta.kv.config_dtype, meta.model.dtype,
+                              cache_dtype)
 
 
 def _pct(x: float | None) -> str:
@@ -629,9 +587,11 @@ def _warnings(d: dict, row: dict, r: DiagnosisRules) -> list[str]:
 
 
 def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
-                    expect: Mapping[str, str] | None = None) -> pl.DataFrame:
-    """Compute the diagnosis and store it as table `diagnosis`, swapping the file in whole."""
+                    expect: Mapping[str, str] | None = None, parts: Mapping[str, object] | None = None) -> pl.DataFrame:
+    """Compute the diagnosis and store it as table `diagnosis`, swapping the file in whole;
+    with `parts` (the study's, filledfirst.study.Part by name) also table `study_parts`."""
     from filledfirst.store.ingest import edited_copy, upgrade
+    from filledfirst.store.study_parts import store_parts
 
     if not Path(db_path).is_file():
         raise UserError(f"{db_path}: no such database (run `filledfirst ingest` first)")
@@ -646,6 +606,8 @@ def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
         # The report states the thresholds the labels were made with, not the defaults.
         con.execute("CREATE OR REPLACE TABLE diagnosis_rules (rules JSON)")
         con.execute("INSERT INTO diagnosis_rules VALUES (?)", [json.dumps(asdict(rules))])
+        if parts is not None:
+            store_parts(con, parts)
     return df
 
 

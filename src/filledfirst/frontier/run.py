@@ -41,12 +41,12 @@ from pathlib import Path
 
 from filledfirst import atomic, rundir
 from filledfirst.config import fingerprint
-from filledfirst.engine.lifetime import Interrupted, install_interrupt_handlers, watch_owners
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, frontier_plan, probe_base_spec, search_fingerprint
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
+from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Callable, Coroutine
 
 import aiohttp
 
-from filledfirst.engine.lifetime import note_interrupt, signal_reason
+from filledfirst.interrupts import note_interrupt, signal_reason
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import math
-from typing import Callable
+from typing import Annotated, Any, Callable
 
 import aiohttp
 import attr  # aiohttp's ClientTimeout is an attrs class
@@ -18,6 +18,38 @@ from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 log = logging.getLogger(__name__)
 
 _decode = msgspec.json.Decoder().decode  # several times faster than json.loads per chunk
+
+# The fields we read, typed: decoding only them (unknown fields skipped, no dicts built)
+# is the client's fast path per chunk. An event that does not fit falls back to the
+# generic path below, which decides what it means, so the two cannot disagree.
+_Count = Annotated[int, msgspec.Meta(ge=0, lt=2**63)]
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: _Count | None = None
+    completion_tokens: _Count | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+
+
+class _Event(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    metrics: Any = msgspec.UNSET  # PER_REQUEST_METRICS, any shape: _server_timings judges it
+    error: Any = msgspec.UNSET
+
+
+assert PER_REQUEST_METRICS == "metrics", "the typed event names vLLM's field"
+_decode_event = msgspec.json.Decoder(_Event).decode
 
 _REJECT_STATUSES = {429, 503}
 DRAIN_TIMEOUT = "drain timeout"  # the cancel message of requests still open when the drain ends
@@ -114,18 +146,17 @@ def _server_timings(rec: RequestRecord, metrics: object) -> None:
 
 
 def _count_chunk(
-    rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], t: float, choice: dict, usage: dict | None,
-    first_token: asyncio.Timeout,
+    rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], t: float, reasoning: object, text: object,
+    so_far: int | None, first_token: asyncio.Timeout,
 ) -> None:
-    """One streamed choice chunk: how many tokens it carried, and of which kind."""
-    reasoning = _reasoning_text(choice)
-    so_far = usage.get("completion_tokens") if usage else None
+    """One streamed choice chunk (its reasoning and text deltas, and the usage's
+    completion_tokens so far): how many tokens it carried, and of which kind."""
     if so_far is not None:
         n = so_far - (rec.output_tokens_received or 0)
     else:
         # Other servers give no per-chunk usage: a chunk with text counts as one token,
         # and chat's opening role-only chunk (no text) as none.
-        n = 1 if (reasoning or _text(choice)) else 0
+        n = 1 if (reasoning or text) else 0
     tokens.append(TokenRecord(rec.request_id, rec.chunks, t, n))
     rec.chunks += 1
     if n <= 0:
@@ -138,6 +169,64 @@ def _count_chunk(
         rec.reasoning_tokens += n
     elif rec.t_first_content is None:
         rec.t_first_content = t
+
+
+def _take_event(rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], t: float, data: bytes,
+                first_token: asyncio.Timeout) -> bool:
+    """One `data:` payload onto the record; False when it ended the request (an error
+    event, or one we cannot read)."""
+    try:
+        event = _decode_event(data)
+    except msgspec.ValidationError:
+        return _take_any_event(rec, tokens, t, data, first_token)
+    except (ValueError, msgspec.DecodeError):
+        rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
+        return False
+    usage = event.usage
+    if event.error is not msgspec.UNSET or (
+            usage is not None and usage.prompt_tokens is None and usage.completion_tokens is None):
+        return _take_any_event(rec, tokens, t, data, first_token)  # what such an event means is decided there
+    if event.choices:
+        choice = event.choices[0]
+        delta = choice.delta
+        reasoning = (delta.reasoning_content or delta.reasoning) if delta is not None else None
+        text = delta.content if delta is not None else choice.text
+        _count_chunk(rec, tokens, t, reasoning, text, usage.completion_tokens if usage is not None else None,
+                     first_token)
+    if usage is not None:
+        rec.prompt_tokens_received = usage.prompt_tokens
+        rec.output_tokens_received = usage.completion_tokens
+    if event.metrics is not msgspec.UNSET:  # vLLM: on the final usage chunk only
+        _server_timings(rec, event.metrics)
+    return True
+
+
+def _take_any_event(rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], t: float, data: bytes,
+                    first_token: asyncio.Timeout) -> bool:
+    """The generic path: any JSON, checked field by field."""
+    try:
+        event = _decode(data)
+    except (ValueError, msgspec.DecodeError):
+        rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
+        return False
+    if isinstance(event, dict) and "error" in event:
+        rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
+        return False
+    if not isinstance(event, dict) or not _well_formed(event):
+        rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
+        return False
+    usage = event.get("usage")
+    choices = event.get("choices")
+    if choices:
+        choice = choices[0]
+        _count_chunk(rec, tokens, t, _reasoning_text(choice), _text(choice),
+                     usage.get("completion_tokens") if usage else None, first_token)
+    if usage:
+        rec.prompt_tokens_received = usage.get("prompt_tokens")
+        rec.output_tokens_received = usage.get("completion_tokens")
+    if PER_REQUEST_METRICS in event:  # vLLM: on the final usage chunk only
+        _server_timings(rec, event[PER_REQUEST_METRICS])
+    return True
 
 
 class _Attempt:
@@ -282,26 +371,8 @@ async def _exchange(
                 if data == b"[DONE]":
                     done = True
                     break
-                try:
-                    event = _decode(data)
-                except (ValueError, msgspec.DecodeError):
-                    rec.status, rec.error = "http_error", f"invalid JSON in stream: {data[:200]!r}"
+                if not _take_event(rec, tokens, t, data, first_token):
                     return
-                if isinstance(event, dict) and "error" in event:
-                    rec.status, rec.error = "http_error", json.dumps(event["error"])[:_ERROR_TEXT_MAX]
-                    return
-                if not isinstance(event, dict) or not _well_formed(event):
-                    rec.status, rec.error = "http_error", f"unexpected event in stream: {data[:200]!r}"
-                    return
-                usage = event.get("usage")
-                choices = event.get("choices")
-                if choices:
-                    _count_chunk(rec, tokens, t, choices[0], usage, first_token)
-                if usage:
-                    rec.prompt_tokens_received = usage.get("prompt_tokens")
-                    rec.output_tokens_received = usage.get("completion_tokens")
-                if PER_REQUEST_METRICS in event:  # vLLM: on the final usage chunk only
-                    _server_timings(rec, event[PER_REQUEST_METRICS])
             if done:
                 break
         if not done:

@@ -113,7 +113,9 @@ def worker_main(conn: Connection, parent: int, one: Shard, base_url: str, settin
     message = conn.recv()
     if message[0] != "start":
         return
-    asyncio.run(replay.run_shard(message[1], conn, one.index))
+    from filledfirst.loadgen import loop
+
+    loop.run(replay.run_shard(message[1], conn, one.index))
     conn.send(("done", one.index, replay.requests, replay.tokens, replay.client_cpu_s))
     conn.close()
 

@@ -253,13 +253,13 @@ def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
 
 
 def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, RunMeta],
-                 frontiers: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> list[dict[str, str]]:
-    """Designed experiments (not the probes) grouped by their part in the study's order,
-    then one line per (frontier, setting). Each: part, what, designed, found, number, mark
-    ("differs" when a designed pattern was not what was found)."""
-    from filledfirst.report.tables import PARTS
-
-    order = {p: i for i, p in enumerate(PARTS)}
+                 frontiers: Sequence[Mapping[str, Any]], rules: DiagnosisRules,
+                 parts: Sequence[str] = ()) -> list[dict[str, str]]:
+    """Designed experiments (not the probes) grouped by their part in the study's order
+    (`parts`: the names, in order; others after them), then one line per (frontier,
+    setting). Each: part, what, designed, found, number, mark ("differs" when a designed
+    pattern was not what was found)."""
+    order = {p: i for i, p in enumerate(parts)}
     part = {run_id: m.part for run_id, m in metas.items()}
     designed = [d for d in diagnosis if not (d["run_id"] in metas and metas[d["run_id"]].frontier)]
     designed.sort(key=lambda d: order.get(part.get(d["run_id"]), len(order)))  # stable

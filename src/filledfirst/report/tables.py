@@ -163,21 +163,21 @@ def keys_by_run_table(
 
 # --- signal tables -------------------------------------------------------------------------
 
-def _cap(row: Mapping[str, Any]) -> str:
+def cap_suffix(row: Mapping[str, Any]) -> str:
     cap = row.get("max_num_seqs")
     return f" (max_num_seqs {cap})" if cap is not None else ""
 
 
 # (label, formatter) per run_summary row; one list so the per-run and the side-by-side
 # tables can never disagree on what a row means.
-def _requests(r: Mapping[str, Any]) -> str:
+def requests_cell(r: Mapping[str, Any]) -> str:
     """Never-sent requests are no failures: the server never saw them."""
     unsent = r.get("n_not_sent") or 0
     return f"{r['n_requests']:,}" + (f" ({unsent:,} never sent)" if unsent else "")
 
 
 SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
-    ("requests", _requests),
+    ("requests", requests_cell),
     ("failed requests", lambda r: f"{r['n_failed']:,}"),
     ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
     ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
@@ -186,7 +186,7 @@ SIGNAL_ROWS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("ITL p99", lambda r: fmt_ms(r["itl_p99_ms"])),
     ("ITL per chunk p50 / p99", lambda r: f"{fmt_ms(r.get('itl_chunk_p50_ms'))} / {fmt_ms(r.get('itl_chunk_p99_ms'))}"),
     ("running (median / max)",
-     lambda r: f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{_cap(r)}"),
+     lambda r: f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{cap_suffix(r)}"),
     ("waiting (median / max)",
      lambda r: f"{fmt_count(r['waiting_median'])} / {fmt_count(r['waiting_max'])}"),
     ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
@@ -333,88 +333,6 @@ def run_sentence(row: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-# --- the seed study's tables, one per part of the study ----------------------------------
-
-PARTS = {
-    "interference": "How does a long prefill affect other requests?",
-    "decode_load": "What happens when decode load rises?",
-    "sequence_limit": "The active-sequence limit",
-    "kv_capacity": "KV capacity",
-    "azure": "Back to the Azure replay",
-    "concurrency_sweep": "Concurrency sweep (closed loop)",
-}
-
-_Row = tuple[str, Callable[[Mapping[str, Any]], str]]
-
-# Rows per part, in the seed's order; runs are the columns.
-PART_ROWS: dict[str, list[_Row]] = {
-    "decode_load": [
-        ("running (median)", lambda r: fmt_count(r["running_median"]) + _cap(r)),
-        ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
-        ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
-        ("KV (median)", lambda r: fmt_pct(r["kv_median_pct"])),
-    ],
-    "sequence_limit": [
-        ("running (max)", lambda r: fmt_count(r["running_max"]) + _cap(r)),
-        ("waiting (max)", lambda r: fmt_count(r["waiting_max"])),
-        ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
-        ("KV (max)", lambda r: fmt_pct(r["kv_max_pct"])),
-    ],
-    "kv_capacity": [
-        ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
-        ("running (median / max)",
-         lambda r: f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{_cap(r)}"),
-        ("waiting (median / max)", lambda r: f"{fmt_count(r['waiting_median'])} / {fmt_count(r['waiting_max'])}"),
-        ("preemptions", lambda r: fmt_count(r["preemptions"])),
-        ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
-        ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
-    ],
-    "azure": [
-        ("requests (failed)", lambda r: f"{_requests(r)} ({r['n_failed']:,})"),
-        ("running (median)", lambda r: fmt_count(r["running_median"]) + _cap(r)),
-        ("waiting (median)", lambda r: fmt_count(r["waiting_median"])),
-        ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
-        ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
-    ],
-}
-
-# The seed's own figures (Qwen2.5-7B-Instruct, bf16, one A100-40GB, vLLM 0.27.1), shown
-# beside ours as a reference: comparable only on the same setup.
-SEED_COLUMNS: dict[str, dict[str, dict[str, str]]] = {
-    "decode_load": {
-        "seed, 80 ms": {"running (median)": "81", "TTFT p50": "77 ms", "ITL p50": "17.6 ms", "KV (median)": "6.4 %"},
-        "seed, 40 ms": {"running (median)": "254", "TTFT p50": "4,737 ms", "ITL p50": "33 ms", "KV (median)": "19.4 %"},
-    },
-    "sequence_limit": {
-        "seed, cap 256": {"TTFT p50": "174 ms"},
-        "seed, cap 8": {"running (max)": "8", "TTFT p50": "12,100 ms", "KV (max)": "< 2 %"},
-    },
-    "azure": {
-        "seed, every 10th": {"TTFT p50": "142 ms"},
-        "seed, every 5th": {"running (median)": "117", "waiting (median)": "59",
-                            "KV (median / max)": "~80 % / 99.9 %", "TTFT p50": "13,800 ms"},
-    },
-}
-
-SEED_ROLES = [  # the seed's interference table (TTFT p50, p90, ITL p50)
-    ("requests already decoding", "12", "44 ms", "54 ms", "13.1 ms"),
-    ("short new requests", "32", "110 ms", "780 ms", "13.1 ms"),
-    ("long-prompt requests", "3", "~1 s", "", ""),
-]
-
-
-def part_table(part: str, rows: Sequence[Mapping[str, Any]], with_seed: bool = True) -> str:
-    """Signals as rows, one column per run of the part, then the seed's figures."""
-    spec = PART_ROWS[part]
-    seed = SEED_COLUMNS.get(part, {}) if with_seed else {}
-    body = (
-        [label, *(f(r) for r in rows), *(col.get(label, "") for col in seed.values())]
-        for label, f in spec
-    )
-    header = ["", *(r["experiment"] for r in rows), *seed]
-    return html_table(header, body)
-
-
 def interference_table(roles: Sequence[Mapping[str, Any]], experiments: Mapping[str, str]) -> str:
     """Role rows of every interference run (`experiments`: run id -> experiment)."""
     body = [
@@ -423,10 +341,6 @@ def interference_table(roles: Sequence[Mapping[str, Any]], experiments: Mapping[
         for r in roles if r["run_id"] in experiments
     ]
     return html_table(["run", "role", "n", "failed", "TTFT p50", "TTFT p90", "ITL p50", "ITL p99"], body)
-
-
-def seed_roles_table() -> str:
-    return html_table(["role (seed, A100)", "n", "TTFT p50", "TTFT p90", "ITL p50"], SEED_ROLES)
 
 
 def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:

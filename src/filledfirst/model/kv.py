@@ -1,0 +1,82 @@
+"""KV-cache bytes per token from a model's config.json: its shape is read when a run starts
+(the model folder is at hand then) and kept in run.json, so the diagnosis reads no model
+folder.
+
+Only for the families whose KV is plain per-token K and V (2 x layers x KV heads x head
+dim x dtype bytes), or MLA's one latent and rope key per layer; everything else is None
+with the reason, never a wrong number. What the engine itself reports (its KV memory over
+its KV tokens) comes first in the diagnosis; this is the fallback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# fp8 variants with other layouts (e.g. fp8_ds_mla) are left unknown rather than guessed.
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
+                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# config.json keys of models whose layers do not all keep K and V per token: linear
+# attention or state-space layers (a fixed state), layers sharing another's KV.
+_NOT_PER_TOKEN_KEYS = ("layers_block_type", "attn_type_list", "full_attention_interval", "num_kv_shared_layers",
+                       "kv_sharing_target_layer_name", "mamba_d_state", "linear_attn_config")
+
+
+def model_config(path: str | Path | None, root: Path | None = None) -> dict | None:
+    """A model folder's config.json (relative paths also from `root`), None if there is none."""
+    if not path:
+        return None
+    candidates = [Path(path) / "config.json"] + ([root / path / "config.json"] if root is not None else [])
+    found = next((p for p in candidates if p.is_file()), None)
+    return json.loads(found.read_text()) if found is not None else None
+
+
+def kv_shape(top: dict | None) -> dict[str, Any]:
+    """What run.json keeps of a model's config.json (`top`) for the KV ledger: the KV
+    elements each token keeps over all layers, the config's own dtype, and why the
+    elements are not known (None when they are)."""
+    if top is None:
+        return {"elements_per_token": None, "config_dtype": None, "why": "no local model config.json"}
+    cfg = top.get("text_config") or top  # multimodal wrappers keep the language model's shape here
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype")
+    out: dict[str, Any] = {"elements_per_token": None, "config_dtype": dtype, "why": None}
+    layer_types = set(cfg.get("layer_types") or ())
+    if layer_types - {"full_attention", "attention"} or any(k in cfg for k in _NOT_PER_TOKEN_KEYS):
+        return out | {"why": f"{cfg.get('model_type', 'this model')}: hybrid, linear-attention or shared-KV layers"}
+    try:
+        layers = cfg["num_hidden_layers"]
+        if cfg.get("kv_lora_rank"):  # MLA: one compressed latent and the rope key per layer
+            return out | {"elements_per_token": float(layers * (cfg["kv_lora_rank"] + cfg.get("qk_rope_head_dim", 0)))}
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        return out | {"elements_per_token": float(2 * layers * (cfg.get("num_key_value_heads") or heads) * head_dim)}
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        return out | {"why": f"config.json lacks {exc}"}
+
+
+def kv_record(model: dict[str, Any] | None, root: Path | None = None) -> dict[str, Any]:
+    """run.json's `kv` for a run's model (its `path`, when local)."""
+    try:
+        return kv_shape(model_config((model or {}).get("path"), root))
+    except (OSError, ValueError) as exc:
+        why = f"config.json unreadable: {type(exc).__name__}"
+        return {"elements_per_token": None, "config_dtype": None, "why": why}
+
+
+def kv_bytes_per_token(elements_per_token: float | None, why: str | None, config_dtype: str | None,
+                       model_dtype: str | None, cache_dtype: str | None) -> tuple[float | None, str]:
+    """Bytes per token, and why not when it cannot be told. The KV dtype: vLLM's
+    kv_cache_dtype as the engine reports it, else the model dtype served (`auto`: the
+    config's)."""
+    if elements_per_token is None:
+        return None, why or "the model's KV shape is not known"
+    dtype = cache_dtype if cache_dtype not in (None, "auto") else model_dtype or "auto"
+    if dtype == "auto":
+        dtype = config_dtype
+        if dtype in ("float32", "float"):
+            return None, "dtype auto with a float32 config: vLLM picks 16 or 32 bits by platform"
+    nbytes = _DTYPE_BYTES.get(str(dtype))
+    if nbytes is None:
+        return None, f"bytes of KV dtype {dtype} not known"
+    return elements_per_token * nbytes, ""

@@ -1,0 +1,103 @@
+"""The study's parts in the report: one table per part (the config's `parts`, kept in the
+database by `filledfirst diagnose` as table `study_parts`), with the runs whose experiment
+names it as their `part` as columns, and another study's figures beside them (the seed's,
+config/seed-study.yaml). A run whose part the database does not describe still gets a
+table of the general rows under its part's name: nothing measured is left out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from filledfirst.report import tables
+from filledfirst.report.tables import cap_suffix, fmt_count, fmt_ms, fmt_pct, html_table, requests_cell
+from filledfirst.study import Part
+
+_Row = tuple[str, Callable[[Mapping[str, Any]], str]]
+
+# Every row a signals table can hold: (label, formatter of a run_summary row). The
+# config schema's `parts.*.rows` enum lists the same keys (a test holds them equal).
+ROWS: dict[str, _Row] = {
+    "requests_failed": ("requests (failed)", lambda r: f"{requests_cell(r)} ({r['n_failed']:,})"),
+    "running_median": ("running (median)", lambda r: fmt_count(r["running_median"]) + cap_suffix(r)),
+    "running_max": ("running (max)", lambda r: fmt_count(r["running_max"]) + cap_suffix(r)),
+    "running_median_max": ("running (median / max)", lambda r: (
+        f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{cap_suffix(r)}")),
+    "waiting_median": ("waiting (median)", lambda r: fmt_count(r["waiting_median"])),
+    "waiting_max": ("waiting (max)", lambda r: fmt_count(r["waiting_max"])),
+    "waiting_median_max": ("waiting (median / max)",
+                           lambda r: f"{fmt_count(r['waiting_median'])} / {fmt_count(r['waiting_max'])}"),
+    "kv_median": ("KV (median)", lambda r: fmt_pct(r["kv_median_pct"])),
+    "kv_max": ("KV (max)", lambda r: fmt_pct(r["kv_max_pct"])),
+    "kv_median_max": ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
+    "preemptions": ("preemptions", lambda r: fmt_count(r["preemptions"])),
+    "ttft_p50": ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
+    "ttft_p90": ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
+    "itl_p50": ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
+}
+# A part that names no rows, and a part the database does not describe.
+DEFAULT_ROWS = ["requests_failed", "running_median_max", "waiting_median_max", "kv_median_max", "preemptions",
+                "ttft_p50", "ttft_p90", "itl_p50"]
+
+def signals_table(part: Part, rows: Sequence[Mapping[str, Any]]) -> str:
+    """Signals as rows, one column per run of the part, then the reference columns."""
+    keys = part.rows or DEFAULT_ROWS
+    body = ([ROWS[k][0], *(ROWS[k][1](r) for r in rows), *(col.get(k, "") for col in part.reference.values())]
+            for k in keys)
+    return html_table(["", *(r["experiment"] for r in rows), *part.reference], body)
+
+
+def reference_roles_table(part: Part) -> str:
+    return html_table(["role (reference)", "n", "TTFT p50", "TTFT p90", "ITL p50"],
+                      ([x.role, x.n, x.ttft_p50, x.ttft_p90, x.itl_p50] for x in part.reference_roles))
+
+
+def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequence[Mapping[str, Any]],
+                rates: Mapping[str, Mapping[str, Any]], queue_shares: Mapping[str, float | None],
+                metas: Mapping[str, Any]) -> list[str]:
+    """The HTML of one part: heading, its table, and what goes with it."""
+    from filledfirst.report import charts
+
+    out = [tables.heading(part.title)]
+    if part.table == "roles":
+        out.append(tables.interference_table(roles, {r["run_id"]: r["experiment"] for r in rows}))
+        if part.reference_roles:
+            out.append(reference_roles_table(part))
+        return out
+    if part.table == "sweep":
+        sweep = sorted(
+            ({**rates.get(r["run_id"], {}), **r, "queue_share": queue_shares.get(r["run_id"]),
+              "concurrency": metas[r["run_id"]].spec.loadgen.concurrency if r["run_id"] in metas else None}
+             for r in rows),
+            key=lambda x: x["concurrency"] or 0,
+        )
+        out.append(tables.sweep_table(sweep))
+        out.append(charts.embed(charts.sweep_chart(sweep)))
+        return out
+    out.append(signals_table(part, rows))
+    for r in rows:  # where a trace window or a knee-relative rate put the run
+        meta = metas.get(r["run_id"])
+        sentence = tables.schedule_sentence(meta.schedule.stats) if meta is not None else ""
+        if sentence:
+            out.append(tables.para(f"{r['experiment']}: {sentence}"))
+    return out
+
+
+def parts_html(parts: Mapping[str, Part], measured: Sequence[Mapping[str, Any]], part_of: Mapping[str, str | None],
+               **context: Any) -> list[str]:
+    """Every part with runs, in the study's order; then parts the database does not
+    describe, under their own names, with the general rows."""
+    by_part: dict[str, list[Mapping[str, Any]]] = {}
+    for r in measured:
+        name = part_of.get(r["run_id"])
+        if name is not None:
+            by_part.setdefault(name, []).append(r)
+    out: list[str] = []
+    for name in [*parts, *sorted(set(by_part) - set(parts))]:
+        if by_part.get(name):
+            out += part_blocks(parts.get(name) or Part(title=name), by_part[name], **context)
+    return out
+
+
+def part_order(parts: Mapping[str, Part]) -> dict[str, int]:
+    return {name: i for i, name in enumerate(parts)}
