@@ -3,7 +3,7 @@ precision, on one server, in one run.
 
     make install && HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/search_vs_sweep.py --out /tmp/svs
 
-(from the repository root, after `make demo` has built the tiny model; about 10 minutes)
+(from the repository root, after `make demo` has built the tiny model; about 5 minutes)
 
 Both probe the same frontier of the config (default: config/cpu.yaml's `decode`,
 setting `default`) with the same probe schedules, SLO and attainment target, on one

@@ -35,13 +35,13 @@ def settings(**kw) -> ReplaySettings:
                           scrape_interval_s=0.25, **kw)
 
 
-def replay(sched, workers: int, double: StreamDouble, during=None, **kw) -> Replay:
+def replay(sched, workers: int, double: StreamDouble, during=None, run=asyncio.run, **kw) -> Replay:
     """Run a replay against the double (on a thread of its own: the workers are other processes)."""
     with double.serving_in_thread() as base:
         r = Replay(sched, base, settings(workers=workers, **kw), progress=False)
         if during is not None:
             threading.Timer(during[0], during[1], args=(r,)).start()
-        asyncio.run(r.run())
+        run(r.run())
     return r
 
 
@@ -123,6 +123,18 @@ def test_two_workers_give_the_run_one_gives_on_one_clock():
     for t in two.tokens:
         assert by_id[t.request_id].t_first_token <= t.t <= by_id[t.request_id].t_done
     assert two.client_cpu_s >= two.client_cpu_peak_s > 0
+    assert not workers_of_this_process()
+
+
+def test_records_larger_than_a_pipe_come_back_on_the_runs_own_loop():
+    """The runner's event loop (uvloop where installed) makes watched descriptors
+    non-blocking; a worker's records (here 30,000 chunks each, a megabyte, far more than a
+    pipe holds) must still come back whole."""
+    from filledfirst.loadgen import loop
+
+    sched = schedule(600, 0.002, tokens=100)
+    r = replay(sched, 2, StreamDouble(ttft_s=0.01, itl_s=0.001), run=loop.run)
+    assert [q.status for q in r.requests] == ["ok"] * 600 and len(r.tokens) == 600 * 100
     assert not workers_of_this_process()
 
 

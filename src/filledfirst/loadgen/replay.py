@@ -19,7 +19,7 @@ from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DRAIN_TIMEOUT, connection_trace, send_streamed
-from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard
+from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard, watch
 from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
 
@@ -217,7 +217,7 @@ class Replay:
             self.interrupted = self.interrupted or reason
             stop.set()
 
-        loop.add_reader(conn.fileno(), on_message)
+        watch(loop, conn, on_message)
         try:
             async with self._sessions() as session:
                 self._t0 = t0
@@ -286,8 +286,9 @@ class Replay:
     async def _dispatch(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
         tasks = []
         for sched, rec in zip(self.schedule, self.requests):
-            delay = sched.t_offset_s - self.clock()
-            if delay > 0:
+            # A loop, not one wait: uvloop's timers tick in whole milliseconds and can wake
+            # a little early; a request never leaves before its scheduled time.
+            while (delay := sched.t_offset_s - self.clock()) > 0 and not stop.is_set():
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                 except asyncio.TimeoutError:

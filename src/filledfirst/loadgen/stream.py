@@ -22,7 +22,7 @@ _decode = msgspec.json.Decoder().decode  # several times faster than json.loads 
 # The fields we read, typed: decoding only them (unknown fields skipped, no dicts built)
 # is the client's fast path per chunk. An event that does not fit falls back to the
 # generic path below, which decides what it means, so the two cannot disagree.
-_Count = Annotated[int, msgspec.Meta(ge=0, lt=2**63)]
+_Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
 class _Usage(msgspec.Struct):

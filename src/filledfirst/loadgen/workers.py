@@ -206,7 +206,7 @@ class WorkerPool:
         self._changed = asyncio.Event()
         for w in self.workers:
             w.process.start()
-            loop.add_reader(w.conn.fileno(), self._on_message, w)
+            watch(loop, w.conn, lambda w=w: self._on_message(w))
         if not await self._until(lambda: all(w.ready or w.done for w in self.workers), stop,
                                  timeout=_START_TIMEOUT_S):
             self.lost += [f"replay worker {w.shard.index} was not ready within {_START_TIMEOUT_S:g} s"
@@ -262,6 +262,14 @@ class WorkerPool:
 
     def cpu(self) -> list[float | None]:
         return [w.cpu_s for w in self.workers]
+
+
+def watch(loop: asyncio.AbstractEventLoop, conn: Connection, callback: Callable[[], None]) -> None:
+    """Call `callback` when `conn` has a message. uvloop makes a watched descriptor
+    non-blocking, and a message of records larger than the pipe's buffer then fails
+    halfway (EAGAIN): the pipe stays blocking, and is only read when it is readable."""
+    loop.add_reader(conn.fileno(), callback)
+    os.set_blocking(conn.fileno(), True)
 
 
 def progress_counts(requests: list[RequestRecord]) -> tuple[int, int, int, int]:
