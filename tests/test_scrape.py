@@ -127,3 +127,18 @@ def test_a_scrape_is_timed_at_the_answer_and_missed_ticks_are_skipped():
     assert times[0] >= arrived[0] + 0.4  # the values are the server's at its answer, not at our ask
     ticks = [int(a / 0.1) for a in arrived]
     assert len(set(ticks)) == len(ticks), arrived  # no burst of catch-up scrapes after the slow one
+
+
+def test_scrapes_are_not_phase_locked_to_a_grid_of_arrivals():
+    """One scrape per slot, at a seeded point in the first half of it: a run whose requests
+    arrive on the same grid is not seen at one phase only (every scrape just before an
+    arrival), and gaps stay within 0.5-1.5 intervals, inside the diagnosis's hold."""
+    import asyncio
+
+    scraper, arrived = asyncio.run(_scrape_slowly([], interval_s=0.1, run_for_s=1.5))
+    scheduled = arrived[1:-1]  # the first is at the start, the last after the stop
+    phases = [(a / 0.1) % 1.0 for a in scheduled]
+    assert len(scheduled) >= 10 and max(phases) - min(phases) > 0.2, phases
+    assert len({int(a / 0.1) for a in scheduled}) == len(scheduled)  # one per slot
+    gaps = [b - a for a, b in zip(arrived, arrived[1:-1])]
+    assert all(0.04 < g < 0.17 for g in gaps), gaps
