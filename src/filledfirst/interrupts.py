@@ -6,6 +6,7 @@ Shared by the load generator and the engine's lifetime (neither imports the othe
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -15,6 +16,19 @@ import time
 import psutil
 
 log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+# Loaded here, in the parent: dlopen after fork in a threaded process can deadlock.
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # not Linux: the guardian and the pipes still cover it
+    _LIBC = None
+
+
+def set_parent_death_signal() -> None:
+    """In a child (vLLM before exec, a replay worker): the kernel kills it when its parent dies."""
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class Interrupted(Exception):

@@ -12,7 +12,6 @@ Three layers, because each covers a death the others cannot see:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -22,15 +21,9 @@ import time
 
 import psutil
 
+from filledfirst.interrupts import set_parent_death_signal
+
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-# Loaded here, in the parent: dlopen after fork in a threaded process can deadlock.
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-except OSError:  # not Linux: the guardian still covers it
-    _LIBC = None
-
 
 def server_preexec(nice: int):
     """What the server's child process does before exec."""
@@ -49,12 +42,6 @@ def server_preexec(nice: int):
                 pass
 
     return preexec
-
-
-def set_parent_death_signal() -> None:
-    """Run in the child before exec: the kernel kills it when its parent dies."""
-    if _LIBC is not None and hasattr(_LIBC, "prctl"):
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def stop_group(pgid: int, grace_s: float = 5.0) -> None:

@@ -24,7 +24,6 @@ Why: one Python process streams about 15-20k tokens/s before its core is full
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import logging
 import math
@@ -34,6 +33,7 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Callable
 
+from filledfirst.interrupts import set_parent_death_signal
 from filledfirst.records import RequestRecord, ScheduledRequest
 
 log = logging.getLogger(__name__)
@@ -92,11 +92,8 @@ def resolve_workers(workers: int | str, schedule: list[ScheduledRequest], mode: 
 
 
 def _die_with_parent(parent: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the worker still stops when its pipe closes
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    set_parent_death_signal()
+    if os.getppid() != parent:  # the parent died before the kernel was told
         os._exit(1)
 
 

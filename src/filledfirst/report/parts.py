@@ -97,7 +97,3 @@ def parts_html(parts: Mapping[str, Part], measured: Sequence[Mapping[str, Any]],
         if by_part.get(name):
             out += part_blocks(parts.get(name) or Part(title=name), by_part[name], **context)
     return out
-
-
-def part_order(parts: Mapping[str, Part]) -> dict[str, int]:
-    return {name: i for i, name in enumerate(parts)}
