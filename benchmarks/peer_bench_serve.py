@@ -93,16 +93,10 @@ def worker_ours(a) -> None:
 
     if a.fresh:
         # Diagnostic only, not what our client does: the client as it was before connection
-        # reuse, one fresh connection per request (every connector force_close=True).
-        import aiohttp
+        # reuse, one fresh connection per request (the pool never hands one back).
+        from filledfirst.loadgen import http1
 
-        real_connector = aiohttp.TCPConnector
-
-        def fresh_connector(*p, **k):
-            k["force_close"] = True
-            return real_connector(*p, **k)
-
-        aiohttp.TCPConnector = fresh_connector
+        http1.Pool._take = lambda self: None
 
     offsets = vllm_delays(a.n, a.rate, a.seed)
     schedule = [ScheduledRequest(i, float(t), a.input_len, a.tokens, "probe") for i, t in enumerate(offsets)]

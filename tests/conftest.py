@@ -81,3 +81,12 @@ def pipeline_env() -> dict:
     env["FILLEDFIRST_TRACE_MIRROR"] = str(mirror)
     env["HF_HUB_OFFLINE"] = "1"
     return env
+
+
+@pytest.fixture(autouse=True)
+def no_interrupt_left_behind(monkeypatch):
+    """An interrupt a test provokes is noted for the whole process (so the runner can tell
+    the pipeline the job is not done); it must not end the next test's runs."""
+    from filledfirst import interrupts
+
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)

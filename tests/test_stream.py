@@ -3,9 +3,9 @@
 import asyncio
 import json
 
-import aiohttp
 import pytest
 
+from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import send_streamed
@@ -42,12 +42,8 @@ async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first
     tokens = []
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    async with double.serving() as base, aiohttp.ClientSession() as session:
-        await send_streamed(
-            session, f"{base}/v1/completions", b"{}", rec, tokens,
-            lambda: loop.time() - t0, aiohttp.ClientTimeout(total=total_timeout),
-            first_token_timeout,
-        )
+    async with double.serving() as base, Pool(Target.parse(f"{base}/v1/completions"), connect_timeout_s=2) as pool:
+        await send_streamed(pool, b"{}", rec, tokens, lambda: loop.time() - t0, total_timeout, first_token_timeout)
     return rec, tokens
 
 
@@ -113,13 +109,12 @@ def test_first_token_timeout():
 def test_unreachable_server_is_a_disconnect():
     async def go():
         rec = RequestRecord(0, "probe", 5, 3, 0.0)
-        async with aiohttp.ClientSession() as session:
-            await send_streamed(session, "http://127.0.0.1:9/v1/completions", b"{}", rec, [], lambda: 0.0,
-                                aiohttp.ClientTimeout(total=2))
+        async with Pool(Target.parse("http://127.0.0.1:9/v1/completions"), connect_timeout_s=2) as pool:
+            await send_streamed(pool, b"{}", rec, [], lambda: 0.0, 2)
         return rec
 
     rec = asyncio.run(go())
-    assert rec.status == "disconnected" and "Connect" in rec.error
+    assert rec.status == "disconnected" and "could not connect to 127.0.0.1:9" in rec.error
 
 
 def test_closed_loop_workers_against_a_test_double():

@@ -36,13 +36,24 @@ def settings(**kw) -> ReplaySettings:
 
 
 def replay(sched, workers: int, double: StreamDouble, during=None, run=asyncio.run, **kw) -> Replay:
-    """Run a replay against the double (on a thread of its own: the workers are other processes)."""
+    """Run a replay against the double (on a thread of its own: the workers are other
+    processes). `during`: (n, action), `action(replay)` once the workers report `n`
+    requests done, however long the workers took to start."""
     with double.serving_in_thread() as base:
         r = Replay(sched, base, settings(workers=workers, **kw), progress=False)
         if during is not None:
-            threading.Timer(during[0], during[1], args=(r,)).start()
+            threading.Thread(target=when_done, args=(r, *during), daemon=True).start()
         run(r.run())
     return r
+
+
+def when_done(r: Replay, n: int, action) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if r._pool is not None and r._pool.progress()[1] >= n:
+            action(r)
+            return
+        time.sleep(0.01)
 
 
 def workers_of_this_process() -> list[psutil.Process]:
@@ -153,7 +164,7 @@ def test_closed_loop_with_workers_keeps_the_concurrency():
 def test_an_interrupt_reaches_every_worker_and_nothing_is_lost():
     sched = schedule(400, 0.01, tokens=50)  # 4 s of arrivals, 0.5 s streams
     r = replay(sched, 2, StreamDouble(ttft_s=0.02, itl_s=0.01),
-               during=(1.0, lambda _: os.kill(os.getpid(), signal.SIGINT)))
+               during=(20, lambda _: os.kill(os.getpid(), signal.SIGINT)))
     assert r.interrupted == "received SIGINT"
     statuses = {q.status for q in r.requests}
     assert len(r.requests) == 400 and "ok" in statuses and "not_sent" in statuses
@@ -169,7 +180,7 @@ def test_a_worker_that_dies_leaves_its_requests_unsent_with_the_reason():
         os.kill(r._pool.workers[1].process.pid, signal.SIGKILL)
 
     sched = schedule(300, 0.01, tokens=20)
-    r = replay(sched, 2, StreamDouble(ttft_s=0.02, itl_s=0.01), during=(1.0, kill_one))
+    r = replay(sched, 2, StreamDouble(ttft_s=0.02, itl_s=0.01), during=(20, kill_one))
     assert "replay worker 1 exited before sending its records (exit code -9)" in r.interrupted
     lost = [q for q in r.requests if q.request_id % 2 == 1]
     assert all(q.status == "not_sent" and "worker 1 lost its records" in q.error for q in lost)

@@ -15,10 +15,11 @@ from typing import Any, AsyncIterator, Callable, Coroutine
 import aiohttp
 
 from filledfirst.interrupts import note_interrupt, signal_reason
+from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.loadgen.stream import DRAIN_TIMEOUT, connection_trace, send_streamed
+from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
 from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard, watch
 from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.scrape import Scraper
@@ -62,11 +63,11 @@ class Replay:
             for r in self.schedule
         ]
         self.tokens = RecordColumns(TokenRecord)  # one row per streamed chunk: compact
-        self.timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
+        self.target = Target.parse(self.url)  # a malformed URL fails here, before anything starts
         self.first_token_timeout_s = settings.first_token_timeout_s
         self.drain_timeout_s = settings.drain_timeout_s
         self._t0 = 0.0
-        self._fresh: aiohttp.ClientSession | None = None  # set while running
+        self._scrapes: aiohttp.ClientSession | None = None  # set while running
         self.scraper = Scraper(base_url + "/metrics", settings.scrape_interval_s, self.clock)
         self.progress = progress
         self.server_alive = server_alive
@@ -116,27 +117,21 @@ class Replay:
                 signal.signal(sig, previous[sig])  # asyncio would leave the default action
 
     @contextlib.asynccontextmanager
-    async def _sessions(self) -> AsyncIterator[aiohttp.ClientSession]:
-        # Open loop: no client-side cap on concurrency. Connections are reused (opening one
-        # per request delayed arrivals by seconds at 200 req/s); a request whose pooled
-        # connection the server closed meanwhile ("Can not write request body",
-        # ServerDisconnectedError) is sent once more on a fresh connection from
-        # `self._fresh`, so that race of the client never becomes a failed request.
-        # The scraper keeps a fresh connection per scrape, as before.
-        # Idle connections are dropped before uvicorn's 5 s keep-alive closes them, so the
-        # stale-connection retry stays rare.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)
-        fresh_connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async def _sessions(self) -> AsyncIterator[Pool]:
+        # The requests: keep-alive connections, no cap on how many (opening one per request
+        # delayed arrivals by seconds at 200 req/s); a request whose pooled connection the
+        # server closed meanwhile is sent once more on a fresh one (filledfirst.loadgen.http1).
+        # The scraper: aiohttp, a fresh connection per scrape.
         async with (
-            aiohttp.ClientSession(connector=connector, headers=self._headers,
-                                  trace_configs=[connection_trace()]) as session,
-            aiohttp.ClientSession(connector=fresh_connector, headers=self._headers) as fresh,
+            Pool(self.target, self._headers, connect_timeout_s=self.settings.connect_timeout_s) as pool,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                                  headers=self._headers) as scrapes,
         ):
-            self._fresh = fresh
-            yield session
+            self._scrapes = scrapes
+            yield pool
 
     async def _run(self, stop: asyncio.Event) -> None:
-        async with self._sessions() as session:
+        async with self._sessions() as conns:
             pool = None
             if self.workers > 1:
                 pool = self._pool = WorkerPool(shard(self.schedule, self.workers, self.mode, self.concurrency),
@@ -151,14 +146,14 @@ class Replay:
                 if pool is not None:
                     pool.go(self._t0)
                 scrape_stop = asyncio.Event()
-                assert self._fresh is not None
-                background = [asyncio.create_task(self.scraper.run(self._fresh, scrape_stop))]
+                assert self._scrapes is not None
+                background = [asyncio.create_task(self.scraper.run(self._scrapes, scrape_stop))]
                 if self.progress:
                     background.append(asyncio.create_task(show_progress(self.status_line, scrape_stop)))
                 if self.server_alive is not None:
                     background.append(asyncio.create_task(self._watch_server(stop, scrape_stop)))
                 if pool is None:
-                    await self._send_all(session, stop)
+                    await self._send_all(conns, stop)
                 else:
                     await pool.wait(stop, lambda: self.interrupted or "stopped")
                     self._merge(pool)
@@ -175,13 +170,13 @@ class Replay:
                 if pool is not None:
                     pool.close()
 
-    async def _send_all(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+    async def _send_all(self, conns: Pool, stop: asyncio.Event) -> None:
         """Send the schedule (open or closed loop), drain, cancel what is still open."""
         if self.mode == "open":
-            tasks = await self._dispatch(session, stop)
+            tasks = await self._dispatch(conns, stop)
             await self._drain(tasks, stop)
         else:
-            tasks = await self._closed_loop(session, stop)
+            tasks = await self._closed_loop(conns, stop)
         still = [t for t in tasks if not t.done()]
         for t in still:
             t.cancel(self.interrupted or DRAIN_TIMEOUT)
@@ -219,12 +214,12 @@ class Replay:
 
         watch(loop, conn, on_message)
         try:
-            async with self._sessions() as session:
+            async with self._sessions() as conns:
                 self._t0 = t0
                 cpu0 = time.process_time()
                 finished = asyncio.Event()
                 reporter = asyncio.create_task(report_progress(conn, index, self.requests, finished))
-                await self._send_all(session, stop)
+                await self._send_all(conns, stop)
                 self.t_end = self.clock()
                 self.client_cpu_s = time.process_time() - cpu0
                 finished.set()
@@ -259,12 +254,12 @@ class Replay:
             pending.discard(waiter)
         waiter.cancel()
 
-    def _send(self, session: aiohttp.ClientSession, rec: RequestRecord) -> Coroutine[Any, Any, None]:
+    def _send(self, conns: Pool, rec: RequestRecord) -> Coroutine[Any, Any, None]:
         """One request, sent and streamed into its record (open and closed loop alike)."""
-        return send_streamed(session, self.url, self.bodies[rec.request_id], rec, self.tokens, self.clock,
-                             self.timeout, self.first_token_timeout_s, self._fresh)
+        return send_streamed(conns, self.bodies[rec.request_id], rec, self.tokens, self.clock,
+                             self.settings.request_timeout_s, self.first_token_timeout_s)
 
-    async def _closed_loop(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
+    async def _closed_loop(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
         """Workers share one iterator over the schedule; a request's `t_scheduled` becomes
         the moment a worker took it, as a closed loop has no arrival times of its own."""
         pending = iter(self.requests)
@@ -275,7 +270,7 @@ class Replay:
                     return
                 rec.t_scheduled = self.clock()
                 rec.status = "ok"
-                await self._send(session, rec)
+                await self._send(conns, rec)
 
         workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
         waiter = asyncio.create_task(stop.wait())
@@ -283,7 +278,7 @@ class Replay:
         waiter.cancel()
         return workers
 
-    async def _dispatch(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> list[asyncio.Task]:
+    async def _dispatch(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
         tasks = []
         for sched, rec in zip(self.schedule, self.requests):
             # A loop, not one wait: uvloop's timers tick in whole milliseconds and can wake
@@ -298,7 +293,7 @@ class Replay:
             rec.status = "ok"
             tasks.append(
                 asyncio.create_task(
-                    self._send(session, rec)
+                    self._send(conns, rec)
                 )
             )
         return tasks

@@ -8,10 +8,9 @@ import logging
 import math
 from typing import Annotated, Any, Callable
 
-import aiohttp
-import attr  # aiohttp's ClientTimeout is an attrs class
 import msgspec
 
+from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, Pool
 from filledfirst.metrics import PER_REQUEST, PER_REQUEST_METRICS
 from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 
@@ -229,98 +228,96 @@ def _take_any_event(rec: RequestRecord, tokens: RecordColumns | list[TokenRecord
     return True
 
 
-class _Attempt:
-    """What aiohttp's tracing tells of one attempt's connection: reused from the pool (True),
-    newly opened (False), or unknown (None: the session carries no `connection_trace()`)."""
+class _Answer:
+    """One attempt's answer onto its record, read by http1 as it arrives (an `http1.Sink`)."""
 
-    __slots__ = ("reused",)
+    __slots__ = ("rec", "tokens", "first_token", "parser", "done", "stopped", "error_body")
 
-    def __init__(self) -> None:
-        self.reused: bool | None = None
+    def __init__(self, rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], first_token: asyncio.Timeout):
+        self.rec, self.tokens, self.first_token = rec, tokens, first_token
+        self.parser = SSEData()
+        self.done = self.stopped = False  # [DONE] seen; an event ended the request
+        self.error_body: bytearray | None = None  # the body of an answer other than 200
 
+    def status(self, code: int) -> None:
+        self.rec.http_status = code
+        if code != 200:
+            self.rec.status = "rejected" if code in _REJECT_STATUSES else "http_error"
+            self.error_body = bytearray()
 
-def connection_trace() -> aiohttp.TraceConfig:
-    """Give this to the keep-alive session so only requests on a reused connection are retried."""
+    def body(self, t: float, data: bytes) -> bool:
+        if self.error_body is not None:
+            if len(self.error_body) < 4 * _ERROR_TEXT_MAX:  # enough bytes for the characters kept
+                self.error_body += data
+            return True
+        for event in self.parser.feed(data):
+            if event == b"[DONE]":
+                self.done = True
+                return False
+            if not _take_event(self.rec, self.tokens, t, event, self.first_token):
+                self.stopped = True
+                return False
+        return True
 
-    async def created(session, ctx, params) -> None:
-        if isinstance(ctx.trace_request_ctx, _Attempt):
-            ctx.trace_request_ctx.reused = False
-
-    async def reused(session, ctx, params) -> None:
-        if isinstance(ctx.trace_request_ctx, _Attempt):
-            ctx.trace_request_ctx.reused = True
-
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(created)
-    trace.on_connection_reuseconn.append(reused)
-    return trace
-
-
-# What a pooled connection that the server closed while idle fails with: the server's FIN
-# read before any answer, or the request's write hitting the closed socket. Not a connect
-# failure (ClientConnectorError is a ClientOSError too) and not a timeout.
-_STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
-
-
-def _stale_connection(exc: BaseException, rec: RequestRecord, attempt: _Attempt) -> bool:
-    return (
-        isinstance(exc, _STALE_ERRORS)
-        and not isinstance(exc, aiohttp.ClientConnectorError)
-        and rec.http_status is None
-        and rec.chunks == 0  # nothing streamed yet (a first token comes with a chunk)
-        and attempt.reused is not False  # a fresh connection that failed is the server's doing
-    )
+    def end(self) -> None:
+        rec = self.rec
+        if self.error_body is not None:
+            # errors="replace": an error body that is not valid UTF-8 raised UnicodeDecodeError
+            # out of the client (found by tests/test_stream_fuzz.py). An empty one says nothing.
+            text = self.error_body.decode(errors="replace")[:_ERROR_TEXT_MAX]
+            rec.error = text if text.strip() else f"HTTP {rec.http_status}"
+        elif not (self.done or self.stopped):
+            rec.status, rec.error = "disconnected", "stream ended without [DONE]"
 
 
 async def send_streamed(
-    session: aiohttp.ClientSession,
-    url: str,
+    pool: Pool,
     body: bytes,
     rec: RequestRecord,
     tokens: RecordColumns | list[TokenRecord],
     clock: Callable[[], float],
-    timeout: aiohttp.ClientTimeout,
+    total_timeout_s: float | None,
     first_token_timeout_s: float | None = None,
-    fresh_session: aiohttp.ClientSession | None = None,
+    *,
+    retry: bool = True,
 ) -> None:
-    """`timeout.total` bounds the whole request, `timeout.sock_connect` the connection, and
-    `first_token_timeout_s` the wait for the first streamed token (queueing included).
+    """`total_timeout_s` bounds the whole request, the pool's connect timeout the
+    connection, and `first_token_timeout_s` the wait for the first streamed token
+    (queueing included).
 
-    With `fresh_session` (a session that opens a new connection per request), a request
-    whose pooled keep-alive connection turns out to be closed by the server before any
-    answer is sent once more on a fresh connection: a race of connection reuse, not a
-    failure of the server. At most one retry (`rec.retries`); `t_sent` stays the first
-    attempt's, and both timeouts count from it."""
+    With `retry`, a request whose pooled keep-alive connection turns out to be closed by
+    the server before any answer is sent once more on a fresh connection: a race of
+    connection reuse, not a failure of the server. At most one retry (`rec.retries`);
+    `t_sent` stays the first attempt's, and both timeouts count from it."""
     rec.t_sent = clock()
+    # The id lets a server's own logs (vLLM uses it) be matched to our rows.
+    headers = {"X-Request-Id": f"ff-{rec.request_id}"}
     # Lifted at the first token; the total timeout still bounds the rest.
     first_token = asyncio.timeout(first_token_timeout_s)
     try:
-        async with first_token:
-            attempt_session, attempt_timeout = session, timeout
+        async with asyncio.timeout(total_timeout_s), first_token:
+            fresh = False
             while True:
-                attempt = _Attempt()
                 try:
-                    await _exchange(attempt_session, url, body, rec, tokens, clock, attempt_timeout, first_token,
-                                    attempt)
+                    await pool.exchange(body, headers, _Answer(rec, tokens, first_token), clock, fresh=fresh)
                     break
-                except aiohttp.ClientError as exc:
-                    if fresh_session is None or rec.retries or not _stale_connection(exc, rec, attempt):
+                except Disconnected as exc:
+                    if not retry or fresh or exc.answered or not exc.reused:
                         raise
                 rec.retries += 1
-                attempt_session = fresh_session
-                if timeout.total is not None:  # the total still counts from the first send
-                    left = max(timeout.total - (clock() - rec.t_sent), 1e-3)
-                    attempt_timeout = attr.evolve(timeout, total=left)
-    except aiohttp.ConnectionTimeoutError:
-        rec.status, rec.error = "timeout", f"could not connect within {timeout.sock_connect} s"
-    except asyncio.TimeoutError:
+                fresh = True
+    except ConnectTimeout as exc:
+        rec.status, rec.error = "timeout", str(exc)
+    except TimeoutError:
         rec.status = "timeout"
         if first_token.expired() and rec.t_first_token is None:
             rec.error = f"no first token within {first_token_timeout_s} s"
         else:
-            rec.error = f"no complete answer within {timeout.total} s"
-    except aiohttp.ClientError as exc:
-        rec.status, rec.error = "disconnected", f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
+            rec.error = f"no complete answer within {total_timeout_s} s"
+    except InvalidAnswer as exc:
+        rec.status, rec.error = "http_error", str(exc)[:_ERROR_TEXT_MAX]
+    except HTTPFailure as exc:
+        rec.status, rec.error = "disconnected", str(exc)[:_ERROR_TEXT_MAX]
     except Exception as exc:
         # An answer no check above foresaw (or a bug of ours) still ends as a failed record
         # rather than an exception: raised, it would leave the request marked ok in an open
@@ -334,46 +331,3 @@ async def send_streamed(
         raise
     finally:
         rec.t_done = clock()
-
-
-async def _exchange(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    rec: RequestRecord,
-    tokens: RecordColumns | list[TokenRecord],
-    clock: Callable[[], float],
-    timeout: aiohttp.ClientTimeout,
-    first_token: asyncio.Timeout,
-    attempt: _Attempt,
-) -> None:
-    """One attempt: send, read the stream into `rec` and `tokens`; transport errors raise."""
-    done = False
-    async with session.post(
-        url, data=body, timeout=timeout, trace_request_ctx=attempt,
-        # The id lets a server's own logs (vLLM uses it) be matched to our rows.
-        headers={"Content-Type": "application/json", "X-Request-Id": f"ff-{rec.request_id}"},
-    ) as resp:
-        rec.http_status = resp.status
-        if resp.status != 200:
-            rec.status = "rejected" if resp.status in _REJECT_STATUSES else "http_error"
-            # errors="replace": an error body that is not valid UTF-8 raised UnicodeDecodeError
-            # out of the client (found by tests/test_stream_fuzz.py). An empty one says nothing.
-            text = (await resp.text(errors="replace"))[:_ERROR_TEXT_MAX]
-            rec.error = text if text.strip() else f"HTTP {resp.status}"
-            return
-        # Whatever arrived in one read shares one timestamp; events split across reads
-        # are joined by the parser. Fewer awaits than line-by-line reading.
-        parser = SSEData()
-        async for raw in resp.content.iter_any():
-            t = clock()
-            for data in parser.feed(raw):
-                if data == b"[DONE]":
-                    done = True
-                    break
-                if not _take_event(rec, tokens, t, data, first_token):
-                    return
-            if done:
-                break
-        if not done:
-            rec.status, rec.error = "disconnected", "stream ended without [DONE]"
