@@ -280,20 +280,20 @@ class Replay:
 
     async def _dispatch(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
         tasks = []
-        for sched, rec in zip(self.schedule, self.requests):
-            # A loop, not one wait: uvloop's timers tick in whole milliseconds and can wake
-            # a little early; a request never leaves before its scheduled time.
-            while (delay := sched.t_offset_s - self.clock()) > 0 and not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-                except asyncio.TimeoutError:
-                    pass
-            if stop.is_set():
-                break
-            rec.status = "ok"
-            tasks.append(
-                asyncio.create_task(
-                    self._send(conns, rec)
-                )
-            )
+        # One waiter on `stop` for the whole schedule: a wait_for per request made a task
+        # per request, and its timeout took two more turns of the loop, each as long as the
+        # reads that share it; under load that was the dispatch lag's tail.
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            for sched, rec in zip(self.schedule, self.requests):
+                # A loop, not one wait: uvloop's timers tick in whole milliseconds and can
+                # wake a little early; a request never leaves before its scheduled time.
+                while (delay := sched.t_offset_s - self.clock()) > 0 and not stop.is_set():
+                    await asyncio.wait((stopped,), timeout=delay)
+                if stop.is_set():
+                    break
+                rec.status = "ok"
+                tasks.append(asyncio.create_task(self._send(conns, rec)))
+        finally:
+            stopped.cancel()
         return tasks

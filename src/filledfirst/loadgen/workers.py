@@ -1,6 +1,6 @@
 """One replay split across worker processes, each with its own event loop and connections.
 
-Why: one Python process streams about 15-20k tokens/s before its core is full
+Why: one Python process streams about 50k tokens/s before its core is full
 (benchmarks/README.md); past that, the client's own lag would be blamed on the server.
 
 - Open loop: request k of the schedule (in time order) goes to worker k mod N, and keeps
@@ -38,9 +38,10 @@ from filledfirst.records import RequestRecord, ScheduledRequest
 
 log = logging.getLogger(__name__)
 
-# Tokens per second one client process streams at a full core: about 50 ms of CPU per
-# 1,000 tokens (benchmarks/README.md, client_fidelity). `auto` plans for half of it.
-TOKENS_PER_CORE_S = 20_000
+# Tokens per second one client process streams at a full core: 20 ms of CPU per 1,000
+# tokens, rounded up from the 15-18 ms measured at 100-200 req/s (benchmarks/README.md,
+# client_fidelity). `auto` plans for half of it.
+TOKENS_PER_CORE_S = 50_000
 _AUTO_SHARE = 0.5
 _STOP_GRACE_S = 30.0  # after a stop, how long a worker may take to send its records back
 _START_TIMEOUT_S = 120.0  # a spawned worker imports aiohttp and pyarrow, and builds its bodies
