@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from filledfirst import interrupts, runner
+from filledfirst import interrupts
 from filledfirst.config import load_config
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.server import ServerStartError
 from filledfirst.engine.shared import SharedServer
 from filledfirst.loadgen.replay import Replay
-from filledfirst.runner import Job, run_experiments
+from filledfirst.run import runner
+from filledfirst.run.runner import Job, run_experiments
 from filledfirst.workloads.synthetic import write_synthetic_schedule
 
 from conftest import REPO

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from filledfirst import atomic, rundir
+from filledfirst import atomic
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_study
@@ -26,6 +26,7 @@ from filledfirst.records import (
     to_table,
 )
 from filledfirst.report import render, tables
+from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,10 +65,10 @@ def _write_run(root: Path, meta: dict, requests=None, chunks=None, samples=None)
     d = root / meta["run_id"]
     d.mkdir(parents=True)
     if requests is not None:
-        atomic.write_parquet(to_table(requests, REQUEST_SCHEMA), d / rundir.REQUESTS)
-        atomic.write_parquet(to_table(chunks, TOKEN_SCHEMA), d / rundir.TOKENS)
-        atomic.write_parquet(to_table(samples, SAMPLE_SCHEMA), d / rundir.SAMPLES)
-    atomic.write_json(meta, d / rundir.RUN_JSON)
+        atomic.write_parquet(to_table(requests, REQUEST_SCHEMA), d / folder.REQUESTS)
+        atomic.write_parquet(to_table(chunks, TOKEN_SCHEMA), d / folder.TOKENS)
+        atomic.write_parquet(to_table(samples, SAMPLE_SCHEMA), d / folder.SAMPLES)
+    atomic.write_json(meta, d / folder.RUN_JSON)
     return d
 
 

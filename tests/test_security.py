@@ -228,7 +228,7 @@ def test_no_shell_anywhere_in_the_package():
     # the scan did see the package's processes: vLLM, its guardian, Quarto, nvidia-smi
     assert {w.split(":")[0] for w in seen} >= {
         "src/filledfirst/engine/server.py", "src/filledfirst/engine/lifetime.py",
-        "src/filledfirst/report/render.py", "src/filledfirst/provenance.py"}, seen
+        "src/filledfirst/report/render.py", "src/filledfirst/run/provenance.py"}, seen
 
 
 HOSTILE = {

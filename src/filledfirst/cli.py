@@ -226,7 +226,7 @@ def _add_run(sub) -> None:
 
 def _cmd_run(args) -> int:
     from filledfirst.config import load_config
-    from filledfirst.runner import Job, run_experiments
+    from filledfirst.run.runner import Job, run_experiments
 
     if not len(args.experiments) == len(args.schedules) == len(args.outs):
         raise UserError(
@@ -335,7 +335,7 @@ def _workers(value: str) -> int | str:
 
 def _cmd_replay(args) -> int:
     from filledfirst.loadgen.settings import ReplaySettings
-    from filledfirst.runner import replay_endpoint
+    from filledfirst.run.runner import replay_endpoint
 
     if args.prompt == "token_ids" and not args.token_ids:
         raise UserError("--token-ids LOW HIGH is required with token-id prompts (or give --prompt text)")

@@ -23,7 +23,7 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic, kept, rundir
+from filledfirst import atomic
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -34,8 +34,9 @@ from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.model.kv import kv_record
-from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
+from filledfirst.run import folder, kept
+from filledfirst.run.provenance import hardware, versions
 from filledfirst.study import Experiment, Study, as_study
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class _Run:
         self.schedule = read_schedule(schedule_path)
         self.out = Path(out)
         self.work = atomic.make_temp_dir(self.out)
-        shutil.copyfile(schedule_path, self.work / rundir.SCHEDULE)
+        shutil.copyfile(schedule_path, self.work / folder.SCHEDULE)
         self.replay: Replay | None = None
         self.t_start = time.monotonic()
         self.meta: dict = {
@@ -111,13 +112,13 @@ class _Run:
         meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
         if self.replay is not None:
             r = self.replay
-            atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / rundir.REQUESTS)
-            atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / rundir.TOKENS)
-            atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / rundir.SAMPLES)
+            atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / folder.REQUESTS)
+            atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / folder.TOKENS)
+            atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / folder.SAMPLES)
             meta["request_status_counts"] = dict(Counter(rec.status for rec in r.requests))
             meta["scrape_errors"] = r.scraper.errors
         # run.json last: its presence is what marks the folder complete.
-        atomic.write_json(meta, self.work / rundir.RUN_JSON)
+        atomic.write_json(meta, self.work / folder.RUN_JSON)
         atomic.publish_dir(self.work, self.out)
         if meta["status"] == "ok":
             log.info("run %s: ok -> %s", meta["run_id"], self.out)
@@ -174,7 +175,7 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     # The server's whole log, beside the run folders (same file system), gone at the end:
     # each run folder keeps its own part.
     scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
-    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / rundir.SERVER_LOG)
+    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / folder.SERVER_LOG)
     group = _Group(cfg, study, jobs, shared)
     try:
         statuses = [group.run(position, progress) for position in range(len(jobs))]
@@ -230,7 +231,7 @@ class _Group:
             run.interrupted(exc)
         finally:
             self._stop_if_done(position, run)  # once stopping, signals no longer interrupt this
-            self.log_from = shared.copy_log(self.log_from, run.work / rundir.SERVER_LOG)
+            self.log_from = shared.copy_log(self.log_from, run.work / folder.SERVER_LOG)
             status = run.finish()
         if keeping and status == "ok":
             kept.keep(job.out)
@@ -274,7 +275,7 @@ def run_on_server(
     finally:
         if run.meta["status"] != "ok" or interrupt_reason():
             shared.stop()
-        log_from = shared.copy_log(log_from, run.work / rundir.SERVER_LOG)
+        log_from = shared.copy_log(log_from, run.work / folder.SERVER_LOG)
         if annotate is not None:
             try:
                 annotate(run.meta, run.replay)
