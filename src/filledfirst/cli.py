@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 from filledfirst.errors import UserError
+from filledfirst.interrupts import Interrupted
 from filledfirst.study import LOADGEN, SCRAPE, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
+
+INTERRUPTED_EXIT = 130
 
 
 def _add_model(sub) -> None:
@@ -237,8 +240,8 @@ def _cmd_run(args) -> int:
     jobs = [Job(*triple) for triple in zip(args.experiments, args.schedules, args.outs)]
     statuses = run_experiments(cfg, jobs, progress=not args.no_progress)
     # A failed or partial run is a result: its folder says why, and the report must list
-    # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt still
-    # exits 130, so an interrupted group is redone).
+    # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt raises
+    # Interrupted: exit 130, so an interrupted group is redone).
     for job, status in zip(jobs, statuses):
         if status != "ok":
             log.warning(
@@ -475,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"filledfirst: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted:
+        # What was measured is published and logged by now; 128 + SIGINT, the shell's code
+        # for an interrupted command, so Snakemake sees the job as not done.
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

@@ -271,9 +271,9 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
             meta = prober.measure(len(search.probes) + 1, rate, plan.probe_duration(_lifetimes(records)))
             search.record(probe_outcome(meta))
             records.append(_probe_record(meta, reused=False))
-    except Interrupted as exc:  # between probes (a probe's own interruption exits 130 itself)
+    except Interrupted as exc:  # during a probe (its folder is published) or between probes
         log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
-        raise SystemExit(130) from None
+        raise
     finally:
         prober.close()
     result = search.result()

@@ -106,7 +106,8 @@ class _Run:
         self.meta["error"] = f"interrupted: {exc.reason}"
 
     def finish(self) -> str:
-        """Write the folder and swap it into place; an interrupted run exits 130 afterwards."""
+        """Write the folder and swap it into place; an interrupted run raises `Interrupted`
+        afterwards (the CLI exits 130 for it)."""
         meta = self.meta
         meta["duration_s"] = time.monotonic() - self.t_start
         meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
@@ -125,8 +126,8 @@ class _Run:
         else:
             why = (meta.get("error") or "no error recorded").strip().splitlines()[0]
             log.warning("run %s: %s (%s) -> %s", meta["run_id"], meta["status"], why, self.out)
-        if interrupt_reason():
-            raise SystemExit(130)  # the pipeline must see an interrupted job as not done
+        if reason := interrupt_reason():
+            raise Interrupted(reason)  # the pipeline must see an interrupted job as not done
         return meta["status"]
 
 
@@ -161,7 +162,7 @@ def run_experiment(cfg: dict, experiment: str, schedule_path: Path, out: Path, p
 def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[str]:
     """Experiments with identical server settings, in the given order, against one server
     start. Each run folder is published as soon as its experiment ends; an interruption
-    publishes the current one and exits 130 without starting the rest."""
+    publishes the current one and raises `Interrupted` without starting the rest."""
     check_shareable(cfg, [job.experiment for job in jobs])
     study = as_study(cfg)  # the typed config, for what the runner itself reads
     if len({job.out.resolve() for job in jobs}) < len(jobs):
@@ -254,7 +255,8 @@ def run_on_server(
     replay, its part of the server log from byte `log_from`, then `annotate(run.json
     dict, replay)` before run.json is written. A server that died or failed to start is
     stopped; the caller stops it at the end. Returns (run.json, where the next run's log
-    part begins); an interruption publishes the folder and exits 130, as group runs do."""
+    part begins); an interruption publishes the folder and raises `Interrupted`, as group
+    runs do."""
     run = _Run(name, schedule_path, out, meta)
     try:
         waited = shared.ready(name)
