@@ -8,7 +8,7 @@ import urllib.request
 
 import psutil
 
-from filledfirst.scrape import parse_metrics
+from filledfirst.run.scrape import parse_metrics
 
 from conftest import engine_overlay_files
 

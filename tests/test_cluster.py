@@ -97,7 +97,7 @@ def test_runtime_is_startup_plus_each_experiments_span_and_drain(cfg, tmp_path):
 
 
 def test_run_json_records_the_slurm_job_and_its_gpus(monkeypatch):
-    from filledfirst.provenance import hardware
+    from filledfirst.run.provenance import hardware
 
     for var in ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_CPUS_PER_TASK", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(var, raising=False)

@@ -25,7 +25,7 @@ from filledfirst.config import load_config, validate_config
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.records import SCHEDULE_SCHEMA, RequestRecord
 from filledfirst.report import tables
-from filledfirst.runner import Job, every_request_failed, run_experiments
+from filledfirst.run.runner import Job, every_request_failed, run_experiments
 from filledfirst.store.ingest import ingest
 
 from conftest import REPO
@@ -156,7 +156,7 @@ def external(tmp_path):
 
 
 def run_external(cfg, job, url, monkeypatch) -> dict:
-    from filledfirst import runner
+    from filledfirst.run import runner
 
     monkeypatch.setattr(runner, "install_interrupt_handlers", lambda: None)
     monkeypatch.setattr(runner, "watch_owners", lambda: None)

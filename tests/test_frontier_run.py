@@ -12,7 +12,7 @@ import math
 import pytest
 from test_group_runs import FakeShared
 
-from filledfirst import interrupts
+from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config
 from filledfirst.frontier import run as frun
 from filledfirst.frontier.plan import frontier_plan
@@ -150,9 +150,8 @@ def test_the_setting_is_layered_on_engine_server(study):
 def test_an_interrupted_search_resumes_from_its_finished_probes(study, monkeypatch):
     cfg, out, state = study
     state["during"][4] = "interrupt"
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(interrupts.Interrupted, match="received SIGINT"):
         frun.run_frontier(cfg, "cap", "default", out, progress=False)
-    assert exit_.value.code == 130
     assert not (out / "search.json").exists()
     assert run_json(out / "p04")["status"] == "partial"
     assert not state["shared"].alive()
@@ -177,7 +176,7 @@ def test_probes_last_as_many_request_lifetimes_as_asked_and_resume_at_that_lengt
     cfg, out, state = study
     state["life_s"] = 3.0
     state["during"][4] = "interrupt"
-    with pytest.raises(SystemExit):
+    with pytest.raises(interrupts.Interrupted):
         frun.run_frontier(cfg, "cap", "default", out, progress=False)
     monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
@@ -307,7 +306,7 @@ def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
         assert meta["spec"]["workload"]["time_scale"] == pytest.approx(1 / p["rate"])
 
 
-def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, monkeypatch):
+def test_an_interruption_between_probes_raises_and_stops_the_server(study, monkeypatch):
     cfg, out, state = study
     original = frun.Prober.workload
 
@@ -318,8 +317,20 @@ def test_an_interruption_between_probes_exits_130_and_stops_the_server(study, mo
         return original(self, rate, schedule, probe_s)
 
     monkeypatch.setattr(frun.Prober, "workload", workload)
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(interrupts.Interrupted, match="received SIGTERM"):
         frun.run_frontier(cfg, "cap", "default", out, progress=False)
-    assert exit_.value.code == 130
     assert sorted(p.name for p in out.iterdir()) == ["p01", "p02"]  # nothing half-made, no scratch
     assert not state["shared"].alive()
+
+
+def test_the_command_line_exits_130_for_an_interrupted_search(study, monkeypatch):
+    """The search raises; `filledfirst frontier run` turns it into 130, so Snakemake sees
+    the job as not done (and no search.json is written)."""
+    cfg, out, state = study
+    state["during"][2] = "interrupt"
+    monkeypatch.setattr(config, "load_config", lambda paths: cfg)
+    argv = ["frontier", "run", "--config", "study.yaml", "--frontier", "cap", "--setting", "default",
+            "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 130
+    assert run_json(out / "p02")["status"] == "partial"
+    assert not (out / "search.json").exists()

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from filledfirst import interrupts, runner
+from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.server import ServerStartError
 from filledfirst.engine.shared import SharedServer
 from filledfirst.loadgen.replay import Replay
-from filledfirst.runner import Job, run_experiments
+from filledfirst.run import runner
+from filledfirst.run.runner import Job, run_experiments
 from filledfirst.workloads.synthetic import write_synthetic_schedule
 
 from conftest import REPO
@@ -133,12 +134,28 @@ def test_a_failed_start_fails_every_experiment_that_needed_it(group):
 def test_an_interruption_publishes_the_current_run_and_starts_no_other(group):
     cfg, jobs, state = group
     state["during"]["b"] = "interrupt"
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(interrupts.Interrupted, match="received SIGINT"):
         run_experiments(cfg, jobs, progress=False)
-    assert exit_.value.code == 130
     assert [meta(j)["status"] for j in jobs[:2]] == ["ok", "partial"]
     assert not jobs[2].out.exists()
     assert not state["shared"].alive()  # stopped on the way out
+
+
+def test_the_command_line_exits_130_for_an_interrupted_group(group, monkeypatch):
+    """The runner raises; `filledfirst run` turns it into 130, so Snakemake sees the job
+    as not done, with the folders published as the runner left them."""
+    cfg, jobs, state = group
+    state["during"]["b"] = "interrupt"
+    monkeypatch.setattr(config, "load_config", lambda paths: cfg)
+    argv = ["run", "--config", "study.yaml", "--no-progress"]
+    for job in jobs:
+        argv += ["--experiment", job.experiment, "--schedule", str(job.schedule), "--out", str(job.out)]
+    assert cli.main(argv) == 130
+    assert [meta(j)["status"] for j in jobs[:2]] == ["ok", "partial"]
+    assert not jobs[2].out.exists()
+    state["during"].clear()
+    monkeypatch.setattr(interrupts, "_interrupt_reason", None)
+    assert cli.main(argv) == 0  # the same call, not interrupted
 
 
 def interrupted_at_b_then_cleaned(group, monkeypatch):
@@ -147,7 +164,7 @@ def interrupted_at_b_then_cleaned(group, monkeypatch):
 
     cfg, jobs, state = group
     state["during"]["b"] = "interrupt"
-    with pytest.raises(SystemExit):
+    with pytest.raises(interrupts.Interrupted):
         run_experiments(cfg, jobs, progress=False)
     first_a = meta(jobs[0])["run_id"]
     for job in jobs:

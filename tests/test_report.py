@@ -12,147 +12,22 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from filledfirst import atomic, rundir
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_study
-from filledfirst.records import (
-    REQUEST_SCHEMA,
-    SAMPLE_SCHEMA,
-    TOKEN_SCHEMA,
-    RequestRecord,
-    SampleRecord,
-    TokenRecord,
-    to_table,
-)
 from filledfirst.report import render, tables
-from filledfirst.store.ingest import ingest
+
+from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
 
 REPO = Path(__file__).resolve().parents[1]
 QMD = REPO / "reports" / "report.qmd"
 CHROMIUM = Path("/usr/bin/chromium")
 
-RUN_A = "interference-0"
-RUN_LEGACY = "decode-legacy-0"
-RUN_FAILED = "kv-pressure-0"
-FAILED_RUN_ERROR = "server never became healthy: <script>alert(1)</script>"
-DISCONNECT_ERROR = "<b>connection reset</b> & gone"
-
-
-def _meta(run_id: str, experiment: str, status: str, max_num_seqs: int, started: int,
-          error: str | None = None, part: str | None = None) -> dict:
-    # The run.json shape the runner writes: ingest reads model/server/versions from it and
-    # the report's Setup section shows the rest.
-    return {
-        "run_id": run_id, "experiment": experiment, "workload": experiment.split("-")[0],
-        "description": f"{experiment} with max_num_seqs={max_num_seqs}", "status": status,
-        "error": error, "started_at": f"2025-01-01T0{started}:00:00Z", "duration_s": 3.0,
-        "model": {"name": "tiny-qwen2", "dtype": "float32", "max_model_len": 32768},
-        "server": {"launcher": "cpu",
-                   "argv": ["python", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs",
-                            str(max_num_seqs)],
-                   "settings": {"max_num_seqs": max_num_seqs, "enable_prefix_caching": False}},
-        "versions": {"vllm": "0.32.0", "python": "3.11"},
-        "hardware": {"cpu_count": 2, "memory_gib": 24, "gpu": None},
-        "timings": {"startup_s": 21.5},
-        "schedule": {"n_requests": 7, "span_s": 1.75},
-        "part": part, "expect": None, "spec": {"loadgen": {}},
-    }
-
-
-def _write_run(root: Path, meta: dict, requests=None, chunks=None, samples=None) -> Path:
-    d = root / meta["run_id"]
-    d.mkdir(parents=True)
-    if requests is not None:
-        atomic.write_parquet(to_table(requests, REQUEST_SCHEMA), d / rundir.REQUESTS)
-        atomic.write_parquet(to_table(chunks, TOKEN_SCHEMA), d / rundir.TOKENS)
-        atomic.write_parquet(to_table(samples, SAMPLE_SCHEMA), d / rundir.SAMPLES)
-    atomic.write_json(meta, d / rundir.RUN_JSON)
-    return d
-
-
-def _req(rid: int, role: str, t0: float, chunk_ts: list[tuple[float, int]], status: str = "ok",
-         error: str | None = None, timed: bool = False) -> tuple[RequestRecord, list[TokenRecord]]:
-    toks = [TokenRecord(rid, i, t, n) for i, (t, n) in enumerate(chunk_ts)]
-    first = chunk_ts[0][0] if chunk_ts else None
-    last = chunk_ts[-1][0] if chunk_ts else None
-    n_out = sum(n for _, n in chunk_ts)
-    rec = RequestRecord(
-        rid, role, 150, 4, t0, t_sent=t0 + 0.001, t_first_token=first, t_last_token=last,
-        t_done=last, prompt_tokens_received=150, output_tokens_received=n_out,
-        chunks=len(chunk_ts), status=status, http_status=200 if status == "ok" else None, error=error,
-    )
-    if timed and first is not None:  # vLLM's own timings: half of TTFT from send queued, 40 % prefill
-        from_send_ms = (first - rec.t_sent) * 1000
-        rec.server_queue_ms, rec.server_prefill_ms = 0.5 * from_send_ms, 0.4 * from_send_ms
-        rec.server_decode_ms = (last - first) * 1000
-    return rec, toks
-
-
-def _series(metric: str, per_engine: list[list[float]], ts: list[float]) -> list[SampleRecord]:
-    return [
-        SampleRecord(t, metric, f"engine={e},model_name=tiny-qwen2", v)
-        for e, values in enumerate(per_engine) for t, v in zip(ts, values)
-    ]
-
-
-def _run_a(root: Path) -> Path:
-    """Two roles, two engines, one disconnected request, counters and scraper rows."""
-    built = [
-        # decoding: TTFT 40/50/60 ms; gaps 10, 20/2 (a 2-token chunk), 12, 30, 100 ms; the
-        # trailing n=0 usage chunk carries no token and makes no gap.
-        _req(0, "decoding", 0.0, [(0.040, 1), (0.050, 1), (0.070, 2), (0.080, 0)], timed=True),
-        _req(1, "decoding", 0.0, [(0.050, 1), (0.062, 1), (0.092, 1)], timed=True),
-        _req(2, "decoding", 0.0, [(0.060, 1), (0.160, 1)], timed=True),
-        # probes: TTFT 110/200/800 ms; gaps 5, 8, 6 ms
-        _req(3, "probe", 1.00, [(1.110, 1), (1.115, 1)], timed=True),
-        _req(4, "probe", 1.25, [(1.450, 1), (1.458, 1)], timed=True),
-        _req(5, "probe", 1.50, [(2.300, 1), (2.306, 1)], timed=True),
-        # disconnected after streaming: its TTFT (50 ms) and gap (600 ms) must not count
-        _req(6, "probe", 1.75, [(1.800, 1), (2.400, 1)], status="disconnected", error=DISCONNECT_ERROR),
-    ]
-    ts = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
-    samples = (
-        _series("vllm:num_requests_running", [[0, 2, 3, 3, 2, 0], [0, 1, 1, 2, 1, 0]], ts)
-        + _series("vllm:num_requests_waiting", [[0, 0, 1, 2, 0, 0], [0, 0, 0, 1, 0, 0]], ts)
-        + _series("vllm:kv_cache_usage_perc",
-                  [[0.0, 0.1, 0.2, 0.3, 0.15, 0.0], [0.0, 0.05, 0.25, 0.2, 0.1, 0.0]], ts)
-        # counter already at 2 when the run started: only the delta counts
-        + _series("vllm:num_preemptions_total", [[2, 2, 3, 5, 5, 5], [0, 0, 0, 1, 1, 1]], ts)
-        + _series("vllm:num_preemptions_created", [[1.7e9] * 6], ts)
-        + [SampleRecord(t, "filledfirst:scrape_seconds", "", 0.004) for t in ts]
-    )
-    meta = _meta(RUN_A, "interference", "ok", 8, started=1, part="interference")
-    return _write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
-
-
-def _run_legacy(root: Path) -> Path:
-    """A cut-short run from an older vLLM: gpu_cache name, counter stored without _total."""
-    built = [_req(0, "decode", 0.0, [(0.1, 1), (0.2, 1)]), _req(1, "decode", 0.5, [(0.7, 1), (0.75, 1)])]
-    ts = [0.0, 1.0, 2.0]
-    samples = (
-        _series("vllm:num_requests_running", [[1, 2, 1]], ts)
-        + _series("vllm:num_requests_waiting", [[0, 0, 0]], ts)
-        + _series("vllm:gpu_cache_usage_perc", [[0.01, 0.02, 0.04]], ts)
-        + _series("vllm:num_preemptions", [[0, 0, 0]], ts)
-    )
-    meta = _meta(RUN_LEGACY, "decode-legacy", "partial", 64, started=2, error="server exited with code -9",
-                 part="decode_load")
-    return _write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
-
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
-    dirs = [
-        _run_a(root),
-        _run_legacy(root),
-        _write_run(root, _meta(RUN_FAILED, "kv-pressure", "failed", 64, started=3, error=FAILED_RUN_ERROR)),
-    ]
-    path = root / "study.duckdb"
-    ingest(dirs, path)
-    write_diagnosis(path, DiagnosisRules(), parts=load_study([REPO / "tests" / "configs" / "e2e.yaml"]).parts)
-    return path
+    return report_db(root / "study.duckdb", report_runs(root))
 
 
 @pytest.fixture(scope="module")

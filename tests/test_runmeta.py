@@ -7,8 +7,9 @@ import duckdb
 import pytest
 from test_ingest import make_run
 
-from filledfirst import atomic, rundir, runmeta
+from filledfirst import atomic, runmeta
 from filledfirst.analysis import signals
+from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
 
 PROBE = {"name": "decode", "setting": "seq8", "probe": 3, "rate": 4.0, "probe_s": 10.0,
@@ -49,10 +50,10 @@ def test_a_run_json_decodes_whole_with_unknown_keys_and_null_sections():
 
 def test_ingest_lifts_run_json_into_columns_and_refuses_a_bad_one(tmp_path):
     run = make_run(tmp_path / "lim", "seq_limit-1")
-    atomic.write_json(document(), run / rundir.RUN_JSON)
+    atomic.write_json(document(), run / folder.RUN_JSON)
     probe = make_run(tmp_path / "p03", "probe-1")
     atomic.write_json({"run_id": "probe-1", "experiment": "decode/seq8/p03", "status": "ok",
-                       "spec": {"loadgen": {"mode": "open"}}, "frontier": PROBE}, probe / rundir.RUN_JSON)
+                       "spec": {"loadgen": {"mode": "open"}}, "frontier": PROBE}, probe / folder.RUN_JSON)
     db = tmp_path / "f.duckdb"
     ingest([run, probe], db)
     con = duckdb.connect(str(db), read_only=True)
@@ -65,8 +66,8 @@ def test_ingest_lifts_run_json_into_columns_and_refuses_a_bad_one(tmp_path):
     con.close()
     bad = make_run(tmp_path / "bad", "bad-1")
     atomic.write_json({"run_id": "bad-1", "experiment": "bad", "status": "ok", "frontier": {"name": 1}},
-                      bad / rundir.RUN_JSON)
-    with pytest.raises(rundir.IncompleteRunDir, match="bad.*run.json"):
+                      bad / folder.RUN_JSON)
+    with pytest.raises(folder.IncompleteRunDir, match="bad.*run.json"):
         ingest([bad], db)
 
 
@@ -108,14 +109,14 @@ def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=Fa
         sent = 0.1 * i + lag_per_request * i
         reqs.append(RequestRecord(i, "decode", 10, 10, 0.1 * i, sent, sent + 0.02, sent + 0.02, sent + 0.2,
                                   sent + 0.2, 10, 10, 10))
-    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / rundir.REQUESTS)
-    atomic.write_parquet(to_table([], TOKEN_SCHEMA), path / rundir.TOKENS)
-    atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / rundir.SAMPLES)
+    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / folder.REQUESTS)
+    atomic.write_parquet(to_table([], TOKEN_SCHEMA), path / folder.TOKENS)
+    atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / folder.SAMPLES)
     atomic.write_json({"run_id": run_id, "experiment": run_id, "status": "ok",
                        "spec": {"loadgen": {"mode": "closed" if closed else "open"}},
                        "timings": {"replay_s": replay_s, "client_cpu_s": cpu_s,
                                    **({"client_cpu_peak_s": peak_s, "client_workers": 2} if peak_s else {})}},
-                      path / rundir.RUN_JSON)
+                      path / folder.RUN_JSON)
     return path
 
 

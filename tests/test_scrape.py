@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filledfirst.records import SAMPLE_SCHEMA, TOKEN_SCHEMA, RecordColumns, SampleRecord, TokenRecord, to_table
-from filledfirst.scrape import latest_gauges, parse_metrics
+from filledfirst.run.scrape import latest_gauges, parse_metrics
 
 EXPOSITION = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -88,7 +88,7 @@ async def _scrape_slowly(delays: list[float], interval_s: float, run_for_s: floa
     import aiohttp
     from aiohttp import web
 
-    from filledfirst.scrape import Scraper
+    from filledfirst.run.scrape import Scraper
 
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0  # noqa: E731

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_report import QMD, _chromium_run, _meta, _req, _series, _write_run, chromium  # noqa: F401 (a fixture)
+from test_report import QMD, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst import config as config_module
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
@@ -23,6 +23,8 @@ from filledfirst.engine.server import VllmServer, log_excerpt
 from filledfirst.records import SampleRecord
 from filledfirst.report import render
 from filledfirst.store.ingest import ingest
+
+from helpers.report_runs import make_request, run_meta, series, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +40,7 @@ RUN_FAILED = "failed-run"
 
 def _hostile_run(root: Path) -> Path:
     """Every field of run.json the report shows, and the request rows, carry markup."""
-    meta = _meta(RUN_OK, f"interference {SCRIPT}", "ok", 8, started=1, part="interference")
+    meta = run_meta(RUN_OK, f"interference {SCRIPT}", "ok", 8, started=1, part="interference")
     meta.update(
         description=f"config description {IMG} {SCRIPT}",
         expect=f"pattern {SCRIPT}",
@@ -54,18 +56,18 @@ def _hostile_run(root: Path) -> Path:
                         "stats": {"requests": 4, "duration_s": 2.0, "keep_every": ATTR,
                                   "prompt_tokens": {"p50": 150, "p90": 150}, "output_tokens": {"p50": 2}}}
     built = [
-        _req(0, SCRIPT, 0.0, [(0.05, 1), (0.06, 1)]),  # roles come from the trace or workload
-        _req(1, SCRIPT, 0.1, [(0.15, 1), (0.17, 1)]),
-        _req(2, IMG, 0.5, [(0.60, 1), (0.62, 1)]),
+        make_request(0, SCRIPT, 0.0, [(0.05, 1), (0.06, 1)]),  # roles come from the trace or workload
+        make_request(1, SCRIPT, 0.1, [(0.15, 1), (0.17, 1)]),
+        make_request(2, IMG, 0.5, [(0.60, 1), (0.62, 1)]),
         # the server's error text, shown in the chart's tooltip
-        _req(3, IMG, 0.7, [(0.80, 1)], status="http_error", error=f"{SCRIPT} {IMG} {ATTR}"),
+        make_request(3, IMG, 0.7, [(0.80, 1)], status="http_error", error=f"{SCRIPT} {IMG} {ATTR}"),
     ]
     ts = [0.0, 0.5, 1.0]
-    samples = (_series("vllm:num_requests_running", [[0, 2, 1]], ts)
-               + _series("vllm:num_requests_waiting", [[0, 0, 0]], ts)
-               + _series("vllm:kv_cache_usage_perc", [[0.0, 0.1, 0.05]], ts)
+    samples = (series("vllm:num_requests_running", [[0, 2, 1]], ts)
+               + series("vllm:num_requests_waiting", [[0, 0, 0]], ts)
+               + series("vllm:kv_cache_usage_perc", [[0.0, 0.1, 0.05]], ts)
                + [SampleRecord(0.0, "vllm:num_preemptions_total", f"model_name={SCRIPT}", 0.0)])
-    return _write_run(root, meta, [r for r, _ in built], [t for _, toks in built for t in toks], samples)
+    return write_run(root, meta, [r for r, _ in built], [t for _, toks in built for t in toks], samples)
 
 
 def _failed_run(root: Path) -> Path:
@@ -73,7 +75,7 @@ def _failed_run(root: Path) -> Path:
     log = root / "server.log"
     log.write_text(f"INFO starting\n(EngineCore pid=2) ERROR 11-29 [core.py:1] ValueError: {SCRIPT}\n{IMG}\n{ATTR}\n")
     error = "vLLM exited with code 1 before it was healthy. " + log_excerpt(log)
-    return _write_run(root, _meta(RUN_FAILED, f"failed {IMG}", "failed", 64, started=2, error=error))
+    return write_run(root, run_meta(RUN_FAILED, f"failed {IMG}", "failed", 64, started=2, error=error))
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +230,7 @@ def test_no_shell_anywhere_in_the_package():
     # the scan did see the package's processes: vLLM, its guardian, Quarto, nvidia-smi
     assert {w.split(":")[0] for w in seen} >= {
         "src/filledfirst/engine/server.py", "src/filledfirst/engine/lifetime.py",
-        "src/filledfirst/report/render.py", "src/filledfirst/provenance.py"}, seen
+        "src/filledfirst/report/render.py", "src/filledfirst/run/provenance.py"}, seen
 
 
 HOSTILE = {

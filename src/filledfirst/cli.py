@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 from filledfirst.errors import UserError
+from filledfirst.interrupts import Interrupted
 from filledfirst.study import LOADGEN, SCRAPE, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
+
+INTERRUPTED_EXIT = 130
 
 
 def _add_model(sub) -> None:
@@ -226,7 +229,7 @@ def _add_run(sub) -> None:
 
 def _cmd_run(args) -> int:
     from filledfirst.config import load_config
-    from filledfirst.runner import Job, run_experiments
+    from filledfirst.run.runner import Job, run_experiments
 
     if not len(args.experiments) == len(args.schedules) == len(args.outs):
         raise UserError(
@@ -237,8 +240,8 @@ def _cmd_run(args) -> int:
     jobs = [Job(*triple) for triple in zip(args.experiments, args.schedules, args.outs)]
     statuses = run_experiments(cfg, jobs, progress=not args.no_progress)
     # A failed or partial run is a result: its folder says why, and the report must list
-    # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt still
-    # exits 130, so an interrupted group is redone).
+    # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt raises
+    # Interrupted: exit 130, so an interrupted group is redone).
     for job, status in zip(jobs, statuses):
         if status != "ok":
             log.warning(
@@ -335,7 +338,7 @@ def _workers(value: str) -> int | str:
 
 def _cmd_replay(args) -> int:
     from filledfirst.loadgen.settings import ReplaySettings
-    from filledfirst.runner import replay_endpoint
+    from filledfirst.run.runner import replay_endpoint
 
     if args.prompt == "token_ids" and not args.token_ids:
         raise UserError("--token-ids LOW HIGH is required with token-id prompts (or give --prompt text)")
@@ -475,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"filledfirst: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted:
+        # What was measured is published and logged by now; 128 + SIGINT, the shell's code
+        # for an interrupted command, so Snakemake sees the job as not done.
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

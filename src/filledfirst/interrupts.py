@@ -1,6 +1,7 @@
 """How a run learns it must stop: SIGINT, SIGTERM or SIGHUP, or the death of the process
 that owns it (its parent, or the Snakemake process running the job). Library code notes
-the reason and raises `Interrupted`; the runner keeps what was measured and exits 130.
+the reason and raises `Interrupted`; the runner keeps what was measured and raises it on,
+and the command line exits 130 for it.
 Shared by the load generator and the engine's lifetime (neither imports the other).
 """
 

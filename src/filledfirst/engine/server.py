@@ -16,7 +16,7 @@ from pathlib import Path
 
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
-from filledfirst.scrape import latest_gauges, parse_metrics
+from filledfirst.run.scrape import latest_gauges, parse_metrics
 
 log = logging.getLogger(__name__)
 

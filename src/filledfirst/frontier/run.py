@@ -39,7 +39,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from filledfirst import atomic, rundir
+from filledfirst import atomic
 from filledfirst.config import fingerprint
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
@@ -47,6 +47,7 @@ from filledfirst.frontier.plan import FrontierPlan, frontier_plan, probe_base_sp
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
+from filledfirst.run import folder
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class Prober:
             self.kept_per_s = trace_kept_rate(json.loads(Path(shape_stats).read_text()))
         self.scratch = Path(tempfile.mkdtemp(prefix=".server-", dir=out))
         # The server's whole log, gone at the end: each probe folder keeps its own part.
-        self.shared = SharedServer({**self.base, "experiment": plan.name}, self.scratch / rundir.SERVER_LOG)
+        self.shared = SharedServer({**self.base, "experiment": plan.name}, self.scratch / folder.SERVER_LOG)
         self.log_from = 0
 
     def workload(self, rate: float, schedule: Path, probe_s: float) -> dict:
@@ -157,7 +158,7 @@ class Prober:
 
     def measure(self, probe: int, rate: float, probe_s: float | None = None) -> dict:
         """Probe `rate` for `probe_s` seconds of arrivals (the plan's probe_s by default)."""
-        from filledfirst.runner import run_on_server
+        from filledfirst.run.runner import run_on_server
 
         plan, setting = self.plan, self.setting
         name = probe_experiment(plan.name, setting, probe)
@@ -219,8 +220,8 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
     while probe in dirs:
         why = None
         try:
-            meta = rundir.read_run_json(dirs[probe])
-        except (rundir.IncompleteRunDir, ValueError) as exc:
+            meta = folder.read_run_json(dirs[probe])
+        except (folder.IncompleteRunDir, ValueError) as exc:
             meta, why = None, f"unfinished ({exc})"
         f = (meta or {}).get("frontier") or {}
         expected = search.next_rate()
@@ -270,9 +271,9 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
             meta = prober.measure(len(search.probes) + 1, rate, plan.probe_duration(_lifetimes(records)))
             search.record(probe_outcome(meta))
             records.append(_probe_record(meta, reused=False))
-    except Interrupted as exc:  # between probes (a probe's own interruption exits 130 itself)
+    except Interrupted as exc:  # during a probe (its folder is published) or between probes
         log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
-        raise SystemExit(130) from None
+        raise
     finally:
         prober.close()
     result = search.result()

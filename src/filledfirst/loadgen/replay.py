@@ -22,7 +22,7 @@ from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
 from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard, watch
 from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
-from filledfirst.scrape import Scraper
+from filledfirst.run.scrape import Scraper
 
 log = logging.getLogger(__name__)
 

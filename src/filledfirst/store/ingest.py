@@ -10,9 +10,10 @@ from typing import Iterator
 
 import duckdb
 
-from filledfirst import rundir, runmeta
+from filledfirst import runmeta
 from filledfirst.atomic import atomic_path
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
+from filledfirst.run import folder
 
 SEARCH_JSON = "search.json"  # filledfirst.frontier.run.SEARCH_JSON (not imported: the store reads files only)
 _ARROW_TO_SQL = {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS frontier_searches (
 );
 """
 
-_TABLES = {"requests": rundir.REQUESTS, "tokens": rundir.TOKENS, "samples": rundir.SAMPLES}
+_TABLES = {"requests": folder.REQUESTS, "tokens": folder.TOKENS, "samples": folder.SAMPLES}
 _SCHEMAS = {"requests": REQUEST_SCHEMA, "tokens": TOKEN_SCHEMA, "samples": SAMPLE_SCHEMA}
 
 
@@ -100,7 +101,7 @@ def _searches(paths: list[str | Path]) -> tuple[list[Path], list[dict]]:
     its probe folders; and the search documents."""
     run_dirs, searches = [], []
     for p in map(Path, paths):
-        if p.is_dir() and not (p / rundir.RUN_JSON).exists() and (p / SEARCH_JSON).is_file():
+        if p.is_dir() and not (p / folder.RUN_JSON).exists() and (p / SEARCH_JSON).is_file():
             p = p / SEARCH_JSON
         if p.name == SEARCH_JSON and p.is_file():
             doc = json.loads(p.read_text())
@@ -115,7 +116,7 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
     """Ingest the folders into a copy of the database and swap it in. Returns the run ids
     written. A capacity search's search.json (or its folder) brings its probe folders."""
     run_dirs, searches = _searches(run_dirs)
-    metas = [(Path(d), rundir.read_run_json(d)) for d in run_dirs]  # refuse before writing
+    metas = [(Path(d), folder.read_run_json(d)) for d in run_dirs]  # refuse before writing
     typed = [_typed(d, meta) for d, meta in metas]
     with edited_copy(db_path) as con:
         upgrade(con)
@@ -131,7 +132,7 @@ def _typed(run_dir: Path, meta: dict) -> runmeta.RunMeta:
     try:
         return runmeta.decode(meta)
     except ValueError as exc:
-        raise rundir.IncompleteRunDir(f"{run_dir}: {exc}") from None
+        raise folder.IncompleteRunDir(f"{run_dir}: {exc}") from None
 
 
 def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict, typed: runmeta.RunMeta) -> None:

@@ -17,7 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
-from filledfirst import atomic, rundir
+from filledfirst import atomic
+from filledfirst.run import folder
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,12 @@ def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
     returns its run.json, or None when there is nothing to reuse."""
     src = kept_path(out)
     try:
-        meta = rundir.read_run_json(src)
-    except (rundir.IncompleteRunDir, ValueError):
+        meta = folder.read_run_json(src)
+    except (folder.IncompleteRunDir, ValueError):
         return None
     if meta["status"] != "ok" or meta.get("spec_fingerprint") != spec_fingerprint:
         return None
-    if _digest(src / rundir.SCHEDULE) != _digest(schedule):
+    if _digest(src / folder.SCHEDULE) != _digest(schedule):
         return None
     if not _publish_links(src, out, "could not restore the finished run, measuring it again"):
         return None

@@ -23,7 +23,7 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic, kept, rundir
+from filledfirst import atomic
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -34,8 +34,9 @@ from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.model.kv import kv_record
-from filledfirst.provenance import hardware, versions
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
+from filledfirst.run import folder, kept
+from filledfirst.run.provenance import hardware, versions
 from filledfirst.study import Experiment, Study, as_study
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class _Run:
         self.schedule = read_schedule(schedule_path)
         self.out = Path(out)
         self.work = atomic.make_temp_dir(self.out)
-        shutil.copyfile(schedule_path, self.work / rundir.SCHEDULE)
+        shutil.copyfile(schedule_path, self.work / folder.SCHEDULE)
         self.replay: Replay | None = None
         self.t_start = time.monotonic()
         self.meta: dict = {
@@ -105,27 +106,28 @@ class _Run:
         self.meta["error"] = f"interrupted: {exc.reason}"
 
     def finish(self) -> str:
-        """Write the folder and swap it into place; an interrupted run exits 130 afterwards."""
+        """Write the folder and swap it into place; an interrupted run raises `Interrupted`
+        afterwards (the CLI exits 130 for it)."""
         meta = self.meta
         meta["duration_s"] = time.monotonic() - self.t_start
         meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
         if self.replay is not None:
             r = self.replay
-            atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / rundir.REQUESTS)
-            atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / rundir.TOKENS)
-            atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / rundir.SAMPLES)
+            atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / folder.REQUESTS)
+            atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / folder.TOKENS)
+            atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / folder.SAMPLES)
             meta["request_status_counts"] = dict(Counter(rec.status for rec in r.requests))
             meta["scrape_errors"] = r.scraper.errors
         # run.json last: its presence is what marks the folder complete.
-        atomic.write_json(meta, self.work / rundir.RUN_JSON)
+        atomic.write_json(meta, self.work / folder.RUN_JSON)
         atomic.publish_dir(self.work, self.out)
         if meta["status"] == "ok":
             log.info("run %s: ok -> %s", meta["run_id"], self.out)
         else:
             why = (meta.get("error") or "no error recorded").strip().splitlines()[0]
             log.warning("run %s: %s (%s) -> %s", meta["run_id"], meta["status"], why, self.out)
-        if interrupt_reason():
-            raise SystemExit(130)  # the pipeline must see an interrupted job as not done
+        if reason := interrupt_reason():
+            raise Interrupted(reason)  # the pipeline must see an interrupted job as not done
         return meta["status"]
 
 
@@ -160,7 +162,7 @@ def run_experiment(cfg: dict, experiment: str, schedule_path: Path, out: Path, p
 def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[str]:
     """Experiments with identical server settings, in the given order, against one server
     start. Each run folder is published as soon as its experiment ends; an interruption
-    publishes the current one and exits 130 without starting the rest."""
+    publishes the current one and raises `Interrupted` without starting the rest."""
     check_shareable(cfg, [job.experiment for job in jobs])
     study = as_study(cfg)  # the typed config, for what the runner itself reads
     if len({job.out.resolve() for job in jobs}) < len(jobs):
@@ -174,7 +176,7 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     # The server's whole log, beside the run folders (same file system), gone at the end:
     # each run folder keeps its own part.
     scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
-    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / rundir.SERVER_LOG)
+    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / folder.SERVER_LOG)
     group = _Group(cfg, study, jobs, shared)
     try:
         statuses = [group.run(position, progress) for position in range(len(jobs))]
@@ -230,7 +232,7 @@ class _Group:
             run.interrupted(exc)
         finally:
             self._stop_if_done(position, run)  # once stopping, signals no longer interrupt this
-            self.log_from = shared.copy_log(self.log_from, run.work / rundir.SERVER_LOG)
+            self.log_from = shared.copy_log(self.log_from, run.work / folder.SERVER_LOG)
             status = run.finish()
         if keeping and status == "ok":
             kept.keep(job.out)
@@ -253,7 +255,8 @@ def run_on_server(
     replay, its part of the server log from byte `log_from`, then `annotate(run.json
     dict, replay)` before run.json is written. A server that died or failed to start is
     stopped; the caller stops it at the end. Returns (run.json, where the next run's log
-    part begins); an interruption publishes the folder and exits 130, as group runs do."""
+    part begins); an interruption publishes the folder and raises `Interrupted`, as group
+    runs do."""
     run = _Run(name, schedule_path, out, meta)
     try:
         waited = shared.ready(name)
@@ -274,7 +277,7 @@ def run_on_server(
     finally:
         if run.meta["status"] != "ok" or interrupt_reason():
             shared.stop()
-        log_from = shared.copy_log(log_from, run.work / rundir.SERVER_LOG)
+        log_from = shared.copy_log(log_from, run.work / folder.SERVER_LOG)
         if annotate is not None:
             try:
                 annotate(run.meta, run.replay)

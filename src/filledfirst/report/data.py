@@ -1,0 +1,79 @@
+"""What the report reads from the database, read once: `load(con)` -> `ReportData`, which
+every section of the report (filledfirst.report.sections) takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from filledfirst.analysis import request_path, signals
+from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.report import frontiers
+from filledfirst.runmeta import RunMeta
+from filledfirst.store.study_parts import stored_parts
+from filledfirst.study import Part
+
+
+@dataclass(frozen=True)
+class ReportData:
+    # Kept for what is read run by run (each run's requests and series), one run at a time.
+    con: duckdb.DuckDBPyConnection
+    summary: list[dict[str, Any]]  # signals.run_summary, one row per run, by start time
+    roles: list[dict[str, Any]]  # signals.role_summary
+    metas: dict[str, RunMeta]  # run.json typed, per run id
+    documents: dict[str, dict[str, Any]]  # run.json whole, only for the setup dumps
+    diagnosis: list[dict[str, Any]]  # table `diagnosis`; empty before `filledfirst diagnose`
+    rates: dict[str, dict[str, Any]]  # signals.run_rates, per run id
+    queue_shares: dict[str, float | None]  # vLLM's queue over TTFT (None: no per-request timings)
+    frontier_rows: list[dict[str, Any]]  # table `frontiers`
+    probe_points: list[dict[str, Any]]  # the capacity searches' probes, for their charts
+    rules: DiagnosisRules  # the rules the stored diagnosis was made with
+    study_parts: dict[str, Part]  # the study's parts, in order
+    is_probe: frozenset[str]  # run ids of the capacity searches' probes
+
+    @property
+    def measured(self) -> list[dict[str, Any]]:
+        """Runs with at least one request (probes included)."""
+        return [r for r in self.summary if r["n_requests"] > 0]
+
+    @property
+    def experiments(self) -> list[dict[str, Any]]:
+        """The study's own runs: every run but the probes."""
+        return [r for r in self.summary if r["run_id"] not in self.is_probe]
+
+    @property
+    def probes(self) -> list[dict[str, Any]]:
+        return [r for r in self.summary if r["run_id"] in self.is_probe]
+
+    @property
+    def part_of(self) -> dict[str, str | None]:
+        """Which part of the study each run belongs to (its run.json)."""
+        return {run_id: m.part for run_id, m in self.metas.items()}
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+                       ).fetchall()[0][0] > 0
+
+
+def load(con: duckdb.DuckDBPyConnection) -> ReportData:
+    metas = signals.run_metas(con)
+    frontier_rows = frontiers.frontier_rows(con)
+    return ReportData(
+        con=con,
+        summary=signals.run_summary(con).to_dicts(),
+        roles=signals.role_summary(con).to_dicts(),
+        metas=metas,
+        documents=signals.run_meta(con),
+        # The diagnosis table exists once `filledfirst diagnose` has run on the database.
+        diagnosis=con.sql("SELECT * FROM diagnosis").pl().to_dicts() if _has_table(con, "diagnosis") else [],
+        rates={x["run_id"]: x for x in signals.run_rates(con).to_dicts()},
+        queue_shares={x["run_id"]: x["queue_share"] for x in request_path.queue_shares(con).to_dicts()},
+        frontier_rows=frontier_rows,
+        probe_points=frontiers.probe_points(con) if frontier_rows else [],
+        rules=stored_rules(con),
+        study_parts=stored_parts(con),
+        is_probe=frozenset(run_id for run_id, m in metas.items() if m.frontier is not None),
+    )
