@@ -125,6 +125,6 @@ def against_server(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            -- per request, the server's share of our TTFT from send; its median over the run
            quantile_cont((queue_ms + prefill_ms) / nullif(front_end_ms + queue_ms + prefill_ms, 0), 0.5)
                FILTER (WHERE timed) AS server_share_p50
-    FROM ({REQUEST_PARTS}) GROUP BY run_id
+    FROM ({REQUEST_PARTS}) GROUP BY run_id ORDER BY run_id
     """
     return signals.query(con, sql)

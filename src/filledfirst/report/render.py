@@ -66,7 +66,7 @@ def render_report(source: Path, db: Path, out: Path, engine: str = "auto") -> No
 
 
 def _render_quarto(quarto: str, source: Path, db: Path) -> str:
-    env = {**os.environ, DB_ENV: str(db), "QUARTO_PYTHON": sys.executable}
+    env = {**os.environ, DB_ENV: str(db), "QUARTO_PYTHON": sys.executable, **_absolute_pythonpath()}
     with tempfile.TemporaryDirectory(prefix="filledfirst-quarto-") as tmp:
         # --output-dir keeps Quarto's side files out of the source tree.
         argv = [quarto, "render", str(source), "--to", "html", "--output-dir", tmp]
@@ -166,6 +166,13 @@ def build_notebook(front: dict[str, Any], cells: list[Cell]):
 # --- fallback: execute and export ----------------------------------------------------------
 
 
+def _absolute_pythonpath() -> dict[str, str]:
+    """PYTHONPATH with every entry absolute: the kernel starts in the report's folder, where
+    a relative entry (`PYTHONPATH=src`) would find nothing and the installed package instead."""
+    value = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in value.split(os.pathsep) if p)} if value else {}
+
+
 def _kernel_manager(kernel_dir: Path, db: Path):
     """A kernel on *this* interpreter, so it imports the same filledfirst and packages.
 
@@ -182,7 +189,7 @@ def _kernel_manager(kernel_dir: Path, db: Path):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "filledfirst report",
         "language": "python",
-        "env": {DB_ENV: str(db)},
+        "env": {DB_ENV: str(db), **_absolute_pythonpath()},
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return KernelManager(kernel_name=name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
