@@ -107,6 +107,17 @@ def test_parser_output_does_not_depend_on_read_boundaries(stream, at):
     assert whole == split == payloads
 
 
+_one_event = st.builds(lambda pad, payload, end: b"data:" + pad + payload + end, st.sampled_from([b"", b" ", b"\t"]),
+                       st.binary(max_size=40), st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n", b"\n\n\n", b" \n\n"]))
+
+
+@settings(max_examples=500, **FUZZ)
+@given(st.lists(_one_event | st.binary(max_size=48), min_size=1, max_size=4))
+def test_the_one_event_per_read_shortcut_gives_what_the_general_path_gives(reads):
+    fast, general = SSEData(), SSEData()
+    assert [fast.feed(r) for r in reads] == [general._lines(r) for r in reads]
+
+
 @settings(max_examples=40, **FUZZ)
 @given(well_formed(), st.lists(st.integers(0, 2**16), min_size=1, max_size=12))
 def test_well_formed_stream_split_anywhere_parses_like_the_unsplit_one(stream, at):
