@@ -11,7 +11,7 @@ import yaml
 
 from filledfirst.errors import UserError
 from filledfirst.paths import REPO_ROOT, SCHEMA_PATH
-from filledfirst.study import Study
+from filledfirst.study import ExperimentSpec, Study
 
 __all__ = ["REPO_ROOT", "SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
@@ -158,8 +158,15 @@ def server_settings(cfg: dict, experiment: str) -> dict:
     return deep_merge(base, cfg["experiments"][experiment].get("server", {}))
 
 
-def experiment_spec(cfg: dict, experiment: str) -> dict:
-    """Everything that decides an experiment's outcome; its hash triggers re-runs."""
+def experiment_spec(cfg: dict, experiment: str) -> ExperimentSpec:
+    """Everything that decides an experiment's outcome, typed (what the runner passes on)."""
+    return ExperimentSpec.from_doc(spec_document(cfg, experiment))
+
+
+def spec_document(cfg: dict, experiment: str) -> dict:
+    """The experiment's spec as written to run.json: its hash (`fingerprint`) triggers
+    re-runs, so it is built from the config as written (with the schema's defaults), not
+    re-encoded from the types, whose encoding would add every unset key."""
     exp = cfg["experiments"][experiment]
     return {
         "experiment": experiment,
@@ -181,7 +188,7 @@ def fingerprint(obj: object) -> str:
 def server_identity(cfg: dict, experiment: str) -> dict:
     """What makes two experiments' servers the same process: model, engine, merged settings.
     The load generator and scrape settings are the client's and do not count."""
-    spec = experiment_spec(cfg, experiment)
+    spec = spec_document(cfg, experiment)
     return {"model": spec["model"], "engine": spec["engine"], "server": spec["server"]}
 
 
@@ -239,4 +246,4 @@ def check_shareable(cfg: dict, experiments: list[str]) -> None:
 
 def group_fingerprint(cfg: dict, experiments: list[str]) -> str:
     """Changes when any experiment of the group, or the group's membership or order, does."""
-    return fingerprint([experiment_spec(cfg, e) for e in experiments])
+    return fingerprint([spec_document(cfg, e) for e in experiments])
