@@ -96,7 +96,7 @@ def validate_config(cfg: dict) -> None:
             problems.append(f"experiments.{name}.loadgen: api chat takes text prompts only (prompt: text)")
     from filledfirst.frontier.plan import frontier_problems
 
-    problems += frontier_problems(cfg)
+    problems += frontier_problems(Study.from_dict(cfg))
     ids = cfg["model"]["prompt_token_ids"]
     if ids["low"] >= ids["high"]:
         problems.append("model.prompt_token_ids: low must be below high")
@@ -174,11 +174,37 @@ def spec_document(cfg: dict, experiment: str) -> dict:
         "workload_name": exp["workload"],
         "workload": cfg["workloads"][exp["workload"]],
         "server": server_settings(cfg, experiment),
+        "loadgen": deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {})),
+        **_model_engine_scrape(cfg),
+    }
+
+
+def _model_engine_scrape(cfg: dict) -> dict:
+    return {
         "model": cfg["model"],
         "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
-        "loadgen": deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {})),
         "scrape": cfg.get("scrape", {}),
     }
+
+
+def search_fingerprint(cfg: dict, frontier: str, setting: str) -> str:
+    """A capacity search's identity: changes when anything that decides a probe's outcome
+    or the search's path does (Snakemake re-runs the search; its probes measured before
+    are not reused). Hashed from the config as written, as spec_document is: a probe's
+    server, model, engine, scrape, its loadgen (the study's, open loop), the shape, and
+    the search's SLO, lengths and bounds."""
+    from filledfirst.frontier.plan import search_plan, search_terms
+
+    plan = search_plan(Study.from_dict(cfg), frontier, setting)
+    f = cfg["frontiers"][frontier]
+    loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
+    return fingerprint({
+        "server": deep_merge(cfg["engine"].get("server", {}), f["settings"][setting]),
+        "loadgen": {**loadgen, "mode": "open"},
+        **_model_engine_scrape(cfg),
+        "workload": cfg["workloads"][f["workload"]],
+        **search_terms(plan),
+    })
 
 
 def fingerprint(obj: object) -> str:

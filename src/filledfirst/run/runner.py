@@ -23,7 +23,7 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic
+from filledfirst import atomic, runmeta
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -249,15 +249,15 @@ class _Group:
 def run_on_server(
     shared: SharedServer, name: str, schedule_path: Path, out: Path, spec: ExperimentSpec, meta: dict, *,
     progress: bool = True, log_from: int = 0,
-    annotate: Callable[[dict, Replay | None], None] | None = None,
+    annotate: Callable[[runmeta.RunMeta, Replay | None], dict] | None = None,
 ) -> tuple[dict, int]:
     """One ordinary run folder against a server the caller keeps between runs (the
     capacity search's probes): the server made ready (started, or reused once idle), the
-    replay, its part of the server log from byte `log_from`, then `annotate(run.json
-    dict, replay)` before run.json is written. A server that died or failed to start is
-    stopped; the caller stops it at the end. Returns (run.json, where the next run's log
-    part begins); an interruption publishes the folder and raises `Interrupted`, as group
-    runs do."""
+    replay, its part of the server log from byte `log_from`, then the keys
+    `annotate(run.json typed, replay)` returns are set in run.json before it is written.
+    A server that died or failed to start is stopped; the caller stops it at the end.
+    Returns (run.json, where the next run's log part begins); an interruption publishes the
+    folder and raises `Interrupted`, as group runs do."""
     run = _Run(name, schedule_path, out, meta)
     try:
         waited = shared.ready(name)
@@ -281,7 +281,7 @@ def run_on_server(
         log_from = shared.copy_log(log_from, run.work / folder.SERVER_LOG)
         if annotate is not None:
             try:
-                annotate(run.meta, run.replay)
+                run.meta.update(annotate(runmeta.decode(run.meta), run.replay))
             except Exception:  # the folder is still written: what was measured is kept
                 log.exception("could not annotate run %s", run.meta["run_id"])
         run.finish()
