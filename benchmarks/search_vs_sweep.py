@@ -23,11 +23,12 @@ import math
 import time
 from pathlib import Path
 
-from filledfirst.config import load_config
-from filledfirst.frontier.plan import frontier_plan
+from filledfirst.config import load_config, search_fingerprint
+from filledfirst.frontier.plan import search_plan
 from filledfirst.frontier.run import Prober, probe_outcome
 from filledfirst.frontier.search import CapacitySearch
 from filledfirst.interrupts import install_interrupt_handlers, watch_owners
+from filledfirst.study import Study, SyntheticWorkload
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,16 +42,16 @@ def main() -> None:
     ap.add_argument("--max-sweep", type=int, default=40, help="stop the linear sweep after this many probes")
     args = ap.parse_args()
     cfg = load_config([args.config])
-    plan = frontier_plan(cfg, args.frontier)
-    if args.setting not in plan.settings:
-        raise SystemExit(f"frontier {args.frontier}: no setting {args.setting!r} ({sorted(plan.settings)})")
-    if plan.workload["kind"] != "synthetic":
+    study = Study.from_dict(cfg)
+    plan = search_plan(study, args.frontier, args.setting)
+    if not isinstance(plan.workload, SyntheticWorkload):
         raise SystemExit("the benchmark probes synthetic shapes only")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     install_interrupt_handlers()  # Ctrl-C or a kill still stops the server (no orphan vLLM)
     watch_owners()
-    prober = Prober(cfg, plan, args.setting, out, None, None, progress=False)
+    prober = Prober(study, plan, args.setting, out, search_fingerprint(cfg, args.frontier, args.setting), None, None,
+                    progress=False)
     rows = []
     try:
         search = CapacitySearch(plan.bounds)
@@ -58,7 +59,7 @@ def main() -> None:
         while (rate := search.next_rate()) is not None:
             meta = prober.measure(len(rows) + 1, rate)
             search.record(probe_outcome(meta))
-            rows.append(("search", rate, meta["frontier"].get("attainment")))
+            rows.append(("search", rate, meta.frontier.attainment))
         search_wall = time.monotonic() - t0
         result = search.result()
         n_search = len(rows)
@@ -71,7 +72,7 @@ def main() -> None:
             rate = k * step
             meta = prober.measure(len(rows) + 1, rate)
             held = probe_outcome(meta).holds(plan.bounds.target)
-            rows.append(("sweep", rate, meta["frontier"].get("attainment")))
+            rows.append(("sweep", rate, meta.frontier.attainment))
             if not held:
                 lin_hi = rate
                 break

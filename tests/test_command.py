@@ -15,7 +15,7 @@ def command_for(config: str, experiment: str):
     cfg = load_config([ROOT / "config" / config])
     spec = experiment_spec(cfg, experiment)
     return build_command(
-        launcher=spec["engine"]["launcher"], model=spec["model"], settings=spec["server"],
+        launcher=spec.engine.launcher, model=spec.model, settings=spec.server,
         host="127.0.0.1", port=8123, seed=0, extra_env={},
     )
 
@@ -50,7 +50,7 @@ def test_dummy_load_format_is_passed(tmp_path):
     (tmp_path / "c.yaml").write_text(cfg_text)
     cfg = load_config([tmp_path / "c.yaml"])
     spec = experiment_spec(cfg, "decode_low")
-    cmd = build_command(launcher="gpu", model=spec["model"], settings=spec["server"], host="h", port=1, seed=0,
+    cmd = build_command(launcher="gpu", model=spec.model, settings=spec.server, host="h", port=1, seed=0,
                         extra_env={})
     assert cmd.argv[cmd.argv.index("--load-format") + 1] == "dummy"
 
@@ -116,8 +116,8 @@ def test_first_error_finds_the_root_cause_not_the_last_line(tmp_path):
 def _argv(per_request_metrics=None, extra_args=()):
     cfg = load_config([ROOT / "config" / "cpu.yaml"])
     spec = experiment_spec(cfg, "decode_low")
-    settings = spec["server"] | {"extra_args": list(extra_args)}
-    return build_command(launcher="cpu", model=spec["model"], settings=settings, host="h", port=1, seed=0,
+    settings = spec.server | {"extra_args": list(extra_args)}
+    return build_command(launcher="cpu", model=spec.model, settings=settings, host="h", port=1, seed=0,
                          extra_env={}, per_request_metrics=per_request_metrics).argv
 
 

@@ -10,6 +10,7 @@ from filledfirst.config import load_config, validate_config
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.search import SearchBounds, Slo
+from filledfirst.study import Study
 
 from conftest import REPO
 
@@ -41,14 +42,15 @@ def test_defaults_are_filled_in(cfg):
 
 def test_the_plan_layers_each_setting_on_engine_server(cfg):
     validate_config(cfg)
-    plan = frontier_plan(cfg, "capacity")
+    study = Study.from_dict(cfg)
+    plan = frontier_plan(study, "capacity")
     engine = cfg["engine"]["server"]
     assert plan.settings == {
         "default": engine,
         "seq8": {**engine, "max_num_seqs": 8},
         "kv160": {**engine, "num_gpu_blocks_override": 160},
     }
-    assert plan.workload_name == "light" and plan.workload == cfg["workloads"]["light"]
+    assert plan.workload_name == "light" and plan.workload == study.workloads["light"]
     assert plan.slo == Slo(1000.0, 200.0) and plan.probe_s == 15.0
     assert plan.bounds == SearchBounds(start=1, maximum=64, target=0.95, growth=2, precision=1.1, budget=12, repeats=0)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import msgspec
 import polars as pl
 import pytest
 from hypothesis import given, settings
@@ -22,62 +22,69 @@ from filledfirst.frontier.probes import (
     trace_time_scale,
 )
 from filledfirst.schedule import stats_path
-from filledfirst.trace.subsample import subsample, subsample_to_parquet
+from filledfirst.study import TraceWorkload, Workload
+from filledfirst.trace.subsample import subsample, subsample_to_parquet, window_of
 
-INTERFERENCE = {
+
+def typed(workload: dict) -> Workload:
+    """A workload of the config, as the search gets it (filledfirst.study)."""
+    return msgspec.convert(workload, Workload)
+
+
+INTERFERENCE = typed({
     "kind": "synthetic",
     "phases": [
         {"role": "decode", "count": 12, "interval_s": 0.5, "prompt_tokens": 150, "output_tokens": 1500},
         {"role": "long", "count": 3, "start_s": 2.0, "interval_s": 2.0, "prompt_tokens": 4000, "output_tokens": 16},
         {"role": "probe", "count": 32, "interval_s": 0.25, "prompt_tokens": 64, "output_tokens": 16},
     ],
-}
+})
 
 
 def test_one_constant_phase_at_the_probe_rate_for_probe_s():
-    shape = {"kind": "synthetic", "phases": [
-        {"role": "decode", "count": 10, "interval_s": 0.5, "prompt_tokens": 150, "output_tokens": 160}]}
+    shape = typed({"kind": "synthetic", "phases": [
+        {"role": "decode", "count": 10, "interval_s": 0.5, "prompt_tokens": 150, "output_tokens": 160}]})
     assert shape_rate(shape) == 2.0
     probe = synthetic_probe(shape, rate=4.0, probe_s=15.0)
-    assert probe["phases"][0] == {**shape["phases"][0], "count": 60, "interval_s": 0.25}
+    assert probe.phases == [msgspec.structs.replace(shape.phases[0], count=60, interval_s=0.25)]
     df = synthetic_probe_schedule(shape, 4.0, 15.0)
     assert df.height == 60 and df["t_offset_s"][0] == 0.0 and df["t_offset_s"][-1] == 14.75
     assert df["prompt_tokens"].unique().to_list() == [150] and df["output_tokens"].unique().to_list() == [160]
 
 
 def test_phases_keep_their_share_place_and_relative_rate():
-    before = copy.deepcopy(INTERFERENCE)
     span, n = 8.0, 47  # the long prompts and the probes end at 8 s
     assert shape_rate(INTERFERENCE) == n / span
     rate, probe_s = 10.0, 15.0
     probe = synthetic_probe(INTERFERENCE, rate, probe_s)
-    assert INTERFERENCE == before  # the shape is not modified
-    counts = [p["count"] for p in probe["phases"]]
+    counts = [p.count for p in probe.phases]
     assert counts == [round(c * rate * probe_s / n) for c in (12, 3, 32)] == [38, 10, 102]
-    assert sum(p["count"] for p in probe["phases"]) == rate * probe_s
-    assert probe["phases"][1]["start_s"] == 2.0 * probe_s / span
+    assert sum(counts) == rate * probe_s
+    assert [p.start_s for p in probe.phases] == [0.0, 2.0 * probe_s / span, 0.0]
+    assert [(p.role, p.prompt_tokens, p.output_tokens) for p in probe.phases] == [
+        (p.role, p.prompt_tokens, p.output_tokens) for p in INTERFERENCE.phases]
     # Every gap stretched by the same factor: the phases' rates keep their ratios.
     k = (n / span) / rate
-    assert [p["interval_s"] for p in probe["phases"]] == pytest.approx([0.5 * k, 2.0 * k, 0.25 * k])
+    assert [p.interval_s for p in probe.phases] == pytest.approx([0.5 * k, 2.0 * k, 0.25 * k])
     df = synthetic_probe_schedule(INTERFERENCE, rate, probe_s)
     assert df.height == 150 and df["t_offset_s"].max() < probe_s
     assert df.group_by("role").len().sort("role").rows() == [("decode", 38), ("long", 10), ("probe", 102)]
 
 
 def test_a_random_arrival_process_keeps_its_seed_and_scales_its_mean_gap():
-    shape = {"kind": "synthetic", "seed": 3, "phases": [
+    shape = typed({"kind": "synthetic", "seed": 3, "phases": [
         {"role": "a", "count": 100, "interval_s": 0.2, "arrival": "gamma", "cv": 2.0,
-         "prompt_tokens": 8, "output_tokens": 8}]}
+         "prompt_tokens": 8, "output_tokens": 8}]})
     probe = synthetic_probe(shape, rate=20.0, probe_s=60.0)
-    assert probe["seed"] == 3 and probe["phases"][0]["cv"] == 2.0 and probe["phases"][0]["arrival"] == "gamma"
-    assert probe["phases"][0]["count"] == 1200 and probe["phases"][0]["interval_s"] == pytest.approx(0.05)
+    assert probe.seed == 3 and probe.phases[0].cv == 2.0 and probe.phases[0].arrival == "gamma"
+    assert probe.phases[0].count == 1200 and probe.phases[0].interval_s == pytest.approx(0.05)
     t = synthetic_probe_schedule(shape, 20.0, 60.0)["t_offset_s"]
     assert t.diff().drop_nulls().mean() == pytest.approx(0.05, rel=0.15)
 
 
 def test_a_very_low_rate_keeps_one_request_per_phase():
     probe = synthetic_probe(INTERFERENCE, rate=0.01, probe_s=15.0)
-    assert [p["count"] for p in probe["phases"]] == [1, 1, 1]
+    assert [p.count for p in probe.phases] == [1, 1, 1]
 
 
 def test_bad_probes_are_refused():
@@ -85,7 +92,7 @@ def test_bad_probes_are_refused():
         synthetic_probe(INTERFERENCE, 0.0, 15)
     with pytest.raises(ValueError, match="duration must be > 0"):
         synthetic_probe(INTERFERENCE, 1.0, 0)
-    burst = {"kind": "synthetic", "phases": [{"role": "a", "count": 5, "prompt_tokens": 8, "output_tokens": 8}]}
+    burst = typed({"kind": "synthetic", "phases": [{"role": "a", "count": 5, "prompt_tokens": 8, "output_tokens": 8}]})
     with pytest.raises(ValueError, match="all its requests at once"):
         synthetic_probe(burst, 1.0, 15)
 
@@ -103,13 +110,13 @@ phase_st = st.fixed_dictionaries({
 @settings(max_examples=100, deadline=None)
 @given(phases=st.lists(phase_st, min_size=1, max_size=4), rate=st.floats(0.1, 50), probe_s=st.floats(1, 60))
 def test_property_probe_offers_the_rate_for_probe_s(phases, rate, probe_s):
-    shape = {"kind": "synthetic", "phases": phases}
+    shape = typed({"kind": "synthetic", "phases": phases})
     probe = synthetic_probe(shape, rate, probe_s)
     df = synthetic_probe_schedule(shape, rate, probe_s)
     # Counts are rounded per phase (and at least one each).
-    assert abs(df.height - rate * probe_s) <= len(phases) / 2 + sum(p["count"] == 1 for p in probe["phases"])
+    assert abs(df.height - rate * probe_s) <= len(phases) / 2 + sum(p.count == 1 for p in probe.phases)
     # Each phase ends where it ended in the shape, scaled, up to half a gap of rounding.
-    last_gap = max(p["interval_s"] for p in probe["phases"])
+    last_gap = max(p.interval_s for p in probe.phases)
     assert df["t_offset_s"].max() <= probe_s + last_gap / 2 + 1e-9
 
 
@@ -128,18 +135,17 @@ def write_trace(path: Path, gaps_s: list[float]) -> Path:
     return path
 
 
-TRACE_SHAPE = {"kind": "trace", "trace": "t", "minutes": 2, "keep_every": 4, "time_scale": 0.5}
+TRACE_SHAPE = typed({"kind": "trace", "trace": "t", "minutes": 2, "keep_every": 4, "time_scale": 0.5})
 
 
 def shape_stats(csv: Path, tmp_path: Path) -> dict:
     out = tmp_path / "shape.parquet"
-    spec = {k: v for k, v in TRACE_SHAPE.items() if k not in ("kind", "trace")}
-    subsample_to_parquet(csv, out, **spec)
+    subsample_to_parquet(csv, out, **window_of(TRACE_SHAPE), time_scale=TRACE_SHAPE.time_scale)
     return json.loads(stats_path(out).read_text())  # as a pipeline reads it back
 
 
-def probe_of(csv: Path, spec: dict) -> pl.DataFrame:
-    return subsample(csv, **{k: v for k, v in spec.items() if k not in ("kind", "trace")})
+def probe_of(csv: Path, probe: TraceWorkload) -> pl.DataFrame:
+    return subsample(csv, **window_of(probe), time_scale=probe.time_scale)
 
 
 def test_a_uniform_trace_probe_offers_the_rate_for_probe_s(tmp_path):
@@ -147,9 +153,10 @@ def test_a_uniform_trace_probe_offers_the_rate_for_probe_s(tmp_path):
     kept = trace_kept_rate(shape_stats(csv, tmp_path))
     assert kept == pytest.approx(2.5)  # every 4th, whatever the shape's own time_scale
     assert trace_time_scale(kept, 10.0) == pytest.approx(0.25)
-    spec = trace_probe(TRACE_SHAPE, kept, rate=10.0, probe_s=15.0)
-    assert spec == {**TRACE_SHAPE, "time_scale": pytest.approx(0.25), "minutes": pytest.approx(1.0)}
-    df = probe_of(csv, spec)
+    probe = trace_probe(TRACE_SHAPE, kept, rate=10.0, probe_s=15.0)
+    assert (probe.time_scale, probe.minutes) == (pytest.approx(0.25), pytest.approx(1.0))
+    assert probe == msgspec.structs.replace(TRACE_SHAPE, time_scale=probe.time_scale, minutes=probe.minutes)
+    df = probe_of(csv, probe)
     assert df.height == 150 and df["t_offset_s"].max() < 15.0
     assert df["t_offset_s"].diff().drop_nulls().to_numpy() == pytest.approx(0.1, abs=1e-6)
 

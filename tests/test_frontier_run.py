@@ -13,13 +13,14 @@ import pytest
 from test_group_runs import FakeShared
 
 from filledfirst import cli, config, interrupts
-from filledfirst.config import load_config
+from filledfirst.config import load_config, search_fingerprint
 from filledfirst.frontier import run as frun
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 from filledfirst.loadgen.replay import Replay
 from filledfirst.records import TokenRecord
 from filledfirst.store.ingest import ingest
+from filledfirst.study import Study
 
 from conftest import REPO
 
@@ -92,9 +93,16 @@ def study(tmp_path, monkeypatch):
     return cfg, tmp_path / "frontiers" / "cap" / "default", state
 
 
+def run_search(cfg, frontier, setting, out, **kw):
+    """`filledfirst frontier run` as the command line calls it: the config typed, the
+    search's identity from the config as written."""
+    return frun.run_frontier(Study.from_dict(cfg), frontier, setting, out,
+                             fingerprint=search_fingerprint(cfg, frontier, setting), **kw)
+
+
 def expected_search(cfg) -> CapacitySearch:
     """The same search driven by the curve directly."""
-    plan = frontier_plan(cfg, "cap")
+    plan = frontier_plan(Study.from_dict(cfg), "cap")
     search = CapacitySearch(plan.bounds)
     while (rate := search.next_rate()) is not None:
         n = max(1, round(12 * rate * plan.probe_s / 12))
@@ -108,7 +116,7 @@ def run_json(path):
 
 def test_probes_are_run_folders_and_search_json_is_the_search(study):
     cfg, out, state = study
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     expected = expected_search(cfg)
     result = expected.result()
     assert state["shared"].starts == ["cap/default/p01"]  # one server start for the whole search
@@ -141,7 +149,7 @@ def test_probes_are_run_folders_and_search_json_is_the_search(study):
 def test_the_setting_is_layered_on_engine_server(study):
     cfg, out, state = study
     out = out.parent / "seq8"
-    frun.run_frontier(cfg, "cap", "seq8", out, progress=False)
+    run_search(cfg, "cap", "seq8", out, progress=False)
     meta = run_json(out / "p01")
     assert meta["server"]["settings"]["max_num_seqs"] == 8
     assert meta["server"]["settings"]["kv_cache_space_gib"] == 1
@@ -151,7 +159,7 @@ def test_an_interrupted_search_resumes_from_its_finished_probes(study, monkeypat
     cfg, out, state = study
     state["during"][4] = "interrupt"
     with pytest.raises(interrupts.Interrupted, match="received SIGINT"):
-        frun.run_frontier(cfg, "cap", "default", out, progress=False)
+        run_search(cfg, "cap", "default", out, progress=False)
     assert not (out / "search.json").exists()
     assert run_json(out / "p04")["status"] == "partial"
     assert not state["shared"].alive()
@@ -160,7 +168,7 @@ def test_an_interrupted_search_resumes_from_its_finished_probes(study, monkeypat
     monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
     state["rates"].clear()
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     expected = expected_search(cfg)
     assert [p["rate"] for p in doc["probes"]] == [p.rate for p in expected.probes]
     assert [p["reused"] for p in doc["probes"]] == [True] * 3 + [False] * (len(expected.probes) - 3)
@@ -177,10 +185,10 @@ def test_probes_last_as_many_request_lifetimes_as_asked_and_resume_at_that_lengt
     state["life_s"] = 3.0
     state["during"][4] = "interrupt"
     with pytest.raises(interrupts.Interrupted):
-        frun.run_frontier(cfg, "cap", "default", out, progress=False)
+        run_search(cfg, "cap", "default", out, progress=False)
     monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     probes = doc["probes"]
     assert [p["reused"] for p in probes[:4]] == [True] * 3 + [False]
     assert probes[0]["probe_s"] == 4 and all(p["probe_s"] == pytest.approx(12) for p in probes[1:])
@@ -194,16 +202,16 @@ def test_probes_last_as_many_request_lifetimes_as_asked_and_resume_at_that_lengt
     # probe_max_s caps the length; another cap is another search, measured again
     cfg["frontiers"]["cap"]["probe_max_s"] = 6
     state["rates"].clear()
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     assert [p["probe_s"] for p in doc["probes"]][:2] == [4, 6] and not any(p["reused"] for p in doc["probes"])
 
 
 def test_a_finished_search_is_read_back_without_a_server(study):
     cfg, out, state = study
-    first = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    first = run_search(cfg, "cap", "default", out, progress=False)
     (out / "search.json").unlink()
     state["rates"].clear()
-    again = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    again = run_search(cfg, "cap", "default", out, progress=False)
     assert state["rates"] == [] and state["shared"].starts == []
     assert again["result"] == first["result"]
     assert [p["run_id"] for p in again["probes"]] == [p["run_id"] for p in first["probes"]]
@@ -211,17 +219,17 @@ def test_a_finished_search_is_read_back_without_a_server(study):
 
 def test_a_changed_search_measures_everything_again(study):
     cfg, out, state = study
-    frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    run_search(cfg, "cap", "default", out, progress=False)
     n_before = len(state["rates"])
     cfg["frontiers"]["cap"]["slo"]["ttft_ms"] = 2 * SLO_TTFT_MS  # another SLO: another search
-    frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    run_search(cfg, "cap", "default", out, progress=False)
     assert len(state["rates"]) > n_before and state["rates"][n_before] == 1.0
 
 
 def test_a_failed_probe_ends_the_search_with_its_reason(study):
     cfg, out, state = study
     state["during"][3] = "server dies"
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     assert len(doc["probes"]) == 3
     assert doc["result"]["reason"] == "probe_failed"
     assert "vLLM exited during the run" in doc["result"]["error"]
@@ -232,7 +240,7 @@ def test_a_failed_probe_ends_the_search_with_its_reason(study):
     assert not state["shared"].alive()
     # A re-run measures the failed probe again, and the search goes on from there.
     state["during"].clear()
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     assert doc["result"]["reason"] == "converged"
     assert [p["reused"] for p in doc["probes"][:3]] == [True, True, False]
 
@@ -245,7 +253,7 @@ def test_a_probe_whose_server_never_starts_fails_the_search(study):
         return state["shared"]
 
     frun.SharedServer = make_shared  # monkeypatched already: restored at teardown
-    doc = frun.run_frontier(cfg, "cap", "default", out, progress=False)
+    doc = run_search(cfg, "cap", "default", out, progress=False)
     assert [p["status"] for p in doc["probes"]] == ["failed"]
     assert doc["result"]["reason"] == "probe_failed" and "before it was healthy" in doc["result"]["error"]
     assert doc["result"]["lo"] is None and doc["result"]["hi"] is None
@@ -256,9 +264,9 @@ def test_unknown_frontier_or_setting_is_a_user_error(study):
 
     cfg, out, state = study
     with pytest.raises(UserError, match="no setting 'nope'"):
-        frun.run_frontier(cfg, "cap", "nope", out, progress=False)
+        run_search(cfg, "cap", "nope", out, progress=False)
     with pytest.raises(UserError, match="frontier 'nope' is not in the config"):
-        frun.run_frontier(cfg, "nope", "default", out, progress=False)
+        run_search(cfg, "nope", "default", out, progress=False)
 
 
 def test_probe_attainment_counts_gaps_between_token_chunks():
@@ -294,8 +302,8 @@ def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
     shape = tmp_path / "tr.parquet"
     subsample_to_parquet(csv, shape, minutes=10, keep_every=2)
     with pytest.raises(Exception, match="give --trace-csv and --shape-stats"):
-        frun.run_frontier(cfg, "trc", "default", out.parent / "trc", progress=False)
-    doc = frun.run_frontier(cfg, "trc", "default", out.parent / "trc", progress=False, trace_csv=csv,
+        run_search(cfg, "trc", "default", out.parent / "trc", progress=False)
+    doc = run_search(cfg, "trc", "default", out.parent / "trc", progress=False, trace_csv=csv,
                             shape_stats=tmp_path / "tr.parquet.stats.json")
     assert doc["result"]["reason"] == "converged" and doc["result"]["lo"] <= CAPACITY < doc["result"]["hi"]
     for p in doc["probes"]:
@@ -318,7 +326,7 @@ def test_an_interruption_between_probes_raises_and_stops_the_server(study, monke
 
     monkeypatch.setattr(frun.Prober, "workload", workload)
     with pytest.raises(interrupts.Interrupted, match="received SIGTERM"):
-        frun.run_frontier(cfg, "cap", "default", out, progress=False)
+        run_search(cfg, "cap", "default", out, progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["p01", "p02"]  # nothing half-made, no scratch
     assert not state["shared"].alive()
 

@@ -47,7 +47,7 @@ def test_a_picked_port_that_was_taken_is_picked_again(config, tmp_path, taken_po
     monkeypatch.setattr(shared_module, "free_port", lambda host: next(picks, None) or free_port(host))
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
-    server = SharedServer(experiment_spec(load_config([path]), "few"), tmp_path / "server.log")
+    server = SharedServer(experiment_spec(load_config([path]), "few").server_spec, tmp_path / "server.log")
     try:
         assert server.ready("few") is None  # started
         assert server.alive() and not server.base_url.endswith(f":{taken_port}")

@@ -8,6 +8,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import msgspec
 import polars as pl
 import pytest
 
@@ -47,16 +48,16 @@ def cfg():
 
 
 def test_a_relative_phase_arrives_at_times_the_knee_the_others_stay():
-    spec = {"kind": "synthetic", "phases": [
+    spec = msgspec.convert({"kind": "synthetic", "phases": [
         {"role": "bg", "count": 10, "interval_s": {"of": "knee/default", "times": 2.0},
          "prompt_tokens": 10, "output_tokens": 5},
         {"role": "probe", "count": 3, "start_s": 1.0, "interval_s": 0.25, "prompt_tokens": 10, "output_tokens": 5},
-    ]}
+    ]}, SyntheticWorkload)
     knees = {"knee/default": {**search_doc(lo=4.0), "_path": "s.json"}}
     resolved_spec, resolved = resolve_synthetic(spec, knees)
-    assert resolved_spec["phases"][0]["interval_s"] == pytest.approx(1 / 8)
-    assert resolved_spec["phases"][1] == spec["phases"][1]
-    assert spec["phases"][0]["interval_s"] == {"of": "knee/default", "times": 2.0}  # unchanged
+    assert resolved_spec.phases[0] == msgspec.structs.replace(spec.phases[0], interval_s=pytest.approx(1 / 8))
+    assert resolved_spec.phases[1] == spec.phases[1]
+    assert spec.phases[0].interval_s == RelativeRate(of="knee/default", times=2.0)  # unchanged
     assert resolved == [{"key": "phases[0].interval_s", "role": "bg", "of": "knee/default", "knee_rps": 4.0,
                          "reason": "converged", "search": "s.json", "times": 2.0, "rate_rps": 8.0,
                          "interval_s": 0.125}]
@@ -191,9 +192,8 @@ def test_the_config_types_relative_rates():
     assert azure.time_scale == RelativeRate(of="knee/seq2", times=0.5)
     assert (azure.time_scale.frontier, azure.time_scale.setting) == ("knee", "seq2")
     assert s.workloads["paced"].phases[0].interval_s == 0.5  # absolute ones stay numbers
-    cfg = load_config(CONFIGS)
-    assert knee_searches(cfg["workloads"]["twice_knee"]) == ["knee/default"]
-    assert knee_searches(cfg["workloads"]["paced"]) == []
+    assert knee_searches(twice) == ["knee/default"] and knee_searches(azure) == ["knee/seq2"]
+    assert knee_searches(s.workloads["paced"]) == []
 
 
 @pytest.mark.parametrize("mutate, expected", [

@@ -14,6 +14,7 @@ from filledfirst.engine.command import build_command
 from filledfirst.engine.server import VllmServer, free_port
 from filledfirst.records import SCHEDULE_SCHEMA
 from filledfirst.store.ingest import ingest
+from filledfirst.study import Model, TokenIds
 
 from conftest import build_test_model, engine_overlay
 
@@ -26,7 +27,8 @@ KEY = "sk-planted-4f1e9a77c2"  # must never reach a file we write
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("external")
     build_test_model(root / "model")
-    model = {"name": "tiny", "source": "tiny", "path": str(root / "model"), "dtype": "float32", "max_model_len": 2048}
+    model = Model(name="tiny", source="tiny", path=str(root / "model"), dtype="float32", max_model_len=2048,
+                  prompt_token_ids=TokenIds(low=10, high=20))
     port = free_port("127.0.0.1")
     cmd = build_command(
         launcher="cpu", model=model, host="127.0.0.1", port=port, seed=0, extra_env={},

@@ -274,7 +274,7 @@ def _server_command(configfile: Path, monkeypatch, tmp_path: Path, experiment="d
     """The command the runner builds for `experiment` of `configfile`, and the base URL."""
     monkeypatch.setattr(shared, "VllmServer", _NoServer)
     spec = config_module.experiment_spec(config_module.load_config([configfile]), experiment)
-    server = shared.SharedServer(spec, tmp_path / "server.log")
+    server = shared.SharedServer(spec.server_spec, tmp_path / "server.log")
     server.ready(experiment)
     return server.cmd, server.base_url
 

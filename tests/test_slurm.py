@@ -124,6 +124,7 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     """The GPU study places its experiments relative to knees: its first jobs are the
     searches, one per (frontier, setting), each asking for a GPU like an experiment job."""
     from filledfirst.frontier.plan import frontier_runtime_minutes
+    from filledfirst.study import Study
 
     cfg_path = REPO / "config" / "config.yaml"
     calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
@@ -133,7 +134,7 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     assert len(calls) == len(searches) and set(by_rule) == set(searches), out[-6000:]
     for rule, frontier in searches.items():
         assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
-        assert by_rule[rule]["-t"] == str(frontier_runtime_minutes(cfg, frontier))
+        assert by_rule[rule]["-t"] == str(frontier_runtime_minutes(Study.from_dict(cfg), frontier))
 
 
 def without_searches(tmp_path: Path) -> Path:

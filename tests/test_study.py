@@ -116,3 +116,21 @@ def test_every_key_of_the_schema_is_described():
 
     undocumented = [line for line in render().splitlines() if line.startswith("| `") and line.endswith("|  |")]
     assert not undocumented
+
+
+def test_an_experiment_spec_is_typed_from_the_document_run_json_keeps():
+    import json
+
+    from filledfirst.config import experiment_spec, spec_document
+
+    cfg = load_config([REPO / "config" / "cpu.yaml"])
+    s = study.Study.from_dict(cfg)
+    doc = spec_document(cfg, "seq_limit")
+    spec = experiment_spec(cfg, "seq_limit")
+    assert spec == study.ExperimentSpec.from_doc(json.loads(json.dumps(doc)))  # as run.json reads back
+    assert "server" not in doc["engine"] and spec.engine == s.engine.start()
+    assert spec.server == doc["server"] and spec.server["max_num_seqs"] == 8
+    assert spec.loadgen == s.loadgen_for("seq_limit") and spec.model == s.model
+    assert spec.workload == s.workloads[s.experiments["seq_limit"].workload]
+    assert spec.server_spec == study.ServerSpec(model=spec.model, engine=spec.engine, server=spec.server)
+    assert study.ExperimentSpec.from_doc(spec.to_doc()) == spec

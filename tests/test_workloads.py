@@ -72,19 +72,20 @@ def test_write_is_deterministic_and_typed(tmp_path):
 def test_config_workloads_write(tmp_path):
     """Every synthetic workload in the shipped CPU config, through config validation; those
     placed relative to a knee at a made-up knee of 10 req/s for every search."""
-    from filledfirst.config import load_config
+    from filledfirst.config import load_study
     from filledfirst.frontier.relative import resolve_synthetic
+    from filledfirst.study import SyntheticWorkload
 
-    cfg = load_config([REPO / "config" / "cpu.yaml"])
-    knees = {f"{f}/{s}": {"result": {"lo": 10.0}} for f, spec in cfg["frontiers"].items() for s in spec["settings"]}
-    synthetic = {n: w for n, w in cfg["workloads"].items() if w["kind"] == "synthetic"}
+    study = load_study([REPO / "config" / "cpu.yaml"])
+    knees = {f"{f}/{s}": {"result": {"lo": 10.0}} for f, spec in study.frontiers.items() for s in spec.settings}
+    synthetic = {n: w for n, w in study.workloads.items() if isinstance(w, SyntheticWorkload)}
     if not synthetic:
         pytest.skip("config/cpu.yaml has no synthetic workload")
     for name, spec in synthetic.items():
         out = tmp_path / f"{name}.parquet"
         spec, _ = resolve_synthetic(spec, knees)
         write_synthetic_schedule(spec, out)
-        assert pq.read_table(out).num_rows == sum(p["count"] for p in spec["phases"])
+        assert pq.read_table(out).num_rows == sum(p.count for p in spec.phases)
 
 
 _phase = st.fixed_dictionaries(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted
-from filledfirst.study import LOADGEN, SCRAPE, TraceWorkload, default_of
+from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
 
@@ -118,17 +118,16 @@ def _cmd_trace_subsample(args) -> int:
         def given(value, key):
             return value if value is not None else default_of(TraceWorkload, key)
 
-        spec = dict(start_offset_s=given(args.start_offset, "start_offset_s"), start=args.start, minutes=args.minutes,
-                    keep_every=given(args.keep_every, "keep_every"), phase=given(args.phase, "phase"),
-                    max_model_len=args.max_model_len,
-                    skip_bad=args.skip_bad, relative=None,
-                    time_scale=args.time_scale if args.time_scale is not None
-                    else default_of(TraceWorkload, "time_scale"))
+        relative = None
         if args.knees:
             from filledfirst.frontier.relative import load_knees
 
             knees = load_knees(args.knees)
-            spec["relative"] = (next(iter(knees)), args.times, knees)
+            relative = (next(iter(knees)), args.times, knees)
+        spec = dict(start_offset_s=given(args.start_offset, "start_offset_s"), start=args.start, minutes=args.minutes,
+                    keep_every=given(args.keep_every, "keep_every"), phase=given(args.phase, "phase"),
+                    max_model_len=args.max_model_len, skip_bad=args.skip_bad, relative=relative,
+                    time_scale=given(args.time_scale, "time_scale"))
     subsample_to_parquet(args.csv, args.out, role=args.role, **spec)
     return 0
 
@@ -141,6 +140,7 @@ def _trace_workload_spec(args) -> dict:
     one place its settings come from, so no window flag may be given beside it."""
     from filledfirst.config import load_study
     from filledfirst.frontier.relative import is_relative, load_knees
+    from filledfirst.trace.subsample import window_of
 
     given = [f"--{f.replace('_', '-')}" for f in _WINDOW_FLAGS if getattr(args, f) is not None]
     if given:
@@ -153,18 +153,15 @@ def _trace_workload_spec(args) -> dict:
         raise UserError(f"workloads: no {args.workload!r} in the config ({sorted(study.workloads)})")
     if not isinstance(wl, TraceWorkload):
         raise UserError(f"workloads.{args.workload} is synthetic: use `filledfirst workload synth`")
-    spec = dict(minutes=wl.minutes, keep_every=wl.keep_every, phase=wl.phase, skip_bad=wl.skip_bad or args.skip_bad,
-                max_model_len=study.model.max_model_len, relative=None,
-                time_scale=default_of(TraceWorkload, "time_scale"),
-                **({"start": wl.start} if wl.start is not None else {"start_offset_s": wl.start_offset_s}))
     if is_relative(wl.time_scale):
-        knees = load_knees(args.knees)
-        spec["relative"] = (wl.time_scale.of, wl.time_scale.times, knees)
+        relative = (wl.time_scale.of, wl.time_scale.times, load_knees(args.knees))
+        time_scale = default_of(TraceWorkload, "time_scale")  # unused: the knee decides it
     else:
         if args.knees:
             raise UserError(f"workloads.{args.workload}: its time_scale is not relative to a knee: drop --knee")
-        spec["time_scale"] = float(wl.time_scale)
-    return spec
+        relative, time_scale = None, float(wl.time_scale)
+    return {**window_of(wl), "skip_bad": wl.skip_bad or args.skip_bad, "max_model_len": study.model.max_model_len,
+            "time_scale": time_scale, "relative": relative}
 
 
 def _cmd_trace_stats(args) -> int:
@@ -189,23 +186,20 @@ def _add_workload(sub) -> None:
 
 
 def _cmd_workload_synth(args) -> int:
-    import msgspec
-
     from filledfirst.frontier.relative import load_knees, relative_refs, resolve_synthetic
     from filledfirst.workloads.synthetic import write_synthetic_schedule
 
     wl = _catalog_entry(args.configs, "workloads", args.workload)
-    if not hasattr(wl, "phases"):
+    if not isinstance(wl, SyntheticWorkload):
         raise UserError(f"workloads.{args.workload} is a trace workload: use `filledfirst trace subsample`")
-    spec = msgspec.to_builtins(wl)
     extra = {}
-    if relative_refs(spec):
-        spec, resolved = resolve_synthetic(spec, load_knees(args.knees))
+    if relative_refs(wl):
+        wl, resolved = resolve_synthetic(wl, load_knees(args.knees))
         extra["relative"] = resolved
         for r in resolved:
             log.info("workloads.%s.%s: %g x the knee of %s (%g req/s, %s) = %g req/s", args.workload, r["key"],
                      r["times"], r["of"], r["knee_rps"], r["reason"], r["rate_rps"])
-    write_synthetic_schedule(spec, args.out, extra)
+    write_synthetic_schedule(wl, args.out, extra)
     return 0
 
 
@@ -273,11 +267,14 @@ def _add_frontier(sub) -> None:
 
 
 def _cmd_frontier_run(args) -> int:
-    from filledfirst.config import load_config
+    from filledfirst.config import load_config, search_fingerprint
     from filledfirst.frontier.run import run_frontier
+    from filledfirst.study import Study
 
     cfg = load_config(args.configs)
-    doc = run_frontier(cfg, args.frontier, args.setting, args.out, progress=not args.no_progress,
+    fingerprint = search_fingerprint(cfg, args.frontier, args.setting)  # an unknown search is an error here
+    doc = run_frontier(Study.from_dict(cfg), args.frontier, args.setting, args.out, progress=not args.no_progress,
+                       fingerprint=fingerprint,
                        trace_csv=args.trace_csv, shape_stats=args.shape_stats)
     # A search that ended on a failed probe is a result (search.json says why): exit 0,
     # so Snakemake keeps its probe folders for the report.

@@ -11,7 +11,7 @@ import yaml
 
 from filledfirst.errors import UserError
 from filledfirst.paths import REPO_ROOT, SCHEMA_PATH
-from filledfirst.study import Study
+from filledfirst.study import ExperimentSpec, Study
 
 __all__ = ["REPO_ROOT", "SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
@@ -96,7 +96,7 @@ def validate_config(cfg: dict) -> None:
             problems.append(f"experiments.{name}.loadgen: api chat takes text prompts only (prompt: text)")
     from filledfirst.frontier.plan import frontier_problems
 
-    problems += frontier_problems(cfg)
+    problems += frontier_problems(Study.from_dict(cfg))
     ids = cfg["model"]["prompt_token_ids"]
     if ids["low"] >= ids["high"]:
         problems.append("model.prompt_token_ids: low must be below high")
@@ -158,8 +158,15 @@ def server_settings(cfg: dict, experiment: str) -> dict:
     return deep_merge(base, cfg["experiments"][experiment].get("server", {}))
 
 
-def experiment_spec(cfg: dict, experiment: str) -> dict:
-    """Everything that decides an experiment's outcome; its hash triggers re-runs."""
+def experiment_spec(cfg: dict, experiment: str) -> ExperimentSpec:
+    """Everything that decides an experiment's outcome, typed (what the runner passes on)."""
+    return ExperimentSpec.from_doc(spec_document(cfg, experiment))
+
+
+def spec_document(cfg: dict, experiment: str) -> dict:
+    """The experiment's spec as written to run.json: its hash (`fingerprint`) triggers
+    re-runs, so it is built from the config as written (with the schema's defaults), not
+    re-encoded from the types, whose encoding would add every unset key."""
     exp = cfg["experiments"][experiment]
     return {
         "experiment": experiment,
@@ -167,11 +174,37 @@ def experiment_spec(cfg: dict, experiment: str) -> dict:
         "workload_name": exp["workload"],
         "workload": cfg["workloads"][exp["workload"]],
         "server": server_settings(cfg, experiment),
+        "loadgen": deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {})),
+        **_model_engine_scrape(cfg),
+    }
+
+
+def _model_engine_scrape(cfg: dict) -> dict:
+    return {
         "model": cfg["model"],
         "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
-        "loadgen": deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {})),
         "scrape": cfg.get("scrape", {}),
     }
+
+
+def search_fingerprint(cfg: dict, frontier: str, setting: str) -> str:
+    """A capacity search's identity: changes when anything that decides a probe's outcome
+    or the search's path does (Snakemake re-runs the search; its probes measured before
+    are not reused). Hashed from the config as written, as spec_document is: a probe's
+    server, model, engine, scrape, its loadgen (the study's, open loop), the shape, and
+    the search's SLO, lengths and bounds."""
+    from filledfirst.frontier.plan import search_plan, search_terms
+
+    plan = search_plan(Study.from_dict(cfg), frontier, setting)
+    f = cfg["frontiers"][frontier]
+    loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
+    return fingerprint({
+        "server": deep_merge(cfg["engine"].get("server", {}), f["settings"][setting]),
+        "loadgen": {**loadgen, "mode": "open"},
+        **_model_engine_scrape(cfg),
+        "workload": cfg["workloads"][f["workload"]],
+        **search_terms(plan),
+    })
 
 
 def fingerprint(obj: object) -> str:
@@ -181,7 +214,7 @@ def fingerprint(obj: object) -> str:
 def server_identity(cfg: dict, experiment: str) -> dict:
     """What makes two experiments' servers the same process: model, engine, merged settings.
     The load generator and scrape settings are the client's and do not count."""
-    spec = experiment_spec(cfg, experiment)
+    spec = spec_document(cfg, experiment)
     return {"model": spec["model"], "engine": spec["engine"], "server": spec["server"]}
 
 
@@ -239,4 +272,4 @@ def check_shareable(cfg: dict, experiments: list[str]) -> None:
 
 def group_fingerprint(cfg: dict, experiments: list[str]) -> str:
     """Changes when any experiment of the group, or the group's membership or order, does."""
-    return fingerprint([experiment_spec(cfg, e) for e in experiments])
+    return fingerprint([spec_document(cfg, e) for e in experiments])

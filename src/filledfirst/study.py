@@ -90,13 +90,20 @@ class ServerSettings(_Struct):
     enforce_eager: bool | None = None
     extra_args: list[str] | None = None
 
+    def given(self) -> dict[str, Any]:
+        """The settings this sets, as the mapping of vLLM settings a server starts with."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not None}
+
 
 class ExternalServer(_Struct):
     url: str
     api_key_env: str | None = None
 
 
-class Engine(_Struct):
+class EngineStart(_Struct):
+    """How to start the server, without its vLLM settings: an experiment's spec keeps
+    those apart, merged (`ExperimentSpec.server`)."""
+
     launcher: Literal["cpu", "gpu"]
     host: str = _d("engine", "host")
     port: int | None = None  # None: a free port per start
@@ -104,7 +111,13 @@ class Engine(_Struct):
     seed: int = _d("engine", "seed")
     server_nice: int = _d("engine", "server_nice")
     env: dict[str, str] = {}
+
+
+class Engine(EngineStart):
     server: ServerSettings = ServerSettings()
+
+    def start(self) -> EngineStart:
+        return EngineStart(**{f: getattr(self, f) for f in EngineStart.__struct_fields__})
 
 
 class Loadgen(_Struct):
@@ -338,6 +351,43 @@ class Study(_Struct):
         own = self.experiments[experiment].loadgen
         changes = {f: v for f in own.__struct_fields__ if (v := getattr(own, f)) is not None}
         return msgspec.structs.replace(self.loadgen, **changes)
+
+
+class ServerSpec(_Struct):
+    """What makes two servers the same process: the model, how the engine starts, and the
+    vLLM settings (engine.server with the experiment's or the search setting's on top; a
+    free-form mapping of vLLM flags, or an external endpoint's url and api_key_env)."""
+
+    model: Model
+    engine: EngineStart
+    server: dict[str, Any]
+
+
+class ExperimentSpec(_Struct):
+    """Everything that decides an experiment's (or a capacity-search probe's) outcome:
+    what filledfirst.config.experiment_spec builds and run.json keeps under `spec`."""
+
+    experiment: str
+    workload_name: str
+    workload: Workload
+    server: dict[str, Any]  # as ServerSpec.server
+    model: Model
+    engine: EngineStart
+    description: str = ""
+    loadgen: Loadgen = Loadgen()  # the study's with the experiment's overrides on top
+    scrape: Scrape = Scrape()
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> ExperimentSpec:
+        """A spec document (filledfirst.config.spec_document), typed."""
+        return msgspec.convert(doc, cls)
+
+    def to_doc(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+    @property
+    def server_spec(self) -> ServerSpec:
+        return ServerSpec(model=self.model, engine=self.engine, server=self.server)
 
 
 def default_of(cls: type, name: str) -> Any:

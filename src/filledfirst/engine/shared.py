@@ -7,17 +7,14 @@ run copies the part written while it was the current one.
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import time
 from pathlib import Path
 
-import msgspec
-
 from filledfirst.engine.command import ServerCommand, build_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
-from filledfirst.study import Engine
+from filledfirst.study import EngineStart, ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +31,7 @@ class ServerNotIdle(Exception):
 
 
 class SharedServer:
-    def __init__(self, spec: dict, log_path: Path, idle_timeout_s: float = IDLE_TIMEOUT_S):
+    def __init__(self, spec: ServerSpec, log_path: Path, idle_timeout_s: float = IDLE_TIMEOUT_S):
         self.spec = spec
         self.log_path = log_path
         self.idle_timeout_s = idle_timeout_s
@@ -49,11 +46,10 @@ class SharedServer:
         # after up to startup_timeout_s each.
         self.start_error: ServerStartError | None = None
 
-    @functools.cached_property
-    def engine(self) -> Engine:
-        """How to start it, typed (absent keys take the schema's defaults); the spec's
-        `server` holds the merged vLLM settings apart."""
-        return msgspec.convert(self.spec["engine"], Engine)
+    @property
+    def engine(self) -> EngineStart:
+        """How to start it; the spec's `server` holds the merged vLLM settings apart."""
+        return self.spec.engine
 
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()
@@ -93,7 +89,7 @@ class SharedServer:
     def _start_on(self, experiment: str, host: str, port: int) -> None:
         engine = self.engine
         self.cmd = build_command(
-            launcher=engine.launcher, model=self.spec["model"], settings=self.spec["server"],
+            launcher=engine.launcher, model=self.spec.model, settings=self.spec.server,
             host=host, port=port, seed=engine.seed, extra_env=dict(engine.env),
         )
         self.base_url = f"http://{host}:{port}"

@@ -29,8 +29,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import msgspec
 import polars as pl
 
+from filledfirst.study import SyntheticWorkload, TraceWorkload
 from filledfirst.workloads.synthetic import synthetic_schedule
 
 
@@ -51,43 +53,39 @@ def probe_duration(probe_s: float, lifetimes: float, max_s: float,
     return min(max(probe_s, lifetimes * max(held)[1]), max(max_s, probe_s))
 
 
-def shape_span_s(spec: dict) -> float:
+def shape_span_s(shape: SyntheticWorkload) -> float:
     """D: the seconds a synthetic shape's arrivals take (its phases' ends, last gap included)."""
-    return max(float(p.get("start_s", 0.0)) + int(p["count"]) * float(p.get("interval_s", 0.0))
-               for p in spec["phases"])
+    return max(p.start_s + p.count * float(p.interval_s) for p in shape.phases)
 
 
-def shape_rate(spec: dict) -> float:
+def shape_rate(shape: SyntheticWorkload) -> float:
     """A synthetic shape's mean arrival rate, requests/s; a ValueError for a shape that
     sends everything at once (no rate to scale)."""
-    span = shape_span_s(spec)
+    span = shape_span_s(shape)
     if span <= 0:
         raise ValueError(
             "the workload sends all its requests at once (no interval_s, no start_s): it has no rate to scale")
-    return sum(int(p["count"]) for p in spec["phases"]) / span
+    return sum(p.count for p in shape.phases) / span
 
 
-def synthetic_probe(spec: dict, rate: float, probe_s: float) -> dict:
-    """The synthetic workload spec of one probe (module docstring); `spec` is unchanged."""
+def synthetic_probe(shape: SyntheticWorkload, rate: float, probe_s: float) -> SyntheticWorkload:
+    """The synthetic workload of one probe (module docstring)."""
     _check(rate, probe_s)
-    n = sum(int(p["count"]) for p in spec["phases"])
-    span = shape_span_s(spec)
-    base_rate = shape_rate(spec)
-    phases = []
-    for p in spec["phases"]:
-        q = dict(p)
-        q["count"] = max(1, round(int(p["count"]) * rate * probe_s / n))
-        if "start_s" in p:
-            q["start_s"] = float(p["start_s"]) * probe_s / span
-        if "interval_s" in p:
-            q["interval_s"] = float(p["interval_s"]) * base_rate / rate
-        phases.append(q)
-    return {**spec, "phases": phases}
+    n = sum(p.count for p in shape.phases)
+    span = shape_span_s(shape)
+    base_rate = shape_rate(shape)
+    phases = [
+        msgspec.structs.replace(
+            p, count=max(1, round(p.count * rate * probe_s / n)), start_s=p.start_s * probe_s / span,
+            interval_s=float(p.interval_s) * base_rate / rate)
+        for p in shape.phases
+    ]
+    return msgspec.structs.replace(shape, phases=phases)
 
 
-def synthetic_probe_schedule(spec: dict, rate: float, probe_s: float) -> pl.DataFrame:
+def synthetic_probe_schedule(shape: SyntheticWorkload, rate: float, probe_s: float) -> pl.DataFrame:
     """The schedule (SCHEDULE_SCHEMA columns) of one probe of a synthetic shape."""
-    return synthetic_schedule(synthetic_probe(spec, rate, probe_s))
+    return synthetic_schedule(synthetic_probe(shape, rate, probe_s))
 
 
 def trace_kept_rate(stats: dict) -> float:
@@ -108,9 +106,9 @@ def trace_time_scale(kept_per_s: float, rate: float) -> float:
     return kept_per_s / rate
 
 
-def trace_probe(spec: dict, kept_per_s: float, rate: float, probe_s: float) -> dict:
-    """The trace workload spec of one probe: same trace, start and subsampling; the
+def trace_probe(shape: TraceWorkload, kept_per_s: float, rate: float, probe_s: float) -> TraceWorkload:
+    """The trace workload of one probe: same trace, start and subsampling; the
     time_scale for `rate`, and a window whose scaled length is `probe_s`."""
     _check(rate, probe_s)
     scale = trace_time_scale(kept_per_s, rate)
-    return {**spec, "time_scale": scale, "minutes": probe_s / scale / 60.0}
+    return msgspec.structs.replace(shape, time_scale=scale, minutes=probe_s / scale / 60.0)

@@ -22,20 +22,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from filledfirst.errors import UserError
+from filledfirst.study import RelativeRate, Study, SyntheticWorkload, TraceWorkload, Workload
 
 
-def is_relative(value: Any) -> bool:
-    """A config value of the form {of, times} (a dict, or the typed RelativeRate)."""
-    return isinstance(value, dict) or hasattr(value, "times")
-
-
-def _of_times(value: Any) -> tuple[str, float]:
-    if isinstance(value, dict):
-        return value["of"], float(value["times"])
-    return value.of, float(value.times)
+def is_relative(value: float | RelativeRate) -> bool:
+    return isinstance(value, RelativeRate)
 
 
 def split_of(of: str) -> tuple[str, str]:
@@ -44,44 +39,39 @@ def split_of(of: str) -> tuple[str, str]:
     return frontier, setting
 
 
-def relative_refs(workload: dict) -> list[tuple[str, str]]:
+def relative_refs(workload: Workload) -> list[tuple[str, str]]:
     """Every (key path inside the workload, `<frontier>/<setting>`) a workload is placed
     relative to, in config order."""
-    refs = []
-    if workload.get("kind") == "trace":
-        if is_relative(workload.get("time_scale")):
-            refs.append(("time_scale", _of_times(workload["time_scale"])[0]))
-    else:
-        for i, phase in enumerate(workload.get("phases", [])):
-            if is_relative(phase.get("interval_s")):
-                refs.append((f"phases[{i}].interval_s", _of_times(phase["interval_s"])[0]))
-    return refs
+    if isinstance(workload, TraceWorkload):
+        return [("time_scale", workload.time_scale.of)] if is_relative(workload.time_scale) else []
+    return [(f"phases[{i}].interval_s", phase.interval_s.of)
+            for i, phase in enumerate(workload.phases) if is_relative(phase.interval_s)]
 
 
-def knee_searches(workload: dict) -> list[str]:
+def knee_searches(workload: Workload) -> list[str]:
     """The `<frontier>/<setting>` searches a workload needs, each once, sorted."""
     return sorted({of for _, of in relative_refs(workload)})
 
 
-def relative_problems(cfg: dict) -> list[str]:
+def relative_problems(study: Study) -> list[str]:
     """Cross-references the schema cannot check, each naming its key path: `of` names an
     existing frontier and one of its settings; a frontier's own workload is not relative
     (its search would wait for itself)."""
     problems = []
-    frontiers = cfg.get("frontiers", {}) or {}
-    for name, wl in cfg.get("workloads", {}).items():
+    frontiers = study.frontiers
+    for name, wl in study.workloads.items():
         for where, of in relative_refs(wl):
             path = f"workloads.{name}.{where}.of"
             frontier, setting = split_of(of)
             if frontier not in frontiers:
                 problems.append(f"{path}: {of!r}: no frontier {frontier!r} in frontiers ({sorted(frontiers)})")
-            elif setting not in frontiers[frontier].get("settings", {}):
+            elif setting not in frontiers[frontier].settings:
                 problems.append(f"{path}: {of!r}: frontier {frontier!r} has no setting {setting!r} "
-                                f"({sorted(frontiers[frontier].get('settings', {}))})")
+                                f"({sorted(frontiers[frontier].settings)})")
     for name, f in frontiers.items():
-        wl = cfg.get("workloads", {}).get(f.get("workload"))
+        wl = study.workloads.get(f.workload)
         if wl is not None and relative_refs(wl):
-            problems.append(f"frontiers.{name}.workload: {f['workload']!r} is placed relative to a knee "
+            problems.append(f"frontiers.{name}.workload: {f.workload!r} is placed relative to a knee "
                             f"({', '.join(knee_searches(wl))}): a search's shape must have absolute rates")
     return problems
 
@@ -122,21 +112,20 @@ def knee(of: str, knees: dict[str, dict]) -> dict:
     return {"of": of, "knee_rps": float(lo), "reason": result.get("reason"), "search": doc.get("_path")}
 
 
-def resolve_synthetic(spec: dict, knees: dict[str, dict]) -> tuple[dict, list[dict]]:
-    """The synthetic workload spec with every relative interval_s made absolute, and what
-    was resolved (one entry per relative phase); `spec` is unchanged."""
+def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, dict]) -> tuple[SyntheticWorkload, list[dict]]:
+    """The synthetic workload with every relative interval_s made absolute, and what was
+    resolved (one entry per relative phase)."""
     phases, resolved = [], []
-    for i, phase in enumerate(spec["phases"]):
-        q = dict(phase)
-        if is_relative(phase.get("interval_s")):
-            of, times = _of_times(phase["interval_s"])
-            k = knee(of, knees)
+    for i, phase in enumerate(workload.phases):
+        if is_relative(phase.interval_s):
+            k = knee(phase.interval_s.of, knees)
+            times = float(phase.interval_s.times)
             rate = times * k["knee_rps"]
-            q["interval_s"] = 1.0 / rate
-            resolved.append({"key": f"phases[{i}].interval_s", "role": phase.get("role"), **k, "times": times,
-                             "rate_rps": rate, "interval_s": q["interval_s"]})
-        phases.append(q)
-    return {**spec, "phases": phases}, resolved
+            phase = msgspec.structs.replace(phase, interval_s=1.0 / rate)
+            resolved.append({"key": f"phases[{i}].interval_s", "role": phase.role, **k, "times": times,
+                             "rate_rps": rate, "interval_s": phase.interval_s})
+        phases.append(phase)
+    return msgspec.structs.replace(workload, phases=phases), resolved
 
 
 def resolve_time_scale(of: str, times: float, knees: dict[str, dict], kept_per_s: float) -> tuple[float, dict]:

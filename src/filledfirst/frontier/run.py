@@ -39,15 +39,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from filledfirst import atomic
+from filledfirst import atomic, runmeta
 from filledfirst.config import fingerprint
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
-from filledfirst.frontier.plan import FrontierPlan, frontier_plan, probe_base_spec, search_fingerprint
+from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
 from filledfirst.run import folder
+from filledfirst.runmeta import RunMeta
+from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +96,20 @@ def probe_attainment(requests, tokens, slo: Slo) -> dict:
             "lifetime_p90_s": lifetime, "missed": missed}
 
 
-def probe_outcome(meta: dict) -> ProbeOutcome:
+def probe_outcome(meta: RunMeta) -> ProbeOutcome:
     """The search's view of a finished probe's run.json."""
-    f = meta["frontier"]
-    if f.get("error") or f.get("attainment") is None:
-        return ProbeOutcome.failed(f["rate"], f.get("error") or f"no verdict (run status {meta['status']})")
-    return ProbeOutcome(f["rate"], f["attainment"])
+    f = meta.frontier
+    assert f is not None, f"{meta.run_id}: not a probe"
+    if f.error or f.attainment is None:
+        return ProbeOutcome.failed(f.rate, f.error or f"no verdict (run status {meta.status})")
+    return ProbeOutcome(f.rate, f.attainment)
 
 
-def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
+def _verdict(meta: RunMeta, replay, slo: Slo, target: float) -> dict:
     """The frontier block's measured part, filled in before run.json is written."""
-    if meta["status"] != "ok":
+    if meta.status != "ok":
         return {"requests": None, "attainment": None, "held": None, "lifetime_p90_s": None, "missed": None,
-                "error": (meta.get("error") or meta["status"]).strip()}
+                "error": (meta.error or meta.status).strip()}
     # A probe whose every request failed is a failed run already (the runner's rule).
     measured = probe_attainment(replay.requests, replay.tokens, slo)
     if not measured["requests"]:
@@ -117,46 +120,44 @@ def _verdict(meta: dict, replay, slo: Slo, target: float) -> dict:
 class Prober:
     """Writes probe schedules and measures them on the shared server."""
 
-    def __init__(self, cfg: dict, plan: FrontierPlan, setting: str, out: Path,
+    def __init__(self, study: Study, plan: FrontierPlan, setting: str, out: Path, fingerprint: str,
                  trace_csv: Path | None, shape_stats: Path | None, progress: bool):
-        self.cfg, self.plan, self.setting, self.out, self.progress = cfg, plan, setting, out, progress
-        self.base = probe_base_spec(cfg, plan, setting)
-        self.fingerprint = search_fingerprint(plan, self.base)
+        self.study, self.plan, self.setting, self.out, self.progress = study, plan, setting, out, progress
+        self.fingerprint = fingerprint
         self.trace_csv = trace_csv
         self.kept_per_s = None
-        if plan.workload["kind"] == "trace":
+        if isinstance(plan.workload, TraceWorkload):
             if trace_csv is None or shape_stats is None:
                 raise UserError(f"frontier {plan.name}: workload {plan.workload_name!r} is a trace: "
                                 "give --trace-csv and --shape-stats (its schedule's .stats.json)")
             self.kept_per_s = trace_kept_rate(json.loads(Path(shape_stats).read_text()))
         self.scratch = Path(tempfile.mkdtemp(prefix=".server-", dir=out))
         # The server's whole log, gone at the end: each probe folder keeps its own part.
-        self.shared = SharedServer({**self.base, "experiment": plan.name}, self.scratch / folder.SERVER_LOG)
+        server = self.probe_spec(plan.name, "", plan.workload).server_spec
+        self.shared = SharedServer(server, self.scratch / folder.SERVER_LOG)
         self.log_from = 0
 
-    def workload(self, rate: float, schedule: Path, probe_s: float) -> dict:
-        """Write the probe's schedule (and its stats beside it); returns its workload spec."""
+    def probe_spec(self, name: str, description: str, workload: Workload) -> ExperimentSpec:
+        return probe_spec(self.study, self.plan, self.setting, experiment=name, description=description,
+                          workload=workload)
+
+    def workload(self, rate: float, schedule: Path, probe_s: float) -> Workload:
+        """Write the probe's schedule (and its stats beside it); returns its workload."""
         wl = self.plan.workload
-        if wl["kind"] == "synthetic":
+        if isinstance(wl, SyntheticWorkload):
             from filledfirst.workloads.synthetic import write_synthetic_schedule
 
-            spec = synthetic_probe(wl, rate, probe_s)
-            write_synthetic_schedule(spec, schedule)
-            return spec
-        from filledfirst.trace.subsample import subsample_to_parquet
+            probe = synthetic_probe(wl, rate, probe_s)
+            write_synthetic_schedule(probe, schedule)
+            return probe
+        from filledfirst.trace.subsample import subsample_to_parquet, window_of
 
-        spec = trace_probe(wl, self.kept_per_s, rate, probe_s)
-        where = ({"start": spec["start"]} if "start" in spec
-                 else {"start_offset_s": float(spec.get("start_offset_s", 0))})
-        subsample_to_parquet(
-            self.trace_csv, schedule, **where, minutes=float(spec["minutes"]),
-            keep_every=int(spec.get("keep_every", 1)), phase=int(spec.get("phase", 0)),
-            time_scale=float(spec["time_scale"]), max_model_len=int(self.cfg["model"]["max_model_len"]),
-            skip_bad=bool(spec.get("skip_bad", False)),
-        )
-        return spec
+        probe = trace_probe(wl, self.kept_per_s, rate, probe_s)
+        subsample_to_parquet(self.trace_csv, schedule, **window_of(probe), time_scale=float(probe.time_scale),
+                             max_model_len=self.study.model.max_model_len)
+        return probe
 
-    def measure(self, probe: int, rate: float, probe_s: float | None = None) -> dict:
+    def measure(self, probe: int, rate: float, probe_s: float | None = None) -> RunMeta:
         """Probe `rate` for `probe_s` seconds of arrivals (the plan's probe_s by default)."""
         from filledfirst.run.runner import run_on_server
 
@@ -164,41 +165,42 @@ class Prober:
         name = probe_experiment(plan.name, setting, probe)
         schedule = self.scratch / f"{probe_dir_name(probe)}.parquet"
         probe_s = plan.probe_s if probe_s is None else probe_s
-        workload = self.workload(rate, schedule, probe_s)
-        spec = {"experiment": name, "description": f"capacity search {plan.name}, setting {setting}: "
-                f"probe {probe} at {rate:.4g} req/s for {probe_s:.3g} s", "workload_name": plan.workload_name,
-                "workload": workload, **self.base}
+        description = (f"capacity search {plan.name}, setting {setting}: "
+                       f"probe {probe} at {rate:.4g} req/s for {probe_s:.3g} s")
+        spec = self.probe_spec(name, description, self.workload(rate, schedule, probe_s))
+        doc = spec.to_doc()
         block = {"name": plan.name, "setting": setting, "probe": probe, "rate": rate, "probe_s": probe_s,
                  "slo": dataclasses.asdict(plan.slo), "target": plan.bounds.target,
                  "fingerprint": self.fingerprint}
         meta = {
-            "workload": plan.workload_name, "description": spec["description"], "part": "frontier", "expect": None,
-            "spec": spec, "spec_fingerprint": fingerprint(spec), "model": spec["model"],
-            "server": {"launcher": spec["engine"]["launcher"], "settings": spec["server"]},
+            "workload": plan.workload_name, "description": description, "part": "frontier", "expect": None,
+            "spec": doc, "spec_fingerprint": fingerprint(doc), "model": doc["model"],
+            "server": {"launcher": spec.engine.launcher, "settings": spec.server},
             "frontier": block,
         }
 
-        def annotate(run_meta: dict, replay) -> None:
-            run_meta["frontier"].update(_verdict(run_meta, replay, plan.slo, plan.bounds.target))
+        def annotate(run_meta: RunMeta, replay) -> dict:
+            return {"frontier": {**block, **_verdict(run_meta, replay, plan.slo, plan.bounds.target)}}
 
         log.info("%s: probing %.4g req/s for %.3g s (%s)", plan.name + "/" + setting, rate, probe_s, name)
         run_meta, self.log_from = run_on_server(
             self.shared, name, schedule, self.out / probe_dir_name(probe), spec, meta,
             progress=self.progress, log_from=self.log_from, annotate=annotate,
         )
-        return run_meta
+        return runmeta.decode(run_meta)
 
     def close(self) -> None:
         self.shared.stop()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _probe_record(meta: dict, reused: bool) -> dict:
-    f = meta["frontier"]
-    return {"probe": f["probe"], "rate": f["rate"], "probe_s": f.get("probe_s"), "run_dir": probe_dir_name(f["probe"]),
-            "run_id": meta["run_id"], "status": meta["status"], "requests": f.get("requests"),
-            "attainment": f.get("attainment"), "held": f.get("held"), "lifetime_p90_s": f.get("lifetime_p90_s"),
-            "error": f.get("error"), "reused": reused}
+def _probe_record(meta: RunMeta, reused: bool) -> dict:
+    f = meta.frontier
+    assert f is not None, f"{meta.run_id}: not a probe"
+    return {"probe": f.probe, "rate": f.rate, "probe_s": f.probe_s, "run_dir": probe_dir_name(f.probe),
+            "run_id": meta.run_id, "status": meta.status, "requests": f.requests,
+            "attainment": f.attainment, "held": f.held, "lifetime_p90_s": f.lifetime_p90_s,
+            "error": f.error, "reused": reused}
 
 
 def _lifetimes(records: list[dict]) -> list[tuple[float, bool | None, float | None]]:
@@ -210,6 +212,15 @@ def _probe_dirs(out: Path) -> dict[int, Path]:
     return {int(m.group(1)): p for p in out.iterdir() if (m := _PROBE_DIR.match(p.name)) and p.is_dir()}
 
 
+def _read_probe(run_dir: Path) -> tuple[RunMeta | None, str | None]:
+    """A probe folder's run.json, typed, or why it cannot be read back."""
+    try:
+        meta = runmeta.decode(folder.read_run_json(run_dir))
+    except (folder.IncompleteRunDir, ValueError) as exc:
+        return None, f"unfinished ({exc})"
+    return (meta, None) if meta.frontier is not None else (None, "not a probe (run.json has no frontier block)")
+
+
 def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[CapacitySearch, list[dict]]:
     """The search as far as the finished probe folders take it; every folder from the
     first one that cannot be reused on is removed (it is measured again)."""
@@ -218,30 +229,26 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
     dirs = _probe_dirs(out) if out.is_dir() else {}
     probe = 1
     while probe in dirs:
-        why = None
-        try:
-            meta = folder.read_run_json(dirs[probe])
-        except (folder.IncompleteRunDir, ValueError) as exc:
-            meta, why = None, f"unfinished ({exc})"
-        f = (meta or {}).get("frontier") or {}
+        meta, why = _read_probe(dirs[probe])
+        f = meta.frontier if meta is not None else None
         expected = search.next_rate()
         length = plan.probe_duration(_lifetimes(records))
         if why is None:
-            if meta["status"] != "ok" or f.get("attainment") is None:
-                why = f"status {meta['status']}" + (f": {f['error']}" if f.get("error") else "")
-            elif f.get("fingerprint") != fp or (f.get("name"), f.get("setting"), f.get("probe")) != (
-                    plan.name, setting, probe):
+            assert meta is not None and f is not None
+            if meta.status != "ok" or f.attainment is None:
+                why = f"status {meta.status}" + (f": {f.error}" if f.error else "")
+            elif f.fingerprint != fp or (f.name, f.setting, f.probe) != (plan.name, setting, probe):
                 why = "measured for another search (config changed)"
-            elif expected is None or not math.isclose(f["rate"], expected, rel_tol=1e-9):
-                why = f"at {f['rate']:g}/s where the search asks for {expected}"
-            elif f.get("probe_s") is None or not math.isclose(f["probe_s"], length, rel_tol=1e-9):
-                why = f"{f.get('probe_s')} s long where the search asks for {length:g} s"
+            elif expected is None or not math.isclose(f.rate, expected, rel_tol=1e-9):
+                why = f"at {f.rate:g}/s where the search asks for {expected}"
+            elif f.probe_s is None or not math.isclose(f.probe_s, length, rel_tol=1e-9):
+                why = f"{f.probe_s} s long where the search asks for {length:g} s"
         if why is not None:
             log.info("%s: measuring probe %d again (%s)", out, probe, why)
             break
         search.record(probe_outcome(meta))
         records.append(_probe_record(meta, reused=True))
-        log.info("%s: reusing probe %d at %.4g req/s (attainment %.3f)", out, probe, f["rate"], f["attainment"])
+        log.info("%s: reusing probe %d at %.4g req/s (attainment %.3f)", out, probe, f.rate, f.attainment)
         probe += 1
     for n, path in dirs.items():
         if n >= probe:
@@ -249,14 +256,11 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
     return search, records
 
 
-def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress: bool = True,
+def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
                  trace_csv: Path | None = None, shape_stats: Path | None = None) -> dict:
-    """The search of `setting` of `frontier` in the config, to its end; returns search.json."""
-    if frontier not in cfg.get("frontiers", {}):
-        raise UserError(f"frontier {frontier!r} is not in the config ({sorted(cfg.get('frontiers', {}))})")
-    plan = frontier_plan(cfg, frontier)
-    if setting not in plan.settings:
-        raise UserError(f"frontiers.{frontier}: no setting {setting!r} ({sorted(plan.settings)})")
+    """The search of `setting` of `frontier` in the study, to its end; returns search.json.
+    `fingerprint`: the search's identity (filledfirst.config.search_fingerprint)."""
+    plan = search_plan(study, frontier, setting)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*")]:
@@ -264,7 +268,7 @@ def run_frontier(cfg: dict, frontier: str, setting: str, out: Path, *, progress:
     (out / SEARCH_JSON).unlink(missing_ok=True)
     install_interrupt_handlers()
     watch_owners()
-    prober = Prober(cfg, plan, setting, out, trace_csv, shape_stats, progress)
+    prober = Prober(study, plan, setting, out, fingerprint, trace_csv, shape_stats, progress)
     try:
         search, records = resume(out, plan, setting, prober.fingerprint)
         while (rate := search.next_rate()) is not None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
-
-from filledfirst.study import LOADGEN, SCRAPE, Loadgen, Scrape
+from filledfirst.study import LOADGEN, SCRAPE, ExperimentSpec
 
 
 @dataclass(slots=True)
@@ -31,21 +29,18 @@ class ReplaySettings:
     workers: int | str = LOADGEN.workers  # processes, or "auto" (filledfirst.loadgen.workers)
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "ReplaySettings":
-        """From an experiment's spec (filledfirst.config.experiment_spec, as run.json keeps
-        it): its merged loadgen and scrape sections, typed, so absent keys take the
-        schema's defaults."""
-        loadgen = msgspec.convert(spec["loadgen"], Loadgen)
-        scrape = msgspec.convert(spec["scrape"], Scrape)
-        ids = spec["model"]["prompt_token_ids"]
+    def from_spec(cls, spec: ExperimentSpec) -> "ReplaySettings":
+        """From an experiment's spec (filledfirst.config.experiment_spec): its merged
+        loadgen and scrape sections."""
+        loadgen, ids = spec.loadgen, spec.model.prompt_token_ids
         return cls(
-            model=spec["model"]["name"],
-            token_low=ids["low"],
-            token_high=ids["high"],
+            model=spec.model.name,
+            token_low=ids.low,
+            token_high=ids.high,
             seed=loadgen.seed,
             request_timeout_s=loadgen.request_timeout_s,
             drain_timeout_s=loadgen.drain_timeout_s,
-            scrape_interval_s=scrape.interval_s,
+            scrape_interval_s=spec.scrape.interval_s,
             mode=loadgen.mode,
             concurrency=loadgen.concurrency,
             connect_timeout_s=loadgen.connect_timeout_s,

@@ -23,8 +23,8 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic
-from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint
+from filledfirst import atomic, runmeta
+from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
@@ -37,7 +37,7 @@ from filledfirst.model.kv import kv_record
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.run import folder, kept
 from filledfirst.run.provenance import hardware, versions
-from filledfirst.study import Experiment, Study, as_study
+from filledfirst.study import Experiment, ExperimentSpec, Study, as_study
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     # The server's whole log, beside the run folders (same file system), gone at the end:
     # each run folder keeps its own part.
     scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
-    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment), scratch / folder.SERVER_LOG)
+    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment).server_spec, scratch / folder.SERVER_LOG)
     group = _Group(cfg, study, jobs, shared)
     try:
         statuses = [group.run(position, progress) for position in range(len(jobs))]
@@ -202,14 +202,15 @@ class _Group:
 
     def run(self, position: int, progress: bool) -> str:
         job = self.jobs[position]
-        spec = experiment_spec(self.cfg, job.experiment)
+        doc = spec_document(self.cfg, job.experiment)
+        spec = ExperimentSpec.from_doc(doc)
         keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
-        if keeping and (reused := kept.restore(job.out, fingerprint(spec), job.schedule)) is not None:
+        if keeping and (reused := kept.restore(job.out, fingerprint(doc), job.schedule)) is not None:
             return reused["status"]
         exp = self.study.experiments[job.experiment]
-        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, spec, {
-            "launcher": spec["engine"]["launcher"],
-            "settings": spec["server"],
+        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, doc, {
+            "launcher": spec.engine.launcher,
+            "settings": spec.server,
             "shared_with": self.names,
             "group_position": position + 1,  # 1 = the first experiment of the group
         }))
@@ -246,17 +247,17 @@ class _Group:
 
 
 def run_on_server(
-    shared: SharedServer, name: str, schedule_path: Path, out: Path, spec: dict, meta: dict, *,
+    shared: SharedServer, name: str, schedule_path: Path, out: Path, spec: ExperimentSpec, meta: dict, *,
     progress: bool = True, log_from: int = 0,
-    annotate: Callable[[dict, Replay | None], None] | None = None,
+    annotate: Callable[[runmeta.RunMeta, Replay | None], dict] | None = None,
 ) -> tuple[dict, int]:
     """One ordinary run folder against a server the caller keeps between runs (the
     capacity search's probes): the server made ready (started, or reused once idle), the
-    replay, its part of the server log from byte `log_from`, then `annotate(run.json
-    dict, replay)` before run.json is written. A server that died or failed to start is
-    stopped; the caller stops it at the end. Returns (run.json, where the next run's log
-    part begins); an interruption publishes the folder and raises `Interrupted`, as group
-    runs do."""
+    replay, its part of the server log from byte `log_from`, then the keys
+    `annotate(run.json typed, replay)` returns are set in run.json before it is written.
+    A server that died or failed to start is stopped; the caller stops it at the end.
+    Returns (run.json, where the next run's log part begins); an interruption publishes the
+    folder and raises `Interrupted`, as group runs do."""
     run = _Run(name, schedule_path, out, meta)
     try:
         waited = shared.ready(name)
@@ -280,7 +281,7 @@ def run_on_server(
         log_from = shared.copy_log(log_from, run.work / folder.SERVER_LOG)
         if annotate is not None:
             try:
-                annotate(run.meta, run.replay)
+                run.meta.update(annotate(runmeta.decode(run.meta), run.replay))
             except Exception:  # the folder is still written: what was measured is kept
                 log.exception("could not annotate run %s", run.meta["run_id"])
         run.finish()
@@ -288,6 +289,7 @@ def run_on_server(
 
 
 def _experiment_meta(exp: Experiment, spec: dict, server: dict) -> dict:
+    """run.json's document but for what the run measures; `spec` as spec_document wrote it."""
     return {
         "workload": spec["workload_name"],
         "description": spec["description"],
@@ -304,14 +306,14 @@ def _experiment_meta(exp: Experiment, spec: dict, server: dict) -> dict:
 
 def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, progress: bool) -> str:
     """An experiment whose server someone else runs: nothing to start or stop."""
-    spec = experiment_spec(cfg, job.experiment)
-    settings = ReplaySettings.from_spec(spec)
+    doc = spec_document(cfg, job.experiment)
+    settings = ReplaySettings.from_spec(ExperimentSpec.from_doc(doc))
     key_env = external.get("api_key_env")
     settings.api_key = _api_key(key_env, f"experiments.{job.experiment}.server.api_key_env")
     url = external["url"].rstrip("/")
     # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
     server = {"launcher": "external", "url": url, "api_key_env": key_env, "settings": {}}
-    run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], spec, server))
+    run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], doc, server))
     try:
         check_endpoint(url, settings.api_key)
     except EndpointError as exc:

@@ -125,7 +125,7 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
         for doc in searches:
             con.execute("INSERT OR REPLACE INTO frontier_searches VALUES (?, ?, ?)",
                         [doc["frontier"], doc["setting"], json.dumps(doc)])
-    return [m["run_id"] for _, m in metas]
+    return [t.run_id for t in typed]
 
 
 def _typed(run_dir: Path, meta: dict) -> runmeta.RunMeta:
@@ -136,7 +136,7 @@ def _typed(run_dir: Path, meta: dict) -> runmeta.RunMeta:
 
 
 def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict, typed: runmeta.RunMeta) -> None:
-    run_id = meta["run_id"]
+    run_id = typed.run_id
     for table in ("runs", *_TABLES):
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
     row = {

@@ -17,12 +17,14 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from filledfirst.errors import UserError
 from filledfirst.schedule import as_schedule, write_schedule
+from filledfirst.study import TraceWorkload
 from filledfirst.trace.rows import COLUMNS, Rows, Source, check_rows, read_csv, read_rows, read_trace
 from filledfirst.trace.timestamps import NS_PER_S as _NS_PER_S
 from filledfirst.trace.timestamps import format_ns, parse_one
@@ -249,6 +251,14 @@ def subsample(source: str | Path | pl.DataFrame, **spec) -> pl.DataFrame:
     from the window's start (not from the first kept row) and multiplied by time_scale.
     """
     return _subsample(source, **spec)[0]
+
+
+def window_of(workload: TraceWorkload) -> dict[str, Any]:
+    """subsample's keywords for a trace workload's window and subsampling (not its
+    time_scale, which may still be relative to a knee)."""
+    where = {"start": workload.start} if workload.start is not None else {"start_offset_s": workload.start_offset_s}
+    return {**where, "minutes": workload.minutes, "keep_every": workload.keep_every, "phase": workload.phase,
+            "skip_bad": workload.skip_bad}
 
 
 def subsample_to_parquet(csv: Path, out: Path, **spec) -> dict:
