@@ -67,6 +67,13 @@ async def send(url: str, n: int = 1, pool: Pool | None = None, **kw) -> list[Req
     return recs
 
 
+async def one_request(answer) -> list[RequestRecord]:
+    """One request to a raw server answering with `answer`."""
+    server, url, _ = await raw_server(answer)
+    async with server:
+        return await send(url)
+
+
 def test_an_answer_that_runs_until_the_connection_closes():
     """No Content-Length, not chunked (HTTP/1.0 style): the body ends with the connection."""
 
@@ -78,12 +85,7 @@ def test_an_answer_that_runs_until_the_connection_closes():
             await writer.drain()
             await asyncio.sleep(0.01)
 
-    async def go():
-        server, url, _ = await raw_server(answer)
-        async with server:
-            return await send(url)
-
-    (rec,) = asyncio.run(go())
+    (rec,) = asyncio.run(one_request(answer))
     assert rec.status == "ok", rec.error
     assert rec.chunks == 2 and rec.output_tokens_received == 1
 
@@ -95,12 +97,7 @@ def test_bytes_that_are_not_http_are_an_http_error():
         await writer.drain()
         await asyncio.sleep(0.2)
 
-    async def go():
-        server, url, _ = await raw_server(answer)
-        async with server:
-            return await send(url)
-
-    (rec,) = asyncio.run(go())
+    (rec,) = asyncio.run(one_request(answer))
     assert rec.status == "http_error" and rec.error.startswith("invalid HTTP answer")
 
 
@@ -120,12 +117,7 @@ def test_events_of_one_read_share_one_timestamp_across_http_chunks():
         await writer.drain()
         await asyncio.sleep(0.2)
 
-    async def go():
-        server, url, _ = await raw_server(answer)
-        async with server:
-            return await send(url)
-
-    (rec,) = asyncio.run(go())
+    (rec,) = asyncio.run(one_request(answer))
     assert rec.status == "ok", rec.error
     assert len(TOKENS[0]) == 3 and len({t.t for t in TOKENS[0]}) == 1
 
