@@ -16,7 +16,8 @@ from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config, search_fingerprint
 from filledfirst.frontier import run as frun
 from filledfirst.frontier.plan import frontier_plan
-from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
+from filledfirst.frontier.record import ResultRecord, SearchRecord
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, StopReason
 from filledfirst.loadgen.replay import Replay
 from filledfirst.records import TokenRecord
 from filledfirst.store.ingest import ingest
@@ -116,34 +117,36 @@ def run_json(path):
 
 def test_probes_are_run_folders_and_search_json_is_the_search(study):
     cfg, out, state = study
-    doc = run_search(cfg, "cap", "default", out, progress=False)
+    search = run_search(cfg, "cap", "default", out, progress=False)
     expected = expected_search(cfg)
     result = expected.result()
     assert state["shared"].starts == ["cap/default/p01"]  # one server start for the whole search
-    assert [p["rate"] for p in doc["probes"]] == [p.rate for p in expected.probes]
-    assert doc["result"] == {"lo": result.lo, "hi": result.hi, "ratio": result.ratio,
-                             "reason": "converged", "error": None}
+    assert [p.rate for p in search.probes] == [p.rate for p in expected.probes]
+    assert search.result == ResultRecord(lo=result.lo, hi=result.hi, ratio=result.ratio,
+                                         reason=StopReason.CONVERGED, error=None)
     assert result.lo <= CAPACITY < result.hi
-    assert doc == json.loads((out / "search.json").read_text())
-    assert doc["bounds"]["start"] == 1 and doc["slo"] == {"ttft_ms": SLO_TTFT_MS, "itl_ms": SLO_ITL_MS}
-    for i, probe in enumerate(doc["probes"], start=1):
-        folder = out / probe["run_dir"]
-        assert probe["run_dir"] == f"p{i:02d}"
+    written = out / "search.json"
+    assert SearchRecord.read(written) == search
+    assert written.read_text() == json.dumps(search.to_doc(), indent=2, sort_keys=True) + "\n"
+    assert search.bounds.start == 1 and search.slo == Slo(ttft_ms=SLO_TTFT_MS, itl_ms=SLO_ITL_MS)
+    for i, probe in enumerate(search.probes, start=1):
+        folder = out / probe.run_dir
+        assert probe.run_dir == f"p{i:02d}"
         meta = run_json(folder)
         assert meta["experiment"] == f"cap/default/p{i:02d}" and meta["status"] == "ok"
         f = meta["frontier"]
-        assert (f["name"], f["setting"], f["probe"], f["rate"]) == ("cap", "default", i, probe["rate"])
-        assert f["attainment"] == probe["attainment"] == expected.probes[i - 1].attainment
-        assert f["held"] == (f["attainment"] >= 0.95) == probe["held"]
-        assert f["requests"] == meta["schedule"]["requests"] == probe["requests"]
+        assert (f["name"], f["setting"], f["probe"], f["rate"]) == ("cap", "default", i, probe.rate)
+        assert f["attainment"] == probe.attainment == expected.probes[i - 1].attainment
+        assert f["held"] == (f["attainment"] >= 0.95) == probe.held
+        assert f["requests"] == meta["schedule"]["requests"] == probe.requests
         assert f["missed"]["ttft"] + f["missed"]["itl"] == round((1 - f["attainment"]) * f["requests"])
         assert meta["spec"]["loadgen"]["mode"] == "open" and meta["server"]["settings"]["max_num_seqs"] == 64
         assert (folder / "server.log").read_text().endswith(f"requests of probe {i}\n")
-        assert probe["reused"] is False
+        assert probe.reused is False
     assert not list(out.glob(".*"))  # no scratch log or temp folder left
     # The folders are ordinary runs: ingest takes the search.json for its probes.
-    ids = ingest([out / "search.json"], out.parent / "db.duckdb")
-    assert ids == [p["run_id"] for p in doc["probes"]]
+    ids = ingest([written], out.parent / "db.duckdb")
+    assert ids == [p.run_id for p in search.probes]
 
 
 def test_the_setting_is_layered_on_engine_server(study):
@@ -168,10 +171,10 @@ def test_an_interrupted_search_resumes_from_its_finished_probes(study, monkeypat
     monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
     state["rates"].clear()
-    doc = run_search(cfg, "cap", "default", out, progress=False)
+    search = run_search(cfg, "cap", "default", out, progress=False)
     expected = expected_search(cfg)
-    assert [p["rate"] for p in doc["probes"]] == [p.rate for p in expected.probes]
-    assert [p["reused"] for p in doc["probes"]] == [True] * 3 + [False] * (len(expected.probes) - 3)
+    assert [p.rate for p in search.probes] == [p.rate for p in expected.probes]
+    assert [p.reused for p in search.probes] == [True] * 3 + [False] * (len(expected.probes) - 3)
     assert {p: run_json(out / f"p0{p}")["run_id"] for p in (1, 2, 3)} == finished  # not measured again
     assert state["rates"] == [p.rate for p in expected.probes[3:]]  # only the rest was
     assert state["shared"].starts == ["cap/default/p04"]
@@ -188,22 +191,22 @@ def test_probes_last_as_many_request_lifetimes_as_asked_and_resume_at_that_lengt
         run_search(cfg, "cap", "default", out, progress=False)
     monkeypatch.setattr(interrupts, "_interrupt_reason", None)
     state["during"].clear()
-    doc = run_search(cfg, "cap", "default", out, progress=False)
-    probes = doc["probes"]
-    assert [p["reused"] for p in probes[:4]] == [True] * 3 + [False]
-    assert probes[0]["probe_s"] == 4 and all(p["probe_s"] == pytest.approx(12) for p in probes[1:])
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    probes = search.probes
+    assert [p.reused for p in probes[:4]] == [True] * 3 + [False]
+    assert probes[0].probe_s == 4 and all(p.probe_s == pytest.approx(12) for p in probes[1:])
     for p in probes:
-        assert p["lifetime_p90_s"] == pytest.approx(3.0)
-        assert abs(p["requests"] - p["rate"] * p["probe_s"]) <= 1
-        meta = run_json(out / p["run_dir"])
-        assert meta["frontier"]["probe_s"] == p["probe_s"]
-        assert meta["schedule"]["stats"]["duration_s"] <= p["probe_s"]
-    assert doc["result"]["lo"] <= CAPACITY < doc["result"]["hi"]
+        assert p.lifetime_p90_s == pytest.approx(3.0)
+        assert abs(p.requests - p.rate * p.probe_s) <= 1
+        meta = run_json(out / p.run_dir)
+        assert meta["frontier"]["probe_s"] == p.probe_s
+        assert meta["schedule"]["stats"]["duration_s"] <= p.probe_s
+    assert search.result.lo <= CAPACITY < search.result.hi
     # probe_max_s caps the length; another cap is another search, measured again
     cfg["frontiers"]["cap"]["probe_max_s"] = 6
     state["rates"].clear()
-    doc = run_search(cfg, "cap", "default", out, progress=False)
-    assert [p["probe_s"] for p in doc["probes"]][:2] == [4, 6] and not any(p["reused"] for p in doc["probes"])
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    assert [p.probe_s for p in search.probes][:2] == [4, 6] and not any(p.reused for p in search.probes)
 
 
 def test_a_finished_search_is_read_back_without_a_server(study):
@@ -213,8 +216,8 @@ def test_a_finished_search_is_read_back_without_a_server(study):
     state["rates"].clear()
     again = run_search(cfg, "cap", "default", out, progress=False)
     assert state["rates"] == [] and state["shared"].starts == []
-    assert again["result"] == first["result"]
-    assert [p["run_id"] for p in again["probes"]] == [p["run_id"] for p in first["probes"]]
+    assert again.result == first.result
+    assert [p.run_id for p in again.probes] == [p.run_id for p in first.probes]
 
 
 def test_a_changed_search_measures_everything_again(study):
@@ -229,20 +232,20 @@ def test_a_changed_search_measures_everything_again(study):
 def test_a_failed_probe_ends_the_search_with_its_reason(study):
     cfg, out, state = study
     state["during"][3] = "server dies"
-    doc = run_search(cfg, "cap", "default", out, progress=False)
-    assert len(doc["probes"]) == 3
-    assert doc["result"]["reason"] == "probe_failed"
-    assert "vLLM exited during the run" in doc["result"]["error"]
-    assert doc["result"]["lo"] == 2.0 and doc["result"]["hi"] is None  # what the held probes showed
-    third = doc["probes"][2]
-    assert third["status"] == "partial" and third["attainment"] is None and third["held"] is None
-    assert run_json(out / "p03")["frontier"]["error"] == third["error"]
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    assert len(search.probes) == 3
+    assert search.result.reason == "probe_failed"
+    assert "vLLM exited during the run" in search.result.error
+    assert search.result.lo == 2.0 and search.result.hi is None  # what the held probes showed
+    third = search.probes[2]
+    assert third.status == "partial" and third.attainment is None and third.held is None
+    assert run_json(out / "p03")["frontier"]["error"] == third.error
     assert not state["shared"].alive()
     # A re-run measures the failed probe again, and the search goes on from there.
     state["during"].clear()
-    doc = run_search(cfg, "cap", "default", out, progress=False)
-    assert doc["result"]["reason"] == "converged"
-    assert [p["reused"] for p in doc["probes"][:3]] == [True, True, False]
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    assert search.result.reason == "converged"
+    assert [p.reused for p in search.probes[:3]] == [True, True, False]
 
 
 def test_a_probe_whose_server_never_starts_fails_the_search(study):
@@ -253,10 +256,10 @@ def test_a_probe_whose_server_never_starts_fails_the_search(study):
         return state["shared"]
 
     frun.SharedServer = make_shared  # monkeypatched already: restored at teardown
-    doc = run_search(cfg, "cap", "default", out, progress=False)
-    assert [p["status"] for p in doc["probes"]] == ["failed"]
-    assert doc["result"]["reason"] == "probe_failed" and "before it was healthy" in doc["result"]["error"]
-    assert doc["result"]["lo"] is None and doc["result"]["hi"] is None
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    assert [p.status for p in search.probes] == ["failed"]
+    assert search.result.reason == "probe_failed" and "before it was healthy" in search.result.error
+    assert search.result.lo is None and search.result.hi is None
 
 
 def test_unknown_frontier_or_setting_is_a_user_error(study):
@@ -303,15 +306,15 @@ def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
     subsample_to_parquet(csv, shape, minutes=10, keep_every=2)
     with pytest.raises(Exception, match="give --trace-csv and --shape-stats"):
         run_search(cfg, "trc", "default", out.parent / "trc", progress=False)
-    doc = run_search(cfg, "trc", "default", out.parent / "trc", progress=False, trace_csv=csv,
-                            shape_stats=tmp_path / "tr.parquet.stats.json")
-    assert doc["result"]["reason"] == "converged" and doc["result"]["lo"] <= CAPACITY < doc["result"]["hi"]
-    for p in doc["probes"]:
-        meta = run_json(out.parent / "trc" / p["run_dir"])
+    search = run_search(cfg, "trc", "default", out.parent / "trc", progress=False, trace_csv=csv,
+                           shape_stats=tmp_path / "tr.parquet.stats.json")
+    assert search.result.reason == "converged" and search.result.lo <= CAPACITY < search.result.hi
+    for p in search.probes:
+        meta = run_json(out.parent / "trc" / p.run_dir)
         stats = meta["schedule"]["stats"]
-        assert stats["time_scale"] == pytest.approx(1 / p["rate"])
-        assert abs(p["requests"] - 4 * p["rate"]) <= 1  # probe_s 4 at the probe's rate
-        assert meta["spec"]["workload"]["time_scale"] == pytest.approx(1 / p["rate"])
+        assert stats["time_scale"] == pytest.approx(1 / p.rate)
+        assert abs(p.requests - 4 * p.rate) <= 1  # probe_s 4 at the probe's rate
+        assert meta["spec"]["workload"]["time_scale"] == pytest.approx(1 / p.rate)
 
 
 def test_an_interruption_between_probes_raises_and_stops_the_server(study, monkeypatch):

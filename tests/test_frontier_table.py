@@ -8,6 +8,7 @@ import json
 import duckdb
 import pytest
 from test_diagnosis import every, gauges, make_db, queue
+from test_search_record import search_record
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
@@ -43,8 +44,7 @@ def cap_probes() -> list[dict]:
     ]
 
 
-SEQ8_SEARCH = {"frontier": "cap", "setting": "seq8", "probes": [],
-               "result": {"lo": 5.657, "hi": 8.0, "ratio": 8 / 5.657, "reason": "budget", "error": None}}
+SEQ8_SEARCH = search_record("cap", "seq8", lo=5.657, hi=8.0, reason="budget").to_doc()
 
 
 @pytest.fixture

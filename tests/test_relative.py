@@ -11,12 +11,20 @@ from pathlib import Path
 import msgspec
 import polars as pl
 import pytest
+from test_search_record import search_record
 
 from filledfirst.cli import main
 from filledfirst.config import deep_merge, load_config, load_study, validate_config
 from filledfirst.errors import UserError
 from filledfirst.frontier.probes import trace_kept_rate
-from filledfirst.frontier.relative import knee, knee_searches, load_knees, resolve_synthetic, resolve_time_scale
+from filledfirst.frontier.relative import (
+    KneeFile,
+    knee,
+    knee_searches,
+    load_knees,
+    resolve_synthetic,
+    resolve_time_scale,
+)
 from filledfirst.study import RelativeRate, SyntheticWorkload, TraceWorkload
 from filledfirst.trace.subsample import subsample_to_parquet
 from filledfirst.workloads.synthetic import synthetic_schedule
@@ -26,16 +34,9 @@ from conftest import REPO
 CONFIGS = [REPO / "tests" / "configs" / f for f in ("e2e.yaml", "frontier.yaml", "relative.yaml")]
 
 
-def search_doc(frontier="knee", setting="default", lo=4.0, hi=4.4, reason="converged", error=None, start=1.0):
-    return {"frontier": frontier, "setting": setting, "workload": "paced", "fingerprint": "x",
-            "bounds": {"start": start, "maximum": 16.0}, "probes": [],
-            "result": {"lo": lo, "hi": hi, "ratio": None if lo is None or hi is None else hi / lo,
-                       "reason": reason, "error": error}}
-
-
 def write_search(path: Path, **kw) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(search_doc(**kw)))
+    """A search.json (`search_record`'s keywords) at `path`."""
+    search_record(**kw).write(path)
     return path
 
 
@@ -53,7 +54,7 @@ def test_a_relative_phase_arrives_at_times_the_knee_the_others_stay():
          "prompt_tokens": 10, "output_tokens": 5},
         {"role": "probe", "count": 3, "start_s": 1.0, "interval_s": 0.25, "prompt_tokens": 10, "output_tokens": 5},
     ]}, SyntheticWorkload)
-    knees = {"knee/default": {**search_doc(lo=4.0), "_path": "s.json"}}
+    knees = {"knee/default": KneeFile(Path("s.json"), search_record(lo=4.0))}
     resolved_spec, resolved = resolve_synthetic(spec, knees)
     assert resolved_spec.phases[0] == msgspec.structs.replace(spec.phases[0], interval_s=pytest.approx(1 / 8))
     assert resolved_spec.phases[1] == spec.phases[1]

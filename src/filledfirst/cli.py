@@ -273,14 +273,14 @@ def _cmd_frontier_run(args) -> int:
 
     cfg = load_config(args.configs)
     fingerprint = search_fingerprint(cfg, args.frontier, args.setting)  # an unknown search is an error here
-    doc = run_frontier(Study.from_dict(cfg), args.frontier, args.setting, args.out, progress=not args.no_progress,
-                       fingerprint=fingerprint,
-                       trace_csv=args.trace_csv, shape_stats=args.shape_stats)
+    search = run_frontier(Study.from_dict(cfg), args.frontier, args.setting, args.out,
+                          progress=not args.no_progress, fingerprint=fingerprint,
+                          trace_csv=args.trace_csv, shape_stats=args.shape_stats)
     # A search that ended on a failed probe is a result (search.json says why): exit 0,
     # so Snakemake keeps its probe folders for the report.
-    if doc["result"]["error"]:
+    if search.result.error:
         log.warning("frontier %s/%s: a probe failed (%s); see %s/search.json",
-                    args.frontier, args.setting, doc["result"]["error"].splitlines()[0], args.out)
+                    args.frontier, args.setting, search.result.error.splitlines()[0], args.out)
     return 0
 
 

@@ -19,13 +19,15 @@ after the searches it names.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
 from filledfirst.errors import UserError
+from filledfirst.frontier.record import SearchRecord
+from filledfirst.frontier.search import StopReason
 from filledfirst.study import RelativeRate, Study, SyntheticWorkload, TraceWorkload, Workload
 
 
@@ -76,43 +78,44 @@ def relative_problems(study: Study) -> list[str]:
     return problems
 
 
-def load_knees(paths: list[Path]) -> dict[str, dict]:
-    """`<frontier>/<setting>` -> that search.json (from its own frontier and setting keys)."""
-    out: dict[str, dict] = {}
-    for path in paths:
+class KneeFile(NamedTuple):
+    """A capacity search's search.json given for its knee, and where it was read from."""
+
+    path: Path
+    search: SearchRecord
+
+
+def load_knees(paths: list[Path]) -> dict[str, KneeFile]:
+    """`<frontier>/<setting>` (from the search's own frontier and setting) -> its search.json."""
+    out: dict[str, KneeFile] = {}
+    for path in map(Path, paths):
         try:
-            doc = json.loads(Path(path).read_text())
-            key = f"{doc['frontier']}/{doc['setting']}"
-            if not isinstance(doc["result"], dict):
-                raise TypeError("its result is not an object")
+            search = SearchRecord.read(path)
         except FileNotFoundError:
             raise UserError(f"knee file {path} does not exist (has the capacity search run?)") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"knee file {path} is not a capacity search's search.json ({exc})") from None
-        out[key] = {**doc, "_path": str(path)}
+        out[search.key] = KneeFile(path, search)
     return out
 
 
-def knee(of: str, knees: dict[str, dict]) -> dict:
+def knee(of: str, knees: dict[str, KneeFile]) -> dict:
     """The knee of search `of`: {of, knee_rps, reason, search}; an error when it has none."""
     if of not in knees:
         raise UserError(f"the capacity search {of} is needed (a rate is placed relative to its knee): "
                         f"give its search.json (have: {sorted(knees) or 'none'})")
-    doc = knees[of]
-    result = doc["result"]
-    lo = result.get("lo")
-    if lo is None or not (math.isfinite(float(lo)) and float(lo) > 0):
-        why = result.get("reason")
-        detail = f": {result['error']}" if result.get("error") else ""
-        start = (doc.get("bounds") or {}).get("start")
-        hint = f" (even the start rate {start:g} req/s broke the SLO)" if why == "breaks_at_start" and start else ""
-        raise UserError(f"the capacity search {of} ({doc.get('_path', 'search.json')}) found no knee: "
-                        f"no rate held, it ended with {why}{hint}{detail}; "
+    path, search = knees[of]
+    result = search.result
+    lo = result.lo
+    if lo is None or not (math.isfinite(lo) and lo > 0):
+        detail = f": {result.error}" if result.error else ""
+        hint = (f" (even the start rate {search.bounds.start:g} req/s broke the SLO)"
+                if result.reason == StopReason.BREAKS_AT_START else "")
+        raise UserError(f"the capacity search {of} ({path}) found no knee: "
+                        f"no rate held, it ended with {result.reason}{hint}{detail}; "
                         "lower the frontier's start or loosen its SLO")
-    return {"of": of, "knee_rps": float(lo), "reason": result.get("reason"), "search": doc.get("_path")}
+    return {"of": of, "knee_rps": lo, "reason": result.reason.value, "search": str(path)}
 
 
-def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, dict]) -> tuple[SyntheticWorkload, list[dict]]:
+def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, KneeFile]) -> tuple[SyntheticWorkload, list[dict]]:
     """The synthetic workload with every relative interval_s made absolute, and what was
     resolved (one entry per relative phase)."""
     phases, resolved = [], []
@@ -128,7 +131,7 @@ def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, dict]) -> tu
     return msgspec.structs.replace(workload, phases=phases), resolved
 
 
-def resolve_time_scale(of: str, times: float, knees: dict[str, dict], kept_per_s: float) -> tuple[float, dict]:
+def resolve_time_scale(of: str, times: float, knees: dict[str, KneeFile], kept_per_s: float) -> tuple[float, dict]:
     """The time scale at which a trace window keeping `kept_per_s` requests per trace
     second offers times x the knee of `of`, and what was resolved."""
     from filledfirst.frontier.probes import trace_time_scale

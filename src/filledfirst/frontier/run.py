@@ -18,13 +18,7 @@ same search fingerprint, at the rate and length the search asks for next, in pro
 back; the first one that did not, and every folder after it, is measured again. A probe
 that fails outright (the server died or never started, every request failed) ends the
 search (PROBE_FAILED), its reason kept. At the end `DIR/search.json` is written atomically:
-
-    {frontier, setting, workload, fingerprint, slo, probe_s, bounds: {...},
-     probes: [{probe, rate, probe_s, run_dir, run_id, status, requests, attainment, held,
-               lifetime_p90_s, error, reused}],
-     result: {lo, hi, ratio, reason, error}}
-
-(run_dir relative to DIR).
+the search's settings, its probes and its result (filledfirst.frontier.record.SearchRecord).
 """
 
 from __future__ import annotations
@@ -39,12 +33,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from filledfirst import atomic, runmeta
+from filledfirst import runmeta
 from filledfirst.config import fingerprint
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
+from filledfirst.frontier.record import SEARCH_JSON, ProbeRecord, ResultRecord, SearchRecord
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
 from filledfirst.run import folder
@@ -53,7 +48,6 @@ from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWor
 
 log = logging.getLogger(__name__)
 
-SEARCH_JSON = "search.json"
 _PROBE_DIR = re.compile(r"^p(\d+)$")
 
 
@@ -194,18 +188,17 @@ class Prober:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _probe_record(meta: RunMeta, reused: bool) -> dict:
+def _probe_record(meta: RunMeta, reused: bool) -> ProbeRecord:
     f = meta.frontier
     assert f is not None, f"{meta.run_id}: not a probe"
-    return {"probe": f.probe, "rate": f.rate, "probe_s": f.probe_s, "run_dir": probe_dir_name(f.probe),
-            "run_id": meta.run_id, "status": meta.status, "requests": f.requests,
-            "attainment": f.attainment, "held": f.held, "lifetime_p90_s": f.lifetime_p90_s,
-            "error": f.error, "reused": reused}
+    return ProbeRecord(probe=f.probe, rate=f.rate, probe_s=f.probe_s, run_dir=probe_dir_name(f.probe),
+                       run_id=meta.run_id, status=meta.status, requests=f.requests, attainment=f.attainment,
+                       held=f.held, lifetime_p90_s=f.lifetime_p90_s, error=f.error, reused=reused)
 
 
-def _lifetimes(records: list[dict]) -> list[tuple[float, bool | None, float | None]]:
+def _lifetimes(records: list[ProbeRecord]) -> list[tuple[float, bool | None, float | None]]:
     """What the next probe's length depends on (FrontierPlan.probe_duration)."""
-    return [(r["rate"], r["held"], r["lifetime_p90_s"]) for r in records]
+    return [(r.rate, r.held, r.lifetime_p90_s) for r in records]
 
 
 def _probe_dirs(out: Path) -> dict[int, Path]:
@@ -221,11 +214,11 @@ def _read_probe(run_dir: Path) -> tuple[RunMeta | None, str | None]:
     return (meta, None) if meta.frontier is not None else (None, "not a probe (run.json has no frontier block)")
 
 
-def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[CapacitySearch, list[dict]]:
+def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[CapacitySearch, list[ProbeRecord]]:
     """The search as far as the finished probe folders take it; every folder from the
     first one that cannot be reused on is removed (it is measured again)."""
     search = CapacitySearch(plan.bounds)
-    records: list[dict] = []
+    records: list[ProbeRecord] = []
     dirs = _probe_dirs(out) if out.is_dir() else {}
     probe = 1
     while probe in dirs:
@@ -257,8 +250,8 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
 
 
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
-                 trace_csv: Path | None = None, shape_stats: Path | None = None) -> dict:
-    """The search of `setting` of `frontier` in the study, to its end; returns search.json.
+                 trace_csv: Path | None = None, shape_stats: Path | None = None) -> SearchRecord:
+    """The search of `setting` of `frontier` in the study, to its end; returns its search.json.
     `fingerprint`: the search's identity (filledfirst.config.search_fingerprint)."""
     plan = search_plan(study, frontier, setting)
     out = Path(out)
@@ -282,21 +275,12 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
         prober.close()
     result = search.result()
     assert result is not None
-    doc = {
-        "frontier": frontier, "setting": setting, "workload": plan.workload_name, "fingerprint": prober.fingerprint,
-        "slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s, "probe_lifetimes": plan.probe_lifetimes,
-        "probe_max_s": plan.probe_max_s, "bounds": dataclasses.asdict(plan.bounds),
-        "probes": records,
-        "result": {"lo": result.lo, "hi": result.hi, "ratio": result.ratio, "reason": str(result.reason),
-                   "error": result.error},
-    }
-    atomic.write_json(doc, out / SEARCH_JSON)
+    record = SearchRecord(
+        frontier=frontier, setting=setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
+        slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
+        bounds=plan.bounds, probes=records, result=ResultRecord.of(result),
+    )
+    record.write(out / SEARCH_JSON)
     log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s", frontier, setting, result.reason,
              result.lo, result.hi, len(records), f" ({result.error})" if result.error else "")
-    return doc
-
-
-def probe_run_dirs(search_json: Path) -> list[Path]:
-    """The probe folders a search.json lists, in probe order."""
-    doc = json.loads(Path(search_json).read_text())
-    return [Path(search_json).parent / p["run_dir"] for p in doc["probes"]]
+    return record

@@ -39,6 +39,7 @@ import polars as pl
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
 from filledfirst.errors import UserError
+from filledfirst.frontier.record import ResultRecord, SearchRecord
 
 SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,
@@ -101,16 +102,16 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         return pl.DataFrame([], schema=SCHEMA)
     diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
-    searches = {}
+    results: dict[tuple[str, str], ResultRecord] = {}  # each ingested search's bracket and stop reason
     if _has_table(con, "frontier_searches"):
-        searches = {(f, s): json.loads(doc) for f, s, doc in con.execute(
-            "SELECT frontier, setting, search FROM frontier_searches").fetchall()}
+        results = {(f, s): SearchRecord.decode(json.loads(doc), f"table frontier_searches, row {f}/{s}").result
+                   for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = []
     for (name, setting), probes in groups.items():
         measured = [p for p in probes if p.get("attainment") is not None]
-        search = searches.get((name, setting))
-        if search is not None:
-            lo, hi = search["result"]["lo"], search["result"]["hi"]
+        result = results.get((name, setting))
+        if result is not None:
+            lo, hi = result.lo, result.hi
         else:
             broke = [p["rate"] for p in measured if not p["held"]]
             hi = min(broke, default=None)
@@ -120,8 +121,8 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         slo = probes[0]["slo"]
         row = {"frontier": name, "setting": setting, "workload": probes[0].get("workload"),
                "slo_ttft_ms": slo["ttft_ms"], "slo_itl_ms": slo["itl_ms"], "target": probes[0].get("target"),
-               "probes": len(probes), "reason": search["result"]["reason"] if search else None,
-               "error": search["result"]["error"] if search else None, "lo_rps": lo, "hi_rps": hi}
+               "probes": len(probes), "reason": result.reason.value if result else None,
+               "error": result.error if result else None, "lo_rps": lo, "hi_rps": hi}
         for side, p in (("lo", lo_p), ("hi", hi_p)):
             r = rates.get(p["run_id"], {}) if p else {}
             offered = r.get("offered_rps")

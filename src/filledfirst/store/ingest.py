@@ -12,10 +12,10 @@ import duckdb
 
 from filledfirst import runmeta
 from filledfirst.atomic import atomic_path
+from filledfirst.frontier.record import SEARCH_JSON, SearchRecord
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
 from filledfirst.run import folder
 
-SEARCH_JSON = "search.json"  # filledfirst.frontier.run.SEARCH_JSON (not imported: the store reads files only)
 _ARROW_TO_SQL = {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}
 
 
@@ -96,17 +96,17 @@ def edited_copy(db_path: str | Path) -> Iterator[duckdb.DuckDBPyConnection]:
             con.close()
 
 
-def _searches(paths: list[str | Path]) -> tuple[list[Path], list[dict]]:
+def _searches(paths: list[str | Path]) -> tuple[list[Path], list[SearchRecord]]:
     """Run folders, with a capacity search's search.json (or its folder) standing for
-    its probe folders; and the search documents."""
+    its probe folders; and the searches."""
     run_dirs, searches = [], []
     for p in map(Path, paths):
         if p.is_dir() and not (p / folder.RUN_JSON).exists() and (p / SEARCH_JSON).is_file():
             p = p / SEARCH_JSON
         if p.name == SEARCH_JSON and p.is_file():
-            doc = json.loads(p.read_text())
-            searches.append(doc)
-            run_dirs += [p.parent / probe["run_dir"] for probe in doc["probes"]]
+            search = SearchRecord.read(p)
+            searches.append(search)
+            run_dirs += search.run_dirs(p.parent)
         else:
             run_dirs.append(p)
     return run_dirs, searches
@@ -122,9 +122,9 @@ def ingest(run_dirs: list[str | Path], db_path: str | Path) -> list[str]:
         upgrade(con)
         for (run_dir, meta), t in zip(metas, typed):
             _ingest_one(con, run_dir, meta, t)
-        for doc in searches:
+        for search in searches:
             con.execute("INSERT OR REPLACE INTO frontier_searches VALUES (?, ?, ?)",
-                        [doc["frontier"], doc["setting"], json.dumps(doc)])
+                        [search.frontier, search.setting, json.dumps(search.to_doc())])
     return [t.run_id for t in typed]
 
 
