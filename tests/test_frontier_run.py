@@ -262,6 +262,18 @@ def test_a_probe_whose_server_never_starts_fails_the_search(study):
     assert search.result.lo is None and search.result.hi is None
 
 
+def test_the_command_line_exits_0_for_a_search_ended_by_a_failed_probe(study, monkeypatch, caplog):
+    """A failed probe is a result (search.json says why): Snakemake keeps the folders."""
+    cfg, out, state = study
+    frun.SharedServer = lambda spec, log_path: FakeShared(log_path, failing_starts=("cap/default/p01",))
+    monkeypatch.setattr(config, "load_config", lambda paths: cfg)
+    argv = ["frontier", "run", "--config", "study.yaml", "--frontier", "cap", "--setting", "default",
+            "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert "a probe failed (" in caplog.text and f"see {out}/search.json" in caplog.text
+    assert SearchRecord.read(out / "search.json").result.reason == "probe_failed"
+
+
 def test_unknown_frontier_or_setting_is_a_user_error(study):
     from filledfirst.errors import UserError
 
