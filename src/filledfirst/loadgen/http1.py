@@ -93,6 +93,10 @@ class Target:
         return (host if self.port == default else f"{host}:{self.port}").encode()
 
 
+def _header_lines(headers: dict[str, str]) -> bytes:
+    return b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one exchange on it at a time."""
 
@@ -106,7 +110,7 @@ class _Connection(asyncio.Protocol):
         self._done: asyncio.Future | None = None
         self._clock: Callable[[], float] = time.perf_counter
         self._t = 0.0
-        self._answered = self._reused = self._framed = self._complete = self._headers_done = False
+        self._answered = self._reused = self._framed = self._headers_done = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -160,7 +164,6 @@ class _Connection(asyncio.Protocol):
             self._finish()
 
     def on_message_complete(self) -> None:
-        self._complete = True
         if self._sink is not None:
             self._finish()
         keep = self._parser is not None and self._parser.should_keep_alive()
@@ -175,7 +178,7 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes, sink: Sink, clock: Callable[[], float], reused: bool) -> asyncio.Future:
         self._parser = httptools.HttpResponseParser(self)
         self._sink, self._clock, self._reused = sink, clock, reused
-        self._answered = self._framed = self._complete = self._headers_done = False
+        self._answered = self._framed = self._headers_done = False
         self._done = asyncio.get_running_loop().create_future()
         assert self.transport is not None
         self.transport.write(request)
@@ -201,11 +204,6 @@ class _Connection(asyncio.Protocol):
             self._sink = None
             self.close()
 
-    @property
-    def busy(self) -> bool:
-        """An answer still arriving on it, waited for or not."""
-        return self._parser is not None
-
     def close(self) -> None:
         self.closed = True
         self._parser = None
@@ -225,18 +223,17 @@ class Pool:
         # Below uvicorn's 5 s keep-alive, so a pooled connection is rarely one the server
         # is about to close.
         self.keepalive_s = keepalive_s
-        extra = b"".join(f"{k}: {v}\r\n".encode() for k, v in (headers or {}).items())
         self._head = (b"POST " + target.path + b" HTTP/1.1\r\nHost: " + target.host_header
                       + b"\r\nUser-Agent: " + _USER_AGENT + b"\r\nAccept: text/event-stream, */*\r\n"
-                      + b"Accept-Encoding: identity\r\nContent-Type: application/json\r\n" + extra)
+                      + b"Accept-Encoding: identity\r\nContent-Type: application/json\r\n"
+                      + _header_lines(headers or {}))
         self._idle: list[_Connection] = []  # newest last
         self._all: set[_Connection] = set()
         self._ssl = ssl.create_default_context() if target.tls else None
         self.opened = 0  # connections opened, for tests and benchmarks
 
     def request_bytes(self, body: bytes, headers: dict[str, str]) -> bytes:
-        extra = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
-        return self._head + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        return self._head + _header_lines(headers) + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
     async def exchange(self, body: bytes, headers: dict[str, str], sink: Sink, clock: Callable[[], float], *,
                        fresh: bool = False) -> None:

@@ -123,12 +123,15 @@ class Replay:
         # server closed meanwhile is sent once more on a fresh one (filledfirst.loadgen.http1).
         # The scraper: aiohttp, a fresh connection per scrape.
         async with (
-            Pool(self.target, self._headers, connect_timeout_s=self.settings.connect_timeout_s) as pool,
+            self._requests_pool() as pool,
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
                                   headers=self._headers) as scrapes,
         ):
             self._scrapes = scrapes
             yield pool
+
+    def _requests_pool(self) -> Pool:
+        return Pool(self.target, self._headers, connect_timeout_s=self.settings.connect_timeout_s)
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with self._sessions() as conns:
@@ -214,7 +217,7 @@ class Replay:
 
         watch(loop, conn, on_message)
         try:
-            async with self._sessions() as conns:
+            async with self._requests_pool() as conns:  # the main process scrapes
                 self._t0 = t0
                 cpu0 = time.process_time()
                 finished = asyncio.Event()
