@@ -177,11 +177,39 @@ def interrupted_at_b_then_cleaned(group, monkeypatch):
 def test_a_rerun_after_an_interruption_measures_only_what_was_unfinished(group, monkeypatch):
     cfg, jobs, state = group
     first_a = interrupted_at_b_then_cleaned(group, monkeypatch)
+    warmups = []
+    warm_up = runner._warm_up
+    monkeypatch.setattr(runner, "_warm_up", lambda group, job, progress: (warmups.append(job.experiment),
+                                                                          warm_up(group, job, progress))[1])
     assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
     assert meta(jobs[0])["run_id"] == first_a  # a was restored, not measured again
-    assert state["shared"].starts == ["b"]  # the re-run's server was started for b
-    assert meta(jobs[1])["status"] == "ok"
+    # b meets the server as it did in the uninterrupted run: one that has just served a
+    # (replayed, not recorded), not a freshly started one.
+    assert warmups == ["a"]
+    assert state["shared"].starts == ["a"]
+    b = meta(jobs[1])
+    assert b["status"] == "ok" and b["server"]["warmed_up_by"] == "a"
+    assert "startup_reused_s" in b["timings"] and "startup_s" not in b["timings"]
+    assert "warmed_up_by" not in meta(jobs[2])["server"]  # c followed b, measured in this call
     assert not list(jobs[0].out.parent.glob(".*"))  # the kept copies are gone with the job done
+
+
+@pytest.mark.parametrize("what", ["vllm_package", "torch", "cores", "cpu"])
+def test_a_kept_run_is_not_reused_on_other_versions_or_hardware(group, monkeypatch, what):
+    """An upgrade or another machine between the attempts would mix two setups in one group."""
+    from filledfirst.run import provenance
+
+    cfg, jobs, state = group
+    first_a = interrupted_at_b_then_cleaned(group, monkeypatch)
+    if what in ("vllm_package", "torch"):
+        real = provenance.versions
+        monkeypatch.setattr(provenance, "versions", lambda: {**real(), what: "9.9.9-other"})
+    else:
+        real = provenance.hardware
+        monkeypatch.setattr(provenance, "hardware", lambda: {**real(), what: "other"})
+    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert meta(jobs[0])["run_id"] != first_a
+    assert state["shared"].starts == ["a"]
 
 
 @pytest.mark.parametrize("change", ["spec", "schedule"])

@@ -58,6 +58,7 @@ def _has_flag(args: list[str], flag: str) -> bool:
 class ServerCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    served_name: str | None = None  # the model name it answers to: how we know the server is ours
 
 
 def build_command(
@@ -105,5 +106,5 @@ def build_command(
             raise ValueError("kv_cache_space_gib applies to the CPU engine only; use gpu_memory_utilization")
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings["kv_cache_space_gib"])
     env.update(extra_env)
-    return ServerCommand(argv=argv, env=env)
+    return ServerCommand(argv=argv, env=env, served_name=model.name)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -9,11 +10,12 @@ import re
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from pathlib import Path
 
+import psutil
+
+from filledfirst import direct_http
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
 from filledfirst.run.scrape import latest_gauges, parse_metrics
@@ -25,17 +27,61 @@ class ServerStartError(Exception):
     """The server exited or never became healthy; the message carries its log tail."""
 
 
+class PortTaken(ServerStartError):
+    """Another program holds the port, or answers on it: nothing of ours is measured there."""
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Another socket listens on host:port. With SO_REUSEADDR, as vLLM binds: a port a
+    stopped server left in TIME_WAIT is free, one that something listens on is not."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
 def port_was_taken(exc: ServerStartError) -> bool:
-    """vLLM could not bind or listen on its port: quick when another process listens there
-    (vLLM binds first), only after the model loaded when another vLLM merely bound it."""
+    """vLLM could not bind or listen on its port, or another program answered there: quick
+    when another process listens there (vLLM binds first), only after the model loaded
+    when another vLLM merely bound it."""
+    if isinstance(exc, PortTaken):
+        return True
     cause = str(exc).split("\nLast lines of", 1)[0]  # this start's first error, not the shared tail
     return "Address already in use" in cause or "Errno 98" in cause
+
+
+def _listening_ports(pid: int) -> set[int] | None:
+    """Ports the process `pid` and its descendants listen on; None when the system does
+    not let us look."""
+    try:
+        root = psutil.Process(pid)
+        ports: set[int] = set()
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                ports |= {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+            except psutil.NoSuchProcess:
+                continue
+        return ports
+    except psutil.AccessDenied:
+        return None
+    except psutil.NoSuchProcess:
+        return set()
 
 
 # A Python exception line, at the start of the line or right after vLLM's ERROR prefix
@@ -93,6 +139,7 @@ class VllmServer:
         self._guardian: subprocess.Popen | None = None
         self.startup_s: float | None = None
         self._log_from = 0
+        self._host, self._port = host, port
 
     def __enter__(self) -> "VllmServer":
         try:
@@ -107,6 +154,10 @@ class VllmServer:
         self.stop()
 
     def start(self) -> None:
+        if port_in_use(self._host, self._port):
+            raise PortTaken(
+                f"port {self._port} on {self._host} is already in use by another program, so vLLM was not "
+                "started there (leave engine.port unset and the study picks a free port)")
         log.info("starting vLLM: %s", " ".join(self.cmd.argv))
         with open(self.log_path, "ab") as logf:
             self._log_from = logf.tell()  # this start's lines begin here
@@ -133,6 +184,7 @@ class VllmServer:
                     + log_excerpt(self.log_path, since=self._log_from)
                 )
             if self._get("/health", timeout=2.0) is not None:
+                self._check_ours()
                 self.startup_s = time.monotonic() - self._t_start
                 log.info("vLLM healthy at %s after %.1f s", self.base_url, self.startup_s)
                 return
@@ -142,6 +194,30 @@ class VllmServer:
                     f"(engine.startup_timeout_s). " + log_excerpt(self.log_path, since=self._log_from)
                 )
             time.sleep(0.5)
+
+    def _check_ours(self) -> None:
+        """The server that answered /health is the one we started: our process is alive and
+        listens on the port, and it serves our model. Otherwise another program answers
+        there, and the replay would measure it."""
+        assert self.proc is not None
+        ports = _listening_ports(self.proc.pid)
+        if self.proc.poll() is not None or (ports is not None and self._port not in ports):
+            raise PortTaken(
+                f"another program answers on {self.base_url}: the vLLM started for this run (pid {self.proc.pid}) "
+                "does not listen there. " + log_excerpt(self.log_path, since=self._log_from))
+        if self.cmd.served_name is None:
+            return
+        answer = direct_http.get(self.base_url + "/v1/models", timeout_s=5.0)
+        if answer is None or answer[0] in (401, 403):
+            return  # no list without the server's API key: the listening check above holds
+        try:
+            served = {m["id"] for m in json.loads(answer[1])["data"]}
+        except (ValueError, KeyError, TypeError):
+            served = set()
+        if answer[0] != 200 or self.cmd.served_name not in served:
+            raise PortTaken(
+                f"the server on {self.base_url} does not serve the model {self.cmd.served_name!r} "
+                f"(HTTP {answer[0]} from /v1/models, models {sorted(served)}): not the vLLM started for this run")
 
     def version(self) -> str | None:
         body = self._get("/version", timeout=5.0)
@@ -164,11 +240,8 @@ class VllmServer:
         return self.proc is not None and self.proc.poll() is None
 
     def _get(self, path: str, timeout: float) -> bytes | None:
-        try:
-            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
-                return resp.read() if resp.status == 200 else None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return None
+        answer = direct_http.get(self.base_url + path, timeout_s=timeout)
+        return answer[1] if answer is not None and answer[0] == 200 else None
 
     def stop(self) -> None:
         if self.proc is not None:

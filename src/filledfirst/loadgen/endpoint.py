@@ -9,8 +9,8 @@ from __future__ import annotations
 import http.client
 import socket
 import urllib.error
-import urllib.request
 
+from filledfirst import direct_http
 from filledfirst.errors import UserError
 
 CHECK_TIMEOUT_S = 5.0
@@ -47,10 +47,8 @@ def check_endpoint(base_url: str, api_key: str | None = None, timeout_s: float =
 
 def _get(base_url: str, path: str, headers: dict, timeout_s: float) -> tuple[int, str]:
     """(HTTP status, the start of the body's first line); unreachable raises EndpointError."""
-    # No proxy from the environment: the replay's own client (aiohttp) uses none either.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(urllib.request.Request(base_url + path, headers=headers), timeout=timeout_s) as resp:
+        with direct_http.open_url(base_url + path, timeout_s=timeout_s, headers=headers) as resp:
             return resp.status, ""
     except urllib.error.HTTPError as exc:
         try:

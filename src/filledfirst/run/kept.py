@@ -5,8 +5,10 @@ deletes all of its outputs, the finished experiments' folders included, and re-r
 would measure them again. So each folder that finishes `ok` is also hard-linked (no
 copy: run folders are never modified once published) under `.finished/` beside the run
 folders; the re-run restores it instead of measuring again, provided the experiment's
-spec and schedule are unchanged. A job that finishes removes its kept copies: from then
-on its outputs are Snakemake's.
+spec and schedule are unchanged and it was measured with the same software on the same
+machine (an upgrade or another node between the attempts would mix two setups in one
+group). A job that finishes removes its kept copies: from then on its outputs are
+Snakemake's.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ import shutil
 from pathlib import Path
 
 from filledfirst import atomic
-from filledfirst.run import folder
+from filledfirst.run import folder, provenance
 
 log = logging.getLogger(__name__)
 
 KEPT_DIR = ".finished"
+# What must be the same for a kept run to stand beside runs measured now. Not the batch
+# job (each attempt is another job) nor filledfirst's own version (the spec fingerprint
+# covers what it measures).
+_SAME_VERSIONS = ("python", "vllm_package", "torch")
+_SAME_HARDWARE = ("host", "cpu", "cores", "memory_gib", "gpus")
 
 
 def kept_path(out: Path) -> Path:
@@ -48,10 +55,24 @@ def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
         return None
     if _digest(src / folder.SCHEDULE) != _digest(schedule):
         return None
+    if (why := _other_setup(meta)) is not None:
+        log.info("%s: not reusing the run measured before the interruption: %s", out.name, why)
+        return None
     if not _publish_links(src, out, "could not restore the finished run, measuring it again"):
         return None
     log.info("%s: reusing the run measured before the job was interrupted (%s)", out.name, meta["run_id"])
     return meta
+
+
+def _other_setup(meta: dict) -> str | None:
+    """What differs between the kept run's setup and this machine's now, or None."""
+    now = {"versions": provenance.versions(), "hardware": provenance.hardware()}
+    for section, keys in (("versions", _SAME_VERSIONS), ("hardware", _SAME_HARDWARE)):
+        kept = meta.get(section) or {}
+        for key in keys:
+            if kept.get(key) != now[section].get(key):
+                return f"{section}.{key} was {kept.get(key)!r}, is {now[section].get(key)!r}"
+    return None
 
 
 def _publish_links(src: Path, dest: Path, failure: str) -> bool:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic, runmeta
+from filledfirst import atomic, direct_http, runmeta
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -199,6 +199,7 @@ class _Group:
         # Where the next run's part of the server log begins: the parts are contiguous, so
         # what the server wrote between two experiments is in the later one's log.
         self.log_from = 0
+        self.restored: set[int] = set()  # positions taken from an interrupted attempt
 
     def run(self, position: int, progress: bool) -> str:
         job = self.jobs[position]
@@ -206,7 +207,11 @@ class _Group:
         spec = ExperimentSpec.from_doc(doc)
         keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
         if keeping and (reused := kept.restore(job.out, fingerprint(doc), job.schedule)) is not None:
+            self.restored.add(position)
             return reused["status"]
+        # In an uninterrupted run this experiment met a server that had just served the one
+        # before it; a restored one was not served by this start, so it is replayed first.
+        warmed_by = _warm_up(self, self.jobs[position - 1], progress) if position - 1 in self.restored else None
         exp = self.study.experiments[job.experiment]
         run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, doc, {
             "launcher": spec.engine.launcher,
@@ -218,6 +223,8 @@ class _Group:
         try:
             waited = shared.ready(job.experiment)
             _record_server(run.meta, shared, waited)
+            if warmed_by is not None and waited is not None:
+                run.meta["server"]["warmed_up_by"] = warmed_by
             run.replay_against(
                 shared.base_url, ReplaySettings.from_spec(spec), progress,
                 server_alive=shared.alive, server_log=shared.log_path,
@@ -244,6 +251,28 @@ class _Group:
         stopped (its whole group) before the next experiment starts a fresh one."""
         if position == len(self.jobs) - 1 or run.meta["status"] != "ok" or interrupt_reason():
             self.shared.stop()
+
+
+def _warm_up(group: _Group, job: Job, progress: bool) -> str | None:
+    """Replay a restored experiment's schedule on the group's server without recording it,
+    so the next experiment meets the server as it would have without the interruption.
+    Returns the experiment's name, or None when the warm-up could not run (the next
+    experiment then meets a fresh server, as its run.json shows)."""
+    log.info("%s: replaying it unrecorded, so the next experiment meets a server that has just served it",
+             job.experiment)
+    spec = ExperimentSpec.from_doc(spec_document(group.cfg, job.experiment))
+    try:
+        group.shared.ready(job.experiment)
+        replay = Replay(read_schedule(job.schedule), group.shared.base_url, ReplaySettings.from_spec(spec),
+                        progress=progress, server_alive=group.shared.alive)
+        event_loop.run(replay.run())
+    except ServerStartError:
+        return None  # the next experiment's own start fails the same way, with the reason
+    if reason := interrupt_reason():
+        raise Interrupted(reason)
+    if replay.server_died or replay.interrupted:
+        return None
+    return job.experiment
 
 
 def run_on_server(
@@ -385,10 +414,8 @@ def replay_endpoint(
 
 
 def _server_version(url: str) -> str | None:
-    import urllib.request
-
+    answer = direct_http.get(url + "/version", timeout_s=5)
     try:
-        with urllib.request.urlopen(url + "/version", timeout=5) as resp:
-            return json.loads(resp.read())["version"]
-    except Exception:  # not vLLM, or no /version: the run goes on without it
+        return json.loads(answer[1])["version"] if answer is not None and answer[0] == 200 else None
+    except (ValueError, KeyError, TypeError):  # not vLLM, or no /version: the run goes on without it
         return None
