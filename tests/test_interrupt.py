@@ -144,6 +144,10 @@ def test_a_rerun_after_an_interruption_redoes_only_the_unfinished(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((runs / "first" / "run.json").read_text())["run_id"] == first["run_id"]
     second = json.loads((runs / "second" / "run.json").read_text())
-    assert second["status"] == "ok" and second["server"]["started_by"] == "second"
+    # second meets a server that has just served first (replayed unrecorded), as it did
+    # before the interruption
+    assert second["status"] == "ok" and second["server"]["warmed_up_by"] == "first"
+    assert second["server"]["started_by"] == "first" and "startup_reused_s" in second["timings"]
     assert "reusing the run measured before the job was interrupted" in log.read_text()
+    assert "replaying it unrecorded" in log.read_text()
     assert not (runs / ".finished").exists()
