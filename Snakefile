@@ -15,6 +15,13 @@ include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 
 
+# Every job that starts a vLLM server holds one `engine` (filledfirst.cluster.ENGINE), and
+# the workflow profile makes one available: never two servers at once on this machine.
+# Local: on a cluster each job has its node to itself, so jobs do not wait for each other.
+resource_scopes:
+    engine="local",
+
+
 # On a cluster (--profile profiles/slurm) only the experiment jobs are submitted;
 # model, traces, schedules, the DuckDB files (ingest, then diagnose) and the report are made
 # where Snakemake runs.

@@ -46,7 +46,7 @@ def test_gpu_default_follows_the_launcher(cfg):
 
 def test_gpu_study_asks_for_one_gpu_and_its_model():
     cfg = load_config([ROOT / "config" / "config.yaml"])
-    assert job_request(cfg) == {"gpu": 1, "cpus_per_task": 8, "mem_mb": 65536}
+    assert job_request(cfg) == {"engine": 1, "gpu": 1, "cpus_per_task": 8, "mem_mb": 65536}
     cfg["cluster"]["gpu_model"] = "a100"
     assert job_request(cfg)["gpu_model"] == "a100"
     cfg["cluster"]["gpus_per_job"] = 0
@@ -116,5 +116,6 @@ def test_a_job_against_an_external_endpoint_asks_for_no_gpu_and_no_startup(cfg, 
     validate_config(cfg)
     assert job_request(cfg, ["a"])["gpu"] == 1
     assert job_request(cfg, ["d"])["gpu"] == 0
+    assert job_request(cfg, ["a"])["engine"] == 1 and job_request(cfg, ["d"])["engine"] == 0  # no server started
     s = schedule(tmp_path / "s.parquet", [0.0, 100.0])
     assert runtime_minutes(cfg, ["d"], [s]) == 4  # 100 + 120 s drain, no start-up

@@ -26,6 +26,12 @@ from filledfirst.study import Cluster, Study, as_study
 
 DEFAULT_CPUS = Cluster().cpus_per_job
 DEFAULT_MEM_MB = Cluster().mem_mb
+# The resource every job that starts a vLLM server holds one of. The workflow profile
+# (profiles/default) makes one available, so a local `snakemake --cores N` never runs two
+# servers at once (on one GPU: out of memory; on a CPU: two measurements that starve
+# each other); the Snakefile scopes it `local`, so cluster jobs on their own nodes do not
+# wait for each other. `--resources engine=N` says otherwise.
+ENGINE = "engine"
 
 
 def _external(study: Study, experiment: str) -> bool:
@@ -41,14 +47,15 @@ def gpus_per_job(cfg: Study | dict) -> int:
 
 
 def job_request(cfg: Study | dict, members: list[str] | None = None) -> dict[str, int | str]:
-    """The fixed part of an experiment job's resources, in the SLURM plugin's names:
-    `gpu` (sbatch --gpus), `gpu_model` (--gpus=MODEL:N), `cpus_per_task`, `mem_mb`.
+    """The fixed part of an experiment job's resources: `engine` (the one-server-at-a-time
+    token), and in the SLURM plugin's names `gpu` (sbatch --gpus), `gpu_model` (--gpus=MODEL:N), `cpus_per_task`, `mem_mb`.
     A job that replays against an external endpoint (`server.url`) starts no server and
     asks for no GPU."""
     study = as_study(cfg)
     cluster = study.cluster
     external = bool(members) and all(_external(study, e) for e in members)
     out: dict[str, int | str] = {
+        ENGINE: 0 if external else 1,
         "gpu": 0 if external else gpus_per_job(study),
         "cpus_per_task": cluster.cpus_per_job,
         "mem_mb": cluster.mem_mb,
