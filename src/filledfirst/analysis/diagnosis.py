@@ -161,7 +161,7 @@ SELECT run_id,
        -- a single chunk has no gap, so cannot miss the ITL objective
        count(*) FILTER (WHERE ttft <= $slo_ttft
                         AND coalesce(max_gap_ms, 0) <= $slo_itl) AS met,
-       any_value(o.n_sent) AS n, any_value(o.arrival_span_s) AS span,
+       any_value(o.n_sent) AS n, any_value(o.offered_rps) AS offered_rps,
        avg(prompt_tokens + output_tokens) AS mean_tokens
 FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 """
@@ -378,9 +378,11 @@ def _littles(row: dict, meta: RunMeta, r: DiagnosisRules, notes: list[str]) -> d
 
 
 def _goodput(row: dict) -> dict:
-    met, n, span = row.get("met"), row.get("n"), row.get("span")
-    return {"goodput_rps": met / span if met is not None and span else None,
-            "slo_met_share": met / n if met is not None and n else None}
+    """The offered load (signals.OFFERED) times the share of sent requests that met the SLO."""
+    met, n, offered = row.get("met"), row.get("n"), row.get("offered_rps")
+    share = met / n if met is not None and n else None
+    return {"goodput_rps": offered * share if share is not None and offered is not None else None,
+            "slo_met_share": share}
 
 
 def _label_value(labels: str | None, key: str) -> str | None:

@@ -33,6 +33,8 @@ Definitions (times are seconds on the run's one monotonic clock):
 - Server histograms (vLLM's TTFT, queue time, ...): each bucket's increase over the run;
   quantiles are interpolated linearly inside a bucket, as Prometheus' histogram_quantile
   does (the first bucket from 0; above the last finite bound, that bound).
+- Rates of arrivals (the offered load, the rate the client sent at): (n - 1) / (last -
+  first), `filledfirst.rates`; goodput is the offered load times the share that met the SLO.
 - Whole run for now: no warm-up or drain window is cut.
 """
 
@@ -47,6 +49,7 @@ import polars as pl
 
 from filledfirst import runmeta
 from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, TTFT_HISTOGRAM, WAITING, sql_list
+from filledfirst.rates import arrival_rate_sql
 from filledfirst.runmeta import RunMeta
 
 log = logging.getLogger(__name__)
@@ -110,11 +113,12 @@ SELECT run_id, request_id, role, gap_ms / n AS itl_ms, gap_ms AS itl_chunk_ms FR
 # Per request: its longest wait for a token once the first one came.
 REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({ITL_GAPS}) GROUP BY ALL"
 
-# Offered load: the sent requests over their arrival span. Goodput divides by the same span,
-# so a run where every request met its objective has goodput = offered load.
+# Offered load: the rate of the sent requests' arrivals (filledfirst.rates: NULL for one).
+# Goodput is this rate times the share that met the objective, so a run where every
+# request met it has goodput = offered load.
 OFFERED = f"""
 SELECT run_id, count(*) AS n_sent, max(t_scheduled) - min(t_scheduled) AS arrival_span_s,
-       count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps
+       {arrival_rate_sql("t_scheduled")} AS offered_rps
 FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 """
 
@@ -123,7 +127,7 @@ FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 # tokens (all its processes), and the rate it sent at over the rate it was asked for.
 CLIENT = f"""
 WITH sent AS (
-    SELECT run_id, count(*) / nullif(max(t_sent) - min(t_sent), 0) AS sent_rps,
+    SELECT run_id, {arrival_rate_sql("t_sent")} AS sent_rps,
            sum(output_tokens_received) AS tokens
     FROM requests WHERE status <> '{NOT_SENT}' AND t_sent IS NOT NULL GROUP BY run_id
 )

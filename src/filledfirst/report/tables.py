@@ -445,7 +445,7 @@ def evidence_intro(rules: DiagnosisRules) -> str:
         f"{fmt_share(rules.queue_min_ttft_share)}); when each limit first crossed; Little's law (the server's mean "
         "running + waiting over the client's mean requests in flight); goodput (requests meeting "
         f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
-        "second of the arrival span, the offered load's denominator; failed ones never); and the KV "
+        "second: the offered load times the share that met them; failed ones never); and the KV "
         "ledger (bytes per token from vLLM's KV memory and tokens, else from the model's config; the "
         "capacity vLLM reported, and how many requests of this workload's mean length fit).")
 
