@@ -196,8 +196,9 @@ def test_a_nan_or_infinite_sample_is_kept_as_the_server_wrote_it():
     analysis turns them into NULL, filledfirst.analysis.signals.SAMPLES)."""
     import math
 
+    waiting = 'vllm:num_requests_waiting{engine="0",model_name="tiny"}'
     page = EXPOSITION.replace('model_name="tiny"} 0.25', 'model_name="tiny"} NaN').replace(
-        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 7.0', 'vllm:num_requests_waiting{engine="0",model_name="tiny"} +Inf')
+        f"{waiting} 7.0", f"{waiting} +Inf")
     values = {(s.metric, s.labels): s.value for s in parse_metrics(page, 0.0)}
     assert math.isnan(values[("vllm:gpu_cache_usage_perc", "engine=0,model_name=tiny")])
     assert values[("vllm:num_requests_waiting", "engine=0,model_name=tiny")] == math.inf

@@ -111,13 +111,13 @@ tw AS (
            sum(b - a) FILTER (signal = 'kv_pct') AS t_kv,
            sum(b - a) FILTER (signal = 'kv_pct' AND value >= $kv_full) AS t_kv_full,
            sum((b - a) * value) FILTER (signal IN ('running', 'waiting')) AS area
-    FROM seg WHERE b > a GROUP BY run_id
+    FROM seg WHERE b > a AND value IS NOT NULL GROUP BY run_id  -- an unknown value stands for no time
 ),
 inside AS (
     SELECT run_id,
            quantile_cont(value, 0.5) FILTER (signal = 'running') AS window_running_median,
            max(value) FILTER (signal = 'running') AS window_running_max,
-           count(*) FILTER (signal = 'running') AS window_scrapes,
+           count(value) FILTER (signal = 'running') AS window_scrapes,
            quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS window_waiting_median,
            quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS window_kv_median_pct,
            max(value) FILTER (signal = 'kv_pct') AS window_kv_max_pct
@@ -143,7 +143,7 @@ FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id) LEFT JOIN
 _PREEMPTIONS = signals.preemptions_sql(f"""
     SELECT * FROM (
         SELECT s.*, max(s.t) FILTER (WHERE s.t <= w.start) OVER (PARTITION BY s.run_id, s.metric, s.labels) AS anchor
-        FROM samples s JOIN {_WIN} w USING (run_id)
+        FROM ({signals.SAMPLES}) s JOIN {_WIN} w USING (run_id)
         WHERE s.metric IN ({sql_list(PREEMPTIONS)}) AND s.t <= w.stop
     ) WHERE anchor IS NULL OR t >= anchor""")
 
