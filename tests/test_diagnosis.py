@@ -242,8 +242,8 @@ def test_goodput_counts_ttft_and_each_requests_itl(tmp_path):
     reqs[3]["status"] = "http_error"
     tokens = {0: [0.1, 0.2, 0.3], 1: [2.5, 2.6], 2: [2.1, 2.2, 2.9]}  # request 2: a 700 ms gap
     d = run_of(tmp_path, run_id="slo", requests=reqs, tokens=tokens, samples=[])
-    # over the arrival span (0 to 3 s), the offered load's denominator
-    assert d["slo_met_share"] == 0.25 and d["goodput_rps"] == pytest.approx(1 / 3.0)
+    # 4 arrivals 1 s apart offer 1 req/s; a quarter of them met the objective
+    assert d["slo_met_share"] == 0.25 and d["goodput_rps"] == pytest.approx(0.25)
 
 
 def test_goodput_sees_a_stall_delivered_as_one_chunk(tmp_path):
@@ -273,6 +273,39 @@ def test_goodput_and_offered_load_share_one_denominator(tmp_path):
     assert d["slo_met_share"] == 1.0 and d["goodput_rps"] == pytest.approx(rates["offered_rps"])
 
 
+def test_offered_load_goodput_and_sent_rate_count_the_gaps_between_arrivals(tmp_path):
+    """n arrivals span n - 1 gaps: ten arrivals 1 s apart offer 1 req/s, not 10 / 9. The
+    same estimator for the offered load, the goodput and the rate the client sent at."""
+    from filledfirst.rates import arrival_rate_sql
+
+    reqs = [request(i, float(i), i + 0.1, i + 0.5) for i in range(10)]
+    lone = [request(0, 0.0, 0.1, 0.5)]
+    db = make_db(tmp_path / "gaps.duckdb", [{"run_id": "ten", "requests": reqs, "samples": []},
+                                            {"run_id": "lone", "requests": lone, "samples": []}])
+    with duckdb.connect(str(db), read_only=True) as con:
+        rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
+        diag = {r["run_id"]: r for r in diagnose(con, DiagnosisRules()).to_dicts()}
+        sent = dict(con.execute(f"SELECT run_id, {arrival_rate_sql('t_sent')} FROM requests GROUP BY run_id"
+                                ).fetchall())
+    assert rates["ten"]["offered_rps"] == pytest.approx(1.0) and rates["ten"]["arrival_span_s"] == 9.0
+    assert diag["ten"]["slo_met_share"] == 1.0 and diag["ten"]["goodput_rps"] == pytest.approx(1.0)
+    assert sent["ten"] == pytest.approx(1.0)
+    # one arrival has no rate
+    assert rates["lone"]["offered_rps"] is None and diag["lone"]["goodput_rps"] is None and sent["lone"] is None
+
+
+def test_the_schedule_and_the_trace_state_the_same_rate():
+    from filledfirst.rates import arrival_rate
+    from filledfirst.schedule import schedule_stats
+
+    ten = pl.DataFrame({"t_offset_s": [float(i) for i in range(10)], "prompt_tokens": [1] * 10,
+                        "output_tokens": [1] * 10, "role": ["r"] * 10})
+    assert schedule_stats(ten)["mean_rate_per_s"] == pytest.approx(1.0)
+    # a trace window's length is not an arrival span: n arrivals in a 20 s window offer n / 20
+    assert schedule_stats(ten, duration_s=20.0)["mean_rate_per_s"] == pytest.approx(0.5)
+    assert arrival_rate(10, 9.0) == 1.0 and arrival_rate(1, 0.0) is None and arrival_rate(0, 0.0) is None
+
+
 def test_run_rates(tmp_path):
     reqs = [request(i, 0.5 * i, 0.5 * i + 0.1, 0.5 * i + 1.1) | {"t_last_token": 0.5 * i + 1.1,
                                                                  "output_tokens_received": 11} for i in range(5)]
@@ -282,7 +315,7 @@ def test_run_rates(tmp_path):
     db = make_db(tmp_path / "rates.duckdb", [{"run_id": "rates", "requests": reqs, "samples": []}])
     with duckdb.connect(str(db), read_only=True) as con:
         r = signals.run_rates(con).to_dicts()[0]
-    assert r["n_failed"] == 1 and r["offered_rps"] == pytest.approx(4 / 1.5)  # sent ones over their arrival span
+    assert r["n_failed"] == 1 and r["offered_rps"] == pytest.approx(2.0)  # the sent ones: 4 arrivals 0.5 s apart
     assert r["tok_s_per_request"] == pytest.approx(10.0) and r["ttft_p50_ms"] == pytest.approx(100)
     assert r["total_tok_s"] == pytest.approx(33 / (2.6 - 0.0))  # first send to last answer
 

@@ -78,3 +78,81 @@ def test_the_servers_request_timings_are_stored_and_old_folders_load_without(tmp
         rows = con.execute("SELECT run_id, server_queue_ms, server_prefill_ms, server_decode_ms, server_itl_ms "
                            "FROM requests ORDER BY run_id").fetchall()
     assert rows == [("new-1", 1.5, 40.0, 39.0, 13.0), ("old-1", None, None, None, None)]
+
+
+def make_sized_run(path, run_id, n):
+    """A run folder with `n` requests, so whose rows were loaded shows in the count."""
+    make_run(path, run_id)
+    reqs = [RequestRecord(i, "decode", 10, 4, 0.1 * i, 0.1 * i, 0.1 * i + 0.05, 0.1 * i + 0.08, 0.1 * i + 0.09,
+                          10, 4, 3) for i in range(n)]
+    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / folder.REQUESTS)
+    return path
+
+
+@pytest.mark.parametrize("name", ["r[1]", "r?", "r*", "r[!x]"])
+def test_a_folder_named_like_a_glob_pattern_loads_its_own_files(tmp_path, name):
+    """`g/r[1]/requests.parquet` read as a pattern is `g/r1/requests.parquet`: another
+    run's rows under this run's id. The file is read, not a pattern."""
+    group = tmp_path / "g"
+    group.mkdir()
+    make_sized_run(group / "r1", "other-1", 3)
+    odd = make_sized_run(group / name, "odd-1", 7)
+    db = tmp_path / "f.duckdb"
+    ingest([odd], db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT run_id, count(*) FROM requests GROUP BY run_id").fetchall() == [("odd-1", 7)]
+        assert con.execute("SELECT count(*) FROM tokens").fetchall()[0][0] == 1
+
+
+# Ingests one run and, inside the database's copy (after the copy, before the rename),
+# says so and waits for a file to appear: a second ingest is started meanwhile.
+_PAUSED_INGEST = """
+import pathlib, sys, time
+from filledfirst.store import ingest as m
+run_dir, db, ready, go = map(pathlib.Path, sys.argv[1:])
+original = m._ingest_one
+def paused(*args):
+    original(*args)
+    ready.touch()
+    while not go.exists():
+        time.sleep(0.01)
+m._ingest_one = paused
+m.ingest([run_dir], db)
+"""
+
+
+def test_two_ingests_at_once_keep_both_runs(tmp_path):
+    """Each ingest edits a copy of the database and renames it in: without a lock the
+    later rename drops the other's runs. The second waits for the first (and says so)."""
+    import subprocess
+    import sys
+    import time
+
+    a, b = make_run(tmp_path / "a", "ref-1"), make_run(tmp_path / "b", "lim-1")
+    db, ready, go = tmp_path / "f.duckdb", tmp_path / "ready", tmp_path / "go"
+    ingest([make_run(tmp_path / "c", "old-1")], db)  # a database that exists already
+    first = subprocess.Popen([sys.executable, "-c", _PAUSED_INGEST, str(a), str(db), str(ready), str(go)],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        while not ready.exists():
+            assert first.poll() is None, first.stderr.read()
+            time.sleep(0.01)
+        log = tmp_path / "second.log"
+        with log.open("w") as err:
+            second = subprocess.Popen([sys.executable, "-m", "filledfirst", "ingest", str(b), "--db", str(db)],
+                                      stderr=err)
+            # Until it has finished, or says it waits for the lock.
+            while second.poll() is None and "waiting for the lock" not in log.read_text():
+                time.sleep(0.01)
+        go.touch()
+        assert first.wait(timeout=120) == 0, first.stderr.read()
+        assert second.wait(timeout=120) == 0, log.read_text()
+    finally:
+        go.touch()
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert sorted(r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()) == ["lim-1", "old-1", "ref-1"]
+    assert "waiting for the lock" in log.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file, no lock left

@@ -10,11 +10,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_study
+from filledfirst.records import SAMPLE_SCHEMA
 from filledfirst.report import render, tables
 
 from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
@@ -192,6 +194,43 @@ def test_report_html(report):
     assert render.remote_references(html) == []
     assert 'src=""' not in html
     assert "Traceback" not in html
+
+
+def test_non_finite_samples_are_null_counted_and_the_report_renders(tmp_path):
+    """Prometheus' text allows NaN and +Inf. The run folder keeps them as the server wrote
+    them; every signal reads them as NULL (a gauge at that scrape is unknown, a counter
+    skips it), each run counts them, and the report renders."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    from filledfirst import atomic
+    from filledfirst.run import folder
+
+    from helpers.report_runs import run_a
+
+    run = run_a(tmp_path)
+    samples = pq.read_table(run / folder.SAMPLES).to_pylist()
+    spoil = {("vllm:kv_cache_usage_perc", "engine=0", 1.0): math.nan,
+             ("vllm:num_requests_running", "engine=1", 1.5): math.inf,
+             ("vllm:num_preemptions_total", "engine=0", 1.5): math.nan}
+    for s in samples:
+        s["value"] = spoil.get((s["metric"], s["labels"].split(",")[0], s["t"]), s["value"])
+    atomic.write_parquet(pa.Table.from_pylist(samples, schema=SAMPLE_SCHEMA), run / folder.SAMPLES)
+    db = report_db(tmp_path / "nan.duckdb", [run])
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = con.execute("SELECT count(*) FROM samples WHERE isnan(value) OR isinf(value)").fetchall()[0][0]
+        a = signals.run_summary(con).to_dicts()[0]
+        series = {(r["signal"], r["t"]): r["value"] for r in signals.timeseries(con, RUN_A).to_dicts()}
+    assert stored == 3  # what the server said is what is stored
+    assert a["nonfinite_samples"] == 3
+    # the scrape with an infinite engine is unknown, not infinite: the maximum is another scrape's
+    assert series[("running", 1.5)] is None and series[("kv_pct", 1.0)] is None
+    assert a["running_max"] == 4 and a["kv_max_pct"] == pytest.approx(30.0)
+    assert a["preemptions"] == 4  # the counter's rise across the NaN still counts
+    out = tmp_path / "report.html"
+    render.render_report(QMD, db, out, engine="fallback")
+    assert "values not finite" in out.read_text()
 
 
 # --- the browser -----------------------------------------------------------------------------

@@ -79,9 +79,10 @@ def test_a_bad_value_leaves_the_columns_aligned_and_a_table_leaves_them_appendab
     assert table.num_rows == 1 and len(cols) == 2
 
 
-async def _scrape_slowly(delays: list[float], interval_s: float, run_for_s: float):
-    """A /metrics double answering after delays[k] on its k-th call (0 after them); returns
-    the scraper and when each GET reached the server, on the scraper's clock."""
+async def _scrape_slowly(delays: list[float], interval_s: float, run_for_s: float, page=lambda k: EXPOSITION):
+    """A /metrics double answering after delays[k] on its k-th call (0 after them) with
+    page(k) (text, or bytes sent as they are); returns the scraper and when each GET
+    reached the server, on the scraper's clock."""
     import asyncio
     import time
 
@@ -97,7 +98,10 @@ async def _scrape_slowly(delays: list[float], interval_s: float, run_for_s: floa
     async def metrics(request):
         arrived.append(clock())
         await asyncio.sleep(delays[len(arrived) - 1] if len(arrived) <= len(delays) else 0.0)
-        return web.Response(text=EXPOSITION)
+        body = page(len(arrived) - 1)
+        if isinstance(body, bytes):
+            return web.Response(body=body, content_type="text/plain")
+        return web.Response(text=body)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -142,3 +146,59 @@ def test_scrapes_are_not_phase_locked_to_a_grid_of_arrivals():
     assert len({int(a / 0.1) for a in scheduled}) == len(scheduled)  # one per slot
     gaps = [b - a for a, b in zip(arrived, arrived[1:-1])]
     assert all(0.04 < g < 0.17 for g in gaps), gaps
+
+
+# A page with a byte that is not UTF-8 (in a HELP line: the values are fine).
+BAD_BYTE_PAGE = EXPOSITION.replace("Number of requests", "Number of r\xe9quests").encode("latin-1")
+
+
+def test_a_page_that_is_not_utf8_is_a_failed_scrape_counted_and_scraping_goes_on():
+    """Prometheus' text format is UTF-8, and prometheus_client (vLLM's) always writes it:
+    a page that is not was damaged on its way, so none of its values is kept. It is a
+    failed scrape like a timeout (counted, a scrape_error sample naming it), and the next
+    scrape is taken as usual."""
+    import asyncio
+
+    bad = lambda k: k in (1, 2, 4)  # noqa: E731
+    scraper, arrived = asyncio.run(_scrape_slowly([], interval_s=0.05, run_for_s=0.8,
+                                                  page=lambda k: BAD_BYTE_PAGE if bad(k) else EXPOSITION))
+    served_bad = sum(bad(k) for k in range(len(arrived)))
+    assert len(arrived) >= 6 and served_bad == 3 and scraper.errors == served_bad
+    errors = [s for s in scraper.samples if s.metric == "filledfirst:scrape_error"]
+    assert len(errors) == served_bad and {s.labels for s in errors} == {"error=parse:UnicodeDecodeError"}
+    good = sorted({s.t for s in scraper.samples if s.metric == "vllm:num_requests_running"})
+    assert len(good) == len(arrived) - served_bad and good[-1] > max(s.t for s in errors)
+
+
+def test_any_exception_in_a_scrape_is_a_failed_scrape(monkeypatch):
+    """Not only the client's errors and timeouts: whatever a scrape raises (here a bug in
+    the parser, once) fails that scrape alone."""
+    import asyncio
+
+    from filledfirst.run import scrape
+
+    calls = []
+
+    def flaky(text, t):
+        calls.append(t)
+        if len(calls) == 2:
+            raise KeyError("a bug")
+        return parse_metrics(text, t)
+
+    monkeypatch.setattr(scrape, "parse_metrics", flaky)
+    scraper, arrived = asyncio.run(_scrape_slowly([], interval_s=0.05, run_for_s=0.4))
+    assert scraper.errors == 1 and len(calls) == len(arrived) >= 4
+    assert [s.labels for s in scraper.samples if s.metric == "filledfirst:scrape_error"] == ["error=parse:KeyError"]
+
+
+def test_a_nan_or_infinite_sample_is_kept_as_the_server_wrote_it():
+    """Prometheus' text allows NaN and +Inf; the run folder says what the server said (the
+    analysis turns them into NULL, filledfirst.analysis.signals.SAMPLES)."""
+    import math
+
+    waiting = 'vllm:num_requests_waiting{engine="0",model_name="tiny"}'
+    page = EXPOSITION.replace('model_name="tiny"} 0.25', 'model_name="tiny"} NaN').replace(
+        f"{waiting} 7.0", f"{waiting} +Inf")
+    values = {(s.metric, s.labels): s.value for s in parse_metrics(page, 0.0)}
+    assert math.isnan(values[("vllm:gpu_cache_usage_perc", "engine=0,model_name=tiny")])
+    assert values[("vllm:num_requests_waiting", "engine=0,model_name=tiny")] == math.inf

@@ -35,6 +35,11 @@ def test_minutes_are_counted_from_the_first_row(tmp_path):
     s = trace_stats(write_csv(tmp_path / "t.csv", [(ts2024(us), 10, 0) for us in offsets]))
     assert s["requests_per_minute"] == [2, 1, 0, 1]
     assert s["zero_output"] == 4 and s["span_s"] == 185.0
+    assert s["mean_rate_per_s"] == pytest.approx(3 / 185.0)  # 4 arrivals: 3 gaps over the span
+
+
+def test_one_row_has_no_rate(tmp_path):
+    assert trace_stats(write_csv(tmp_path / "t.csv", [(ts2024(0), 10, 1)]))["mean_rate_per_s"] is None
 
 
 def test_bad_and_unsorted_rows_are_counted(tmp_path):

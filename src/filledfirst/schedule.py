@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 
 from filledfirst.atomic import write_json, write_parquet
+from filledfirst.rates import arrival_rate
 from filledfirst.records import SCHEDULE_SCHEMA
 
 SCHEDULE_POLARS_SCHEMA = pl.Schema(
@@ -46,10 +47,13 @@ def schedule_stats(df: pl.DataFrame, duration_s: float | None = None) -> dict:
     n = df.height
     if duration_s is None:
         duration_s = float(df["t_offset_s"].max()) if n else 0.0
+        rate = arrival_rate(n, duration_s - float(df["t_offset_s"].min())) if n else None
+    else:  # a window's count over its length
+        rate = n / duration_s if duration_s > 0 else None
     return {
         "requests": n,
         "duration_s": duration_s,
-        "mean_rate_per_s": n / duration_s if duration_s > 0 else None,
+        "mean_rate_per_s": rate,
         "prompt_tokens": _spread(df["prompt_tokens"]) if n else None,
         "output_tokens": _spread(df["output_tokens"]) if n else None,
         "roles": dict(sorted(df["role"].value_counts().iter_rows())) if n else {},

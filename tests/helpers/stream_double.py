@@ -23,7 +23,8 @@ fault of the connection: "close" it without an answer, send the "headers" and th
 it, or "die" (stop listening, then close it). Counters: `requests` (completion requests
 read, answered or not), `ids` (their X-Request-Id), `connections` (accepted).
 
-Also GET /metrics (one vLLM gauge, or `metrics_text`), /health, /v1/models (`models`) and
+Also GET /metrics (one vLLM gauge, or `metrics_text`: bytes, or a function of how many
+pages were served before, `metrics_served`), /health, /v1/models (`models`) and
 /version; with `api_key`, every /v1 path wants `Authorization: Bearer <key>` and answers
 401 without it, as vLLM does.
 
@@ -149,7 +150,7 @@ class StreamDouble:
         itl_s: float = 0.02,
         api_key: str | None = None,
         models: Sequence[str] = ("double",),
-        metrics_text: bytes = DEFAULT_METRICS,
+        metrics_text: bytes | Callable[[int], bytes] = DEFAULT_METRICS,
         tick_s: float = 0.001,
     ):
         self.answer = answer
@@ -157,6 +158,7 @@ class StreamDouble:
         self.api_key = api_key
         self.models = tuple(models)
         self.metrics_text = metrics_text
+        self.metrics_served = 0
         self.emitted: list[tuple[str, float, list[float]]] = []  # the emit log
         self.requests = 0
         self.ids: list[str | None] = []
@@ -230,7 +232,9 @@ class StreamDouble:
             return conn.respond(401, b'{"error": "Unauthorized"}', "application/json")
         if method == "GET":
             if path == "/metrics":
-                return conn.respond(200, self.metrics_text, "text/plain; version=0.0.4")
+                page = self.metrics_text(self.metrics_served) if callable(self.metrics_text) else self.metrics_text
+                self.metrics_served += 1
+                return conn.respond(200, page, "text/plain; version=0.0.4")
             if path == "/health":
                 return conn.respond(200, b"", "text/plain")
             if path == "/v1/models":

@@ -111,13 +111,13 @@ tw AS (
            sum(b - a) FILTER (signal = 'kv_pct') AS t_kv,
            sum(b - a) FILTER (signal = 'kv_pct' AND value >= $kv_full) AS t_kv_full,
            sum((b - a) * value) FILTER (signal IN ('running', 'waiting')) AS area
-    FROM seg WHERE b > a GROUP BY run_id
+    FROM seg WHERE b > a AND value IS NOT NULL GROUP BY run_id  -- an unknown value stands for no time
 ),
 inside AS (
     SELECT run_id,
            quantile_cont(value, 0.5) FILTER (signal = 'running') AS window_running_median,
            max(value) FILTER (signal = 'running') AS window_running_max,
-           count(*) FILTER (signal = 'running') AS window_scrapes,
+           count(value) FILTER (signal = 'running') AS window_scrapes,
            quantile_cont(value, 0.5) FILTER (signal = 'waiting') AS window_waiting_median,
            quantile_cont(value, 0.5) FILTER (signal = 'kv_pct') AS window_kv_median_pct,
            max(value) FILTER (signal = 'kv_pct') AS window_kv_max_pct
@@ -143,7 +143,7 @@ FROM tw FULL JOIN inside USING (run_id) FULL JOIN first USING (run_id) LEFT JOIN
 _PREEMPTIONS = signals.preemptions_sql(f"""
     SELECT * FROM (
         SELECT s.*, max(s.t) FILTER (WHERE s.t <= w.start) OVER (PARTITION BY s.run_id, s.metric, s.labels) AS anchor
-        FROM samples s JOIN {_WIN} w USING (run_id)
+        FROM ({signals.SAMPLES}) s JOIN {_WIN} w USING (run_id)
         WHERE s.metric IN ({sql_list(PREEMPTIONS)}) AND s.t <= w.stop
     ) WHERE anchor IS NULL OR t >= anchor""")
 
@@ -161,7 +161,7 @@ SELECT run_id,
        -- a single chunk has no gap, so cannot miss the ITL objective
        count(*) FILTER (WHERE ttft <= $slo_ttft
                         AND coalesce(max_gap_ms, 0) <= $slo_itl) AS met,
-       any_value(o.n_sent) AS n, any_value(o.arrival_span_s) AS span,
+       any_value(o.n_sent) AS n, any_value(o.offered_rps) AS offered_rps,
        avg(prompt_tokens + output_tokens) AS mean_tokens
 FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 """
@@ -378,9 +378,11 @@ def _littles(row: dict, meta: RunMeta, r: DiagnosisRules, notes: list[str]) -> d
 
 
 def _goodput(row: dict) -> dict:
-    met, n, span = row.get("met"), row.get("n"), row.get("span")
-    return {"goodput_rps": met / span if met is not None and span else None,
-            "slo_met_share": met / n if met is not None and n else None}
+    """The offered load (signals.OFFERED) times the share of sent requests that met the SLO."""
+    met, n, offered = row.get("met"), row.get("n"), row.get("offered_rps")
+    share = met / n if met is not None and n else None
+    return {"goodput_rps": offered * share if share is not None and offered is not None else None,
+            "slo_met_share": share}
 
 
 def _label_value(labels: str | None, key: str) -> str | None:

@@ -23,16 +23,23 @@ Definitions (times are seconds on the run's one monotonic clock):
   cannot show: they stand beside the percentiles wherever those are shown.
 - `not_sent` requests (a run cut short before their time) are neither ok nor failed:
   counted apart (n_not_sent), out of every rate and share, since the server never saw them.
+- Samples are read through `SAMPLES`: a value that is not finite (Prometheus' text allows
+  NaN and +-Inf) is NULL, unknown. Table `samples` keeps it as the server wrote it, and
+  run_summary counts them per run (nonfinite_samples), beside the failed scrapes.
 - running / waiting: per scrape time, summed over engines (label sets); KV: max over
-  engines, as a percentage. Counters (preemptions, histogram buckets) count by their
-  increase over the run, as Prometheus' `increase`: the sum of the rises between
-  consecutive scrapes of one label set, where a drop means the server restarted and
-  counts from 0. Never their absolute values: runs that share one server start
-  (filledfirst.config.server_groups) see counters that go on from the run before.
+  engines, as a percentage; NULL at a scrape where an engine's value is unknown (a sum
+  or maximum over the others would be a wrong number, not a smaller one). Counters
+  (preemptions, histogram buckets) count by their increase over the run, as Prometheus'
+  `increase`: the sum of the rises between consecutive finite scrapes of one label set,
+  where a drop means the server restarted and counts from 0. Never their absolute
+  values: runs that share one server start (filledfirst.config.server_groups) see
+  counters that go on from the run before.
   Preemptions: summed over label sets.
 - Server histograms (vLLM's TTFT, queue time, ...): each bucket's increase over the run;
   quantiles are interpolated linearly inside a bucket, as Prometheus' histogram_quantile
   does (the first bucket from 0; above the last finite bound, that bound).
+- Rates of arrivals (the offered load, the rate the client sent at): (n - 1) / (last -
+  first), `filledfirst.rates`; goodput is the offered load times the share that met the SLO.
 - Whole run for now: no warm-up or drain window is cut.
 """
 
@@ -46,7 +53,8 @@ import duckdb
 import polars as pl
 
 from filledfirst import runmeta
-from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, TTFT_HISTOGRAM, WAITING, sql_list
+from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, SCRAPE_ERROR, TTFT_HISTOGRAM, WAITING, sql_list
+from filledfirst.rates import arrival_rate_sql
 from filledfirst.runmeta import RunMeta
 
 log = logging.getLogger(__name__)
@@ -110,11 +118,12 @@ SELECT run_id, request_id, role, gap_ms / n AS itl_ms, gap_ms AS itl_chunk_ms FR
 # Per request: its longest wait for a token once the first one came.
 REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({ITL_GAPS}) GROUP BY ALL"
 
-# Offered load: the sent requests over their arrival span. Goodput divides by the same span,
-# so a run where every request met its objective has goodput = offered load.
+# Offered load: the rate of the sent requests' arrivals (filledfirst.rates: NULL for one).
+# Goodput is this rate times the share that met the objective, so a run where every
+# request met it has goodput = offered load.
 OFFERED = f"""
 SELECT run_id, count(*) AS n_sent, max(t_scheduled) - min(t_scheduled) AS arrival_span_s,
-       count(*) / nullif(max(t_scheduled) - min(t_scheduled), 0) AS offered_rps
+       {arrival_rate_sql("t_scheduled")} AS offered_rps
 FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 """
 
@@ -123,7 +132,7 @@ FROM requests WHERE status <> '{NOT_SENT}' GROUP BY run_id
 # tokens (all its processes), and the rate it sent at over the rate it was asked for.
 CLIENT = f"""
 WITH sent AS (
-    SELECT run_id, count(*) / nullif(max(t_sent) - min(t_sent), 0) AS sent_rps,
+    SELECT run_id, {arrival_rate_sql("t_sent")} AS sent_rps,
            sum(output_tokens_received) AS tokens
     FROM requests WHERE status <> '{NOT_SENT}' AND t_sent IS NOT NULL GROUP BY run_id
 )
@@ -146,28 +155,43 @@ def client_checks(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
     return {r["run_id"]: r for r in query(con, CLIENT).to_dicts()}
 
 
-# Long-format scheduler signals: one value per (run, scrape time, signal).
+# The samples every signal reads: a non-finite value is NULL before it reaches a sum, a
+# maximum, a percentile or a chart (where NaN wins every max and a chart's JSON refuses it).
+SAMPLES = "SELECT * REPLACE (CASE WHEN isfinite(value) THEN value END AS value) FROM samples"
+
+# Per run: what the scraper could not use, as stored: failed scrapes and non-finite values.
+SCRAPE_FAULTS = f"""
+SELECT run_id, count(*) FILTER (WHERE metric = '{SCRAPE_ERROR}') AS scrape_errors,
+       count(*) FILTER (WHERE NOT isfinite(value)) AS nonfinite_samples
+FROM samples GROUP BY run_id
+"""
+
+# Long-format scheduler signals: one value per (run, scrape time, signal), NULL where an
+# engine's value at that scrape is not known.
 GAUGES = f"""
 WITH tagged AS (
     SELECT run_id, t, value,
            CASE WHEN metric IN ({sql_list(RUNNING)}) THEN 'running'
                 WHEN metric IN ({sql_list(WAITING)}) THEN 'waiting'
                 ELSE 'kv_pct' END AS signal
-    FROM samples
+    FROM ({SAMPLES})
     WHERE metric IN ({sql_list(RUNNING + WAITING + KV_USAGE)})
 )
 SELECT run_id, t, signal,
-       CASE WHEN signal = 'kv_pct' THEN max(value) * 100 ELSE sum(value) END AS value
+       CASE WHEN count(value) < count(*) THEN NULL
+            WHEN signal = 'kv_pct' THEN max(value) * 100 ELSE sum(value) END AS value
 FROM tagged
 GROUP BY run_id, t, signal
 """
 
 def increase(source: str, keys: str) -> str:
     """Per `keys` (the counter's series), its increase over the rows of `source` (columns
-    t, value and keys), as Prometheus' `increase` counts it (unextrapolated)."""
+    t, value and keys), as Prometheus' `increase` counts it (unextrapolated). A row whose
+    value is unknown (NULL) is skipped: the rise across it still counts."""
     return f"""
     SELECT {keys}, sum(CASE WHEN prev IS NULL THEN 0 WHEN value >= prev THEN value - prev ELSE value END) AS delta
-    FROM (SELECT {keys}, value, lag(value) OVER (PARTITION BY {keys} ORDER BY t) AS prev FROM ({source}))
+    FROM (SELECT {keys}, value, lag(value) OVER (PARTITION BY {keys} ORDER BY t) AS prev
+          FROM ({source}) WHERE value IS NOT NULL)
     GROUP BY {keys}"""
 
 
@@ -182,7 +206,7 @@ def preemptions_sql(source: str) -> str:
     SELECT run_id, max(n) AS preemptions FROM per_name GROUP BY run_id"""
 
 
-_PREEMPTIONS = preemptions_sql(f"SELECT * FROM samples WHERE metric IN ({sql_list(PREEMPTIONS)})")
+_PREEMPTIONS = preemptions_sql(f"SELECT * FROM ({SAMPLES}) WHERE metric IN ({sql_list(PREEMPTIONS)})")
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str,
@@ -242,8 +266,10 @@ def run_summary(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
            g.kv_median_pct, g.kv_max_pct,
            p.preemptions,
            req.lag_p50_ms, req.lag_p99_ms, req.reasoning_tokens, req.n_usage_mismatch,
-           r.max_num_seqs, r.duration_s
+           r.max_num_seqs, r.duration_s,
+           coalesce(sf.scrape_errors, 0) AS scrape_errors, coalesce(sf.nonfinite_samples, 0) AS nonfinite_samples
     FROM runs r
+    LEFT JOIN ({SCRAPE_FAULTS}) sf USING (run_id)
     LEFT JOIN req USING (run_id)
     LEFT JOIN itl USING (run_id)
     LEFT JOIN g USING (run_id)
@@ -317,11 +343,11 @@ def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
 
 
 # Per run and bucket bound: how many observations the server added during the run.
-_BUCKETS = """
+_BUCKETS = f"""
 SELECT run_id, t, value,
        regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
        regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
-FROM samples WHERE metric = ?"""
+FROM ({SAMPLES}) WHERE metric = ?"""
 _HISTOGRAM_DELTAS = f"""
 WITH per_series AS ({increase(_BUCKETS, "run_id, series, le")})
 SELECT run_id, CAST(le AS DOUBLE) AS le, sum(delta) AS cum

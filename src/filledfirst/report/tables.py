@@ -206,8 +206,9 @@ def compare_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def measurement_table(rows: Sequence[Mapping[str, Any]], checks: Mapping[str, Mapping[str, Any]]) -> str:
-    """Can the numbers be trusted? Client lag, usage against what was asked, and our TTFT
-    beside vLLM's own histogram (`checks`: ttft_against_server rows by run id)."""
+    """Can the numbers be trusted? Client lag, usage against what was asked, what the
+    scraper could not use, and our TTFT beside vLLM's own histogram (`checks`:
+    ttft_against_server rows by run id)."""
     def server(c: Mapping[str, Any]) -> str:
         if c.get("server_ttft_p50_ms") is None:
             return "n/a"
@@ -222,6 +223,7 @@ def measurement_table(rows: Sequence[Mapping[str, Any]], checks: Mapping[str, Ma
             r["run_id"], f"{fmt_ms(r['lag_p50_ms'])} / {fmt_ms(r['lag_p99_ms'])}", client_cpu(r),
             fmt_share(r["arrival_ratio"]) if r.get("arrival_ratio") is not None else "n/a",
             f"{r['n_usage_mismatch']:,}", f"{r['reasoning_tokens']:,}",
+            f"{r.get('scrape_errors') or 0:,} / {r.get('nonfinite_samples') or 0:,}",
             fmt_ms(c.get("client_ttft_p50_ms")), server(c),
             f"{ratio:.2f}" if ratio is not None else "n/a",
             {True: "yes", False: "NO"}.get(c.get("agrees"), "n/a"),
@@ -229,6 +231,7 @@ def measurement_table(rows: Sequence[Mapping[str, Any]], checks: Mapping[str, Ma
     return html_table(
         ["run", "dispatch lag p50 / p99", "client CPU: share of a core, per 1,000 tokens",
          "arrivals sent / scheduled", "usage not as asked", "reasoning tokens",
+         "scrapes failed / values not finite",
          "our TTFT p50 (from send)", "vLLM's TTFT histogram median", "ours / vLLM's", "agree"],
         body,
     )
@@ -445,7 +448,7 @@ def evidence_intro(rules: DiagnosisRules) -> str:
         f"{fmt_share(rules.queue_min_ttft_share)}); when each limit first crossed; Little's law (the server's mean "
         "running + waiting over the client's mean requests in flight); goodput (requests meeting "
         f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
-        "second of the arrival span, the offered load's denominator; failed ones never); and the KV "
+        "second: the offered load times the share that met them; failed ones never); and the KV "
         "ledger (bytes per token from vLLM's KV memory and tokens, else from the model's config; the "
         "capacity vLLM reported, and how many requests of this workload's mean length fit).")
 

@@ -56,6 +56,8 @@ class Scraper:
         self.errors = 0
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        """One scrape. Whatever goes wrong in it (except a cancellation) fails this scrape
+        alone, counted and named by its exception's type: the next one is taken as usual."""
         t = self.clock()  # a failed scrape: what it did not see began when it asked
         started = time.perf_counter()
         try:
@@ -64,14 +66,18 @@ class Scraper:
                 # The page is rendered before its headers go out: the values are the
                 # server's at its answer, which a slow scrape reaches long after asking.
                 t = self.clock()
-                text = await resp.text()
+                body = await resp.read()
                 if resp.status != 200:
-                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text[:200])
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                                      message=body[:200].decode(errors="replace"))
+        except Exception as exc:
             return self._failed(t, type(exc).__name__)
         try:
-            batch = parse_metrics(text, t)
-        except Exception as exc:  # a malformed exposition must not end the scraping
+            # Prometheus' text format is UTF-8, whatever the headers say, and vLLM's
+            # prometheus_client writes nothing else: a page that is not was damaged on its
+            # way, so none of its values is trusted (strict, not errors="replace").
+            batch = parse_metrics(body.decode("utf-8"), t)
+        except Exception as exc:
             return self._failed(t, f"parse:{type(exc).__name__}")
         self.samples.extend(batch)
         self.samples.append(SampleRecord(t, SCRAPE_SECONDS, "", time.perf_counter() - started))

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Iterator
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from filledfirst import runmeta
 from filledfirst.atomic import atomic_path
 from filledfirst.frontier.record import SEARCH_JSON, SearchRecord
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
 from filledfirst.run import folder
+from filledfirst.store.lock import write_lock
 
 _ARROW_TO_SQL = {"int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR"}
 
@@ -82,9 +85,10 @@ def _column_names(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
 @contextmanager
 def edited_copy(db_path: str | Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection to a copy of the database (or a new one), swapped in only if the block
-    succeeds: readers and an interrupted writer never see a half-written file."""
+    succeeds: readers and an interrupted writer never see a half-written file. One writer
+    at a time: another waits for the database's lock (filledfirst.store.lock)."""
     db_path = Path(db_path)
-    with atomic_path(db_path, ".duckdb") as tmp:
+    with write_lock(db_path), atomic_path(db_path, ".duckdb") as tmp:
         tmp.unlink()  # DuckDB wants a database file or none, not an empty one
         if db_path.exists():
             shutil.copyfile(db_path, tmp)
@@ -151,8 +155,14 @@ def _ingest_one(con: duckdb.DuckDBPyConnection, run_dir: Path, meta: dict, typed
     for table, filename in _TABLES.items():
         path = run_dir / filename
         if path.is_file():
-            # By name: a run folder written before a column existed still loads (NULLs).
-            con.execute(
-                f"INSERT INTO {table} BY NAME SELECT ? AS run_id, * FROM read_parquet(?)",
-                [run_id, str(path)],
-            )
+            # The file itself, in batches: DuckDB's read_parquet takes its path as a glob
+            # pattern, and run folder r[1]'s would load r1's rows.
+            with path.open("rb") as f:
+                parquet = pq.ParquetFile(f)
+                con.register("_ingest_rows", pa.RecordBatchReader.from_batches(
+                    parquet.schema_arrow, parquet.iter_batches()))
+                try:
+                    # By name: a run folder written before a column existed still loads (NULLs).
+                    con.execute(f"INSERT INTO {table} BY NAME SELECT ? AS run_id, * FROM _ingest_rows", [run_id])
+                finally:
+                    con.unregister("_ingest_rows")

@@ -18,6 +18,7 @@ import polars as pl
 
 from filledfirst.atomic import write_json
 from filledfirst.errors import UserError
+from filledfirst.rates import arrival_rate
 from filledfirst.trace.rows import COLUMNS
 from filledfirst.trace.timestamps import NS_PER_S, fast_ns, format_ns
 
@@ -122,7 +123,7 @@ def trace_stats(path: Path, out: Path | None = None) -> dict:
         "min": format_ns(tally.min_ns),
         "max": format_ns(tally.max_ns),
         "span_s": span_s,
-        "mean_rate_per_s": tally.good / span_s if span_s > 0 else None,
+        "mean_rate_per_s": arrival_rate(tally.good, span_s),
         "out_of_order": tally.out_of_order,
         "zero_output": tally.zero_output,
         "prompt_tokens": _percentiles(tally.hist["prompt"], "prompt"),
