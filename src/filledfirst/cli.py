@@ -400,10 +400,12 @@ def _cmd_diagnose(args) -> int:
         import shutil
 
         from filledfirst import atomic
+        from filledfirst.store.lock import write_lock
 
         if not args.source.is_file():
             raise UserError(f"{args.source}: no such database (run `filledfirst ingest` first)")
-        with atomic.atomic_path(args.db, suffix=".duckdb") as work:
+        # --db's lock too: its rename must not drop what another writer put there meanwhile.
+        with write_lock(args.db), atomic.atomic_path(args.db, suffix=".duckdb") as work:
             shutil.copyfile(args.source, work)
             code = _diagnose_in_place(work, rules, expect, parts)
         return code
