@@ -16,6 +16,7 @@ from pathlib import Path
 
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
+from filledfirst.redact import redact_argv
 from filledfirst.run.scrape import latest_gauges, parse_metrics
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class VllmServer:
         self.stop()
 
     def start(self) -> None:
-        log.info("starting vLLM: %s", " ".join(self.cmd.argv))
+        log.info("starting vLLM: %s", " ".join(redact_argv(self.cmd.argv)))
         with open(self.log_path, "ab") as logf:
             self._log_from = logf.tell()  # this start's lines begin here
             self.proc = subprocess.Popen(
