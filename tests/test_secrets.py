@@ -103,9 +103,10 @@ def vllm_start_lines(cmd: ServerCommand) -> str:
 class DoubleAsVllm:
     """Stands in for VllmServer: logs what vLLM may log at start, then the loopback double
     answers on the host and port the runner chose (or the start fails, log excerpt and
-    all, as VllmServer's does)."""
+    all, as VllmServer's does; or it is seen alive `lives` times, then dead)."""
 
     fail = False
+    lives: int | None = None
     commands: list[ServerCommand] = []
 
     def __init__(self, cmd, *, host, port, log_path, startup_timeout_s, nice=0):
@@ -124,6 +125,9 @@ class DoubleAsVllm:
         return self
 
     def alive(self) -> bool:
+        if self.lives is not None:
+            self.lives -= 1
+            return self.lives >= 0
         return self._serving is not None
 
     def version(self) -> str:
@@ -184,7 +188,9 @@ def outputs(tmp_path_factory):
             cfg = planted_config()
             light = schedule(root / "light.parquet")
             assert run_experiments(cfg, [Job("planted", light, runs / "started")], progress=False) == ["ok"]
-            DoubleAsVllm.fail = True
+            DoubleAsVllm.lives = 1  # alive when the runner records it, dead once the replay looks
+            assert run_experiments(cfg, [Job("planted", light, runs / "died")], progress=False) == ["partial"]
+            DoubleAsVllm.lives, DoubleAsVllm.fail = None, True
             assert run_experiments(cfg, [Job("planted", light, runs / "never-started")],
                                    progress=False) == ["failed"]
             # a capacity search whose first probe met a server that did not start
@@ -192,13 +198,13 @@ def outputs(tmp_path_factory):
             frun.run_frontier(Study.from_dict(cfg), "cap", "default", search_dir, progress=False,
                               fingerprint=search_fingerprint(cfg, "cap", "default"))
             db = root / "study.duckdb"
-            ingest([runs / "replayed", runs / "started", runs / "never-started", search_dir], db)
+            ingest([runs / "replayed", runs / "started", runs / "died", runs / "never-started", search_dir], db)
             write_diagnosis(db, DiagnosisRules())
             report = root / "report.html"
             render.render_report(QMD, db, report, engine="fallback")
             text = printed()
     finally:
-        DoubleAsVllm.fail = False
+        DoubleAsVllm.fail, DoubleAsVllm.lives = False, None
         mp.undo()
     return {"root": root, "runs": runs, "db": db, "report": report, "printed": text,
             "commands": list(DoubleAsVllm.commands)}
@@ -210,8 +216,12 @@ def test_the_runs_went_through(outputs):
 
     runs = outputs["runs"]
     statuses = {d.name: json.loads((d / "run.json").read_text())["status"]
-                for d in [runs / "replayed", runs / "started", runs / "never-started", runs / "search" / "p01"]}
-    assert statuses == {"replayed": "ok", "started": "ok", "never-started": "failed", "p01": "failed"}
+                for d in [runs / "replayed", runs / "started", runs / "died", runs / "never-started",
+                          runs / "search" / "p01"]}
+    assert statuses == {"replayed": "ok", "started": "ok", "died": "partial", "never-started": "failed",
+                        "p01": "failed"}
+    died = json.loads((runs / "died" / "run.json").read_text())["error"]
+    assert died.startswith("vLLM exited during the run.") and "non-default args" in died  # it quotes the log
     assert (runs / "search" / "search.json").is_file() and not (runs / "dead").exists()
     replayed = json.loads((runs / "replayed" / "run.json").read_text())
     assert replayed["request_status_counts"] == {"ok": 5, "http_error": 1}
@@ -338,3 +348,14 @@ def test_what_redaction_keeps_and_replaces():
 def test_a_secret_flag_without_a_value_hides_nothing_else():
     assert redact.redact_argv(["--hf-token", "--max-num-seqs", "8", "--api-key", "k", "--api-key="]) == [
         "--hf-token", "--max-num-seqs", "8", "--api-key", redact.MARK, f"--api-key={redact.MARK}"]
+
+
+def test_the_endpoint_check_does_not_repeat_the_key_a_server_quotes():
+    class Quoting(StreamDouble):
+        def _handle(self, conn, method, path, headers, body):
+            return conn.respond(503, f"not ready for key {headers.get('authorization')}".encode(), "text/plain")
+
+    with Quoting().serving_in_thread() as base:
+        with pytest.raises(EndpointError) as err:
+            check_endpoint(base, API_KEY)
+    assert str(err.value) == f"{base} is not ready: HTTP 503 from /v1/models: not ready for key Bearer {redact.MARK}"
