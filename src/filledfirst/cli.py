@@ -9,6 +9,7 @@ from pathlib import Path
 
 from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted
+from filledfirst.redact import redact_text
 from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
@@ -475,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"filledfirst: error: {exc}", file=sys.stderr)
+        # A message may quote a URL or a config value.
+        print(f"filledfirst: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     except Interrupted:
         # What was measured is published and logged by now; 128 + SIGINT, the shell's code

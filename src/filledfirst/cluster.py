@@ -48,7 +48,8 @@ def gpus_per_job(cfg: Study | dict) -> int:
 
 def job_request(cfg: Study | dict, members: list[str] | None = None) -> dict[str, int | str]:
     """The fixed part of an experiment job's resources: `engine` (the one-server-at-a-time
-    token), and in the SLURM plugin's names `gpu` (sbatch --gpus), `gpu_model` (--gpus=MODEL:N), `cpus_per_task`, `mem_mb`.
+    token), and in the SLURM plugin's names `gpu` (sbatch --gpus), `gpu_model`
+    (--gpus=MODEL:N), `cpus_per_task`, `mem_mb`.
     A job that replays against an external endpoint (`server.url`) starts no server and
     asks for no GPU."""
     study = as_study(cfg)

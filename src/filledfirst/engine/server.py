@@ -18,6 +18,7 @@ import psutil
 from filledfirst import direct_http
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
+from filledfirst.redact import redact_argv
 from filledfirst.run.scrape import latest_gauges, parse_metrics
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class VllmServer:
             raise PortTaken(
                 f"port {self._port} on {self._host} is already in use by another program, so vLLM was not "
                 "started there (leave engine.port unset and the study picks a free port)")
-        log.info("starting vLLM: %s", " ".join(self.cmd.argv))
+        log.info("starting vLLM: %s", " ".join(redact_argv(self.cmd.argv)))
         with open(self.log_path, "ab") as logf:
             self._log_from = logf.tell()  # this start's lines begin here
             self.proc = subprocess.Popen(

@@ -8,10 +8,10 @@ run copies the part written while it was the current one.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
+from filledfirst import redact
 from filledfirst.engine.command import ServerCommand, build_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
 from filledfirst.study import EngineStart, ServerSpec
@@ -131,14 +131,22 @@ class SharedServer:
         except FileNotFoundError:
             return 0
 
+    @property
+    def secrets(self) -> frozenset[str]:
+        """The secrets of the latest start's command and environment: vLLM may print them
+        (older versions log their arguments, api_key included)."""
+        return redact.secret_values(self.cmd.argv, self.cmd.env) if self.cmd is not None else frozenset()
+
     def copy_log(self, since: int, dest: Path) -> int:
         """Copy the log from byte `since` to its current end (a run's own part of it) to
-        `dest`; returns that end, where the next part begins."""
-        with open(dest, "wb") as out:
+        `dest`, redacted line by line; returns that end, where the next part begins."""
+        secrets = self.secrets
+        with open(dest, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
             try:
                 with open(self.log_path, "rb") as src:
                     src.seek(since)
-                    shutil.copyfileobj(src, out)
+                    for line in src:
+                        out.write(redact.redact_text(line.decode("utf-8", "surrogateescape"), secrets))
+                    return src.tell()
             except FileNotFoundError:
-                pass  # the server was never started: an empty log
-            return since + out.tell()
+                return since  # the server was never started: an empty log

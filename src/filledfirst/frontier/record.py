@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from filledfirst import atomic
+from filledfirst import atomic, redact
 from filledfirst.errors import UserError
 from filledfirst.frontier.search import SearchBounds, SearchResult, Slo, StopReason
 
@@ -85,7 +85,8 @@ class SearchRecord(_Record):
         return msgspec.to_builtins(self)
 
     def write(self, path: str | Path) -> None:
-        atomic.write_json(self.to_doc(), path)
+        # Its errors come from the probes' run.json, redacted already: this is the file's own guarantee.
+        atomic.write_json(redact.redact_document(self.to_doc()), path)
 
     @classmethod
     def decode(cls, doc: Any, where: str | Path) -> SearchRecord:

@@ -12,6 +12,7 @@ import urllib.error
 
 from filledfirst import direct_http
 from filledfirst.errors import UserError
+from filledfirst.redact import redact_text, redact_url
 
 CHECK_TIMEOUT_S = 5.0
 _BODY_MAX = 200
@@ -24,11 +25,13 @@ class EndpointError(UserError):
 def check_endpoint(base_url: str, api_key: str | None = None, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """GET /v1/models, with the API key when there is one (vLLM guards every /v1 path with
     it): 200 is a server to replay against. A server that lists no models (404) passes
-    when its /health answers 200. Anything else raises EndpointError; the key never
-    appears in a message."""
-    base_url = base_url.rstrip("/")
+    when its /health answers 200. Anything else raises EndpointError; neither the key nor
+    the URL's user and password appear in a message. Those are not sent either: the replay
+    does not send them (filledfirst.run.runner)."""
+    base_url = redact_url(base_url.rstrip("/"))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     status, body = _get(base_url, "/v1/models", headers, timeout_s)
+    body = redact_text(body, [api_key] if api_key else [])  # a server may quote what it was sent
     if status == 200:
         return
     if status in (401, 403):

@@ -23,7 +23,7 @@ from typing import Callable
 
 import polars as pl
 
-from filledfirst import atomic, direct_http, runmeta
+from filledfirst import atomic, direct_http, redact, runmeta
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.engine.server import ServerStartError, log_excerpt
 from filledfirst.engine.shared import SharedServer
@@ -56,6 +56,9 @@ class _Run:
         self.work = atomic.make_temp_dir(self.out)
         shutil.copyfile(schedule_path, self.work / folder.SCHEDULE)
         self.replay: Replay | None = None
+        # Secrets the run was handed (the API key, the server's command and environment),
+        # to find again in what is written: an error quoting the server's log, an answer.
+        self.known: set[str] = set()
         self.t_start = time.monotonic()
         self.meta: dict = {
             "run_id": f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
@@ -82,6 +85,7 @@ class _Run:
         """The replay; the run is `ok` when it ran to its end and at least one request
         succeeded (a run whose every sent request failed is `failed`, with the commonest error)."""
         self.replay = Replay(self.schedule, base_url, settings, progress=progress, server_alive=server_alive)
+        self.known.update(filter(None, [settings.api_key]))
         # The diagnosis holds a scraped value for a multiple of this, also for external replays.
         self.meta["scrape"] = {"interval_s": settings.scrape_interval_s}
         log.info("replaying %d requests against %s", len(self.schedule), base_url)
@@ -107,12 +111,18 @@ class _Run:
 
     def finish(self) -> str:
         """Write the folder and swap it into place; an interrupted run raises `Interrupted`
-        afterwards (the CLI exits 130 for it)."""
-        meta = self.meta
-        meta["duration_s"] = time.monotonic() - self.t_start
-        meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
+        afterwards (the CLI exits 130 for it). What is written and logged is redacted
+        (filledfirst.redact): the secrets in the server's command, environment and URL,
+        wherever they were copied (an error quoting the server's log), are not in it."""
+        self.meta["duration_s"] = time.monotonic() - self.t_start
+        self.meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
+        known = self.known | redact.secrets_in(self.meta)
+        meta = self.meta = redact.redact_document(self.meta, known)
         if self.replay is not None:
             r = self.replay
+            for rec in r.requests:  # a server's error text may quote what it was sent
+                if rec.error:
+                    rec.error = redact.redact_text(rec.error, known)
             atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / folder.REQUESTS)
             atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / folder.TOKENS)
             atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / folder.SAMPLES)
@@ -222,7 +232,7 @@ class _Group:
         shared = self.shared
         try:
             waited = shared.ready(job.experiment)
-            _record_server(run.meta, shared, waited)
+            _record_server(run, shared, waited)
             if warmed_by is not None and waited is not None:
                 run.meta["server"]["warmed_up_by"] = warmed_by
             run.replay_against(
@@ -231,11 +241,11 @@ class _Group:
             )
             self._stop_if_done(position, run)  # here, so a signal while stopping is handled below
         except ServerStartError as exc:
-            _record_server(run.meta, shared, None)
+            _record_server(run, shared, None)
             run.meta["status"], run.meta["error"] = "failed", str(exc)
             # An experiment failed by an earlier start's failure gets that start's log too.
             self.log_from = min(self.log_from, shared.start_offset)
-            log.error("%s", exc)
+            log.error("%s", redact.redact_text(str(exc), shared.secrets))
         except Interrupted as exc:
             run.interrupted(exc)
         finally:
@@ -290,7 +300,7 @@ def run_on_server(
     run = _Run(name, schedule_path, out, meta)
     try:
         waited = shared.ready(name)
-        _record_server(run.meta, shared, waited)
+        _record_server(run, shared, waited)
         run.replay_against(
             shared.base_url, ReplaySettings.from_spec(spec), progress,
             server_alive=shared.alive, server_log=shared.log_path,
@@ -298,10 +308,10 @@ def run_on_server(
         if run.meta["status"] != "ok" or interrupt_reason():
             shared.stop()
     except ServerStartError as exc:
-        _record_server(run.meta, shared, None)
+        _record_server(run, shared, None)
         run.meta["status"], run.meta["error"] = "failed", str(exc)
         log_from = min(log_from, shared.start_offset)
-        log.error("%s", exc)
+        log.error("%s", redact.redact_text(str(exc), shared.secrets))
     except Interrupted as exc:
         run.interrupted(exc)
     finally:
@@ -339,7 +349,7 @@ def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, pro
     settings = ReplaySettings.from_spec(ExperimentSpec.from_doc(doc))
     key_env = external.get("api_key_env")
     settings.api_key = _api_key(key_env, f"experiments.{job.experiment}.server.api_key_env")
-    url = external["url"].rstrip("/")
+    url = _without_credentials(external["url"])
     # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
     server = {"launcher": "external", "url": url, "api_key_env": key_env, "settings": {}}
     run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], doc, server))
@@ -350,6 +360,17 @@ def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, pro
         run.meta["status"], run.meta["error"] = "failed", str(exc)
         return run.finish()
     return _replay_external(run, url, settings, progress)
+
+
+def _without_credentials(url: str) -> str:
+    """The endpoint's URL without a user and password: the replay authenticates with the
+    API key alone (its requests never sent a URL's credentials; aiohttp, which scrapes
+    /metrics, would send them as basic auth and refuses them beside the key's header)."""
+    url = url.rstrip("/")
+    if (bare := redact.redact_url(url)) != url:
+        log.warning("%s: the user and password in the URL are not sent; the replay authenticates with the API "
+                    "key only (--api-key-env, server.api_key_env)", bare)
+    return bare
 
 
 def _api_key(env_name: str | None, where: str) -> str | None:
@@ -372,13 +393,15 @@ def _replay_external(run: _Run, url: str, settings: ReplaySettings, progress: bo
     return status
 
 
-def _record_server(meta: dict, shared: SharedServer, waited: float | None) -> None:
+def _record_server(run: _Run, shared: SharedServer, waited: float | None) -> None:
     """The server this run got; its start-up is under `startup_s` only for the run that
     paid it, the others see what they reused as `startup_reused_s`."""
+    meta = run.meta
+    run.known |= shared.secrets  # to find again in an error quoting the server's log
     if shared.cmd is not None:
         meta["server"].update({
-            "argv": shared.cmd.argv,
-            "env": shared.cmd.env,  # only what we set; API keys never pass through here
+            "argv": redact.redact_argv(shared.cmd.argv),
+            "env": redact.redact_env(shared.cmd.env),  # only what we set
             "url": shared.base_url,
         })
     if not shared.alive():
@@ -399,7 +422,7 @@ def replay_endpoint(
     """Replay a schedule against a running OpenAI-compatible server; /metrics is scraped there.
     An endpoint that cannot be reached or refuses the key raises EndpointError before
     anything is written; a run whose every request failed returns `failed`."""
-    url = url.rstrip("/")
+    url = _without_credentials(url)
     settings.api_key = _api_key(api_key_env, f"--api-key-env {api_key_env}")
     check_endpoint(url, settings.api_key)  # nothing measured, no run folder: the caller fixes the URL or key
     install_interrupt_handlers()
