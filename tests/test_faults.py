@@ -12,6 +12,8 @@ from conftest import REPO, snakemake_argv
 
 pytestmark = pytest.mark.engine
 
+SECRETS = ("planted-flag-secret-81f3", "planted-env-secret-5d0c")
+
 
 def fault_config(tmp_path):
     cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
@@ -22,11 +24,13 @@ def fault_config(tmp_path):
     cfg["workloads"] = {"light": light}
     cfg["experiments"] = {
         "good": {"workload": "light"},
-        # vLLM's argument parser refuses it at once.
-        "bad_argument": {"workload": "light", "server": {"extra_args": ["--no-such-flag"]}},
+        # vLLM's argument parser refuses it at once, and echoes every argument it did not
+        # know, the planted secret among them.
+        "bad_argument": {"workload": "light", "server": {"extra_args": ["--no-such-flag", "--my-token", SECRETS[0]]}},
         # 10 blocks of 128 tokens cannot hold one max_model_len (16,384) sequence.
         "kv_too_small": {"workload": "light", "server": {"num_gpu_blocks_override": 10}},
     }
+    cfg["engine"]["env"] = {"HF_TOKEN": SECRETS[1]}  # every server gets it; nothing may store it
     path = tmp_path / "faults.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -53,6 +57,14 @@ def test_servers_that_cannot_start_cost_only_their_experiment(tmp_path, pipeline
     assert labels == {"good": "reference", "bad_argument": "failed", "kv_too_small": "failed"}
     html = (tmp_path / "reports" / "report.html").read_text()
     assert "bad_argument" in html and "kv_too_small" in html and "no-such-flag" in html
+
+    # Secrets the servers were started with reach no file the study wrote, though vLLM's
+    # own error quoted one of them.
+    assert "unrecognized arguments" in meta["bad_argument"]["error"]
+    for path in [*(tmp_path / "results").rglob("*"), tmp_path / "reports" / "report.html"]:
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(secret.encode() in data for secret in SECRETS), f"a planted secret in {path}"
 
     # The failed runs are results: a second call has nothing to do.
     again = subprocess.run(snakemake_argv(tmp_path, cfg, "all", "-n"), env=pipeline_env,
