@@ -28,6 +28,11 @@ from urllib.parse import urlsplit
 import httptools
 
 _USER_AGENT = b"filledfirst"
+# The most an answer's status line and headers may take: httptools keeps an unfinished
+# header in memory, so a server whose headers never end would grow the client until the
+# request timeout. Far above real ones (vLLM's are a few hundred bytes; servers commonly
+# refuse requests with more than 8-16 KiB of headers).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class HTTPFailure(Exception):
@@ -111,6 +116,7 @@ class _Connection(asyncio.Protocol):
         self._clock: Callable[[], float] = time.perf_counter
         self._t = 0.0
         self._answered = self._reused = self._framed = self._headers_done = False
+        self._head_bytes = 0  # read before the headers were complete
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -130,8 +136,14 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:  # the sink raised: its caller hears of it
             self._fail(exc.__context__ or exc)
+            return
         except httptools.HttpParserError as exc:
             self._fail(InvalidAnswer(f"invalid HTTP answer: {exc}"))
+            return
+        if not self._headers_done and self._parser is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(InvalidAnswer(f"invalid HTTP answer: headers longer than {MAX_HEAD_BYTES:,} bytes"))
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -179,6 +191,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._sink, self._clock, self._reused = sink, clock, reused
         self._answered = self._framed = self._headers_done = False
+        self._head_bytes = 0
         self._done = asyncio.get_running_loop().create_future()
         assert self.transport is not None
         self.transport.write(request)
