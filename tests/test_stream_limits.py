@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from test_stream import DONE, USAGE, run_against, token
 
 from filledfirst.loadgen.http1 import MAX_HEAD_BYTES, InvalidAnswer, Pool, Target
