@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import polars as pl
-
 from filledfirst import atomic, runmeta
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.engine.server import ServerStartError, log_excerpt
@@ -37,14 +35,14 @@ from filledfirst.model.kv import kv_record
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.run import folder, kept
 from filledfirst.run.provenance import hardware, versions
+from filledfirst.schedule import load_schedule
 from filledfirst.study import Experiment, ExperimentSpec, Study, as_study
 
 log = logging.getLogger(__name__)
 
 
 def read_schedule(path: Path) -> list[ScheduledRequest]:
-    df = pl.read_parquet(path)
-    return [ScheduledRequest(**row) for row in df.iter_rows(named=True)]
+    return load_schedule(path)
 
 
 class _Run:
