@@ -51,7 +51,8 @@ assert PER_REQUEST_METRICS == "metrics", "the typed event names vLLM's field"
 _decode_event = msgspec.json.Decoder(_Event).decode
 
 _REJECT_STATUSES = {429, 503}
-DRAIN_TIMEOUT = "drain timeout"  # the cancel message of requests still open when the drain ends
+# The cancel message of requests still open at the run's deadline (filledfirst.loadgen.deadline).
+DEADLINE_PASSED = "the run's deadline passed"
 UNREADABLE = "the client could not read the answer"  # the error text of the last-resort catch
 _ERROR_TEXT_MAX = 500
 # The longest SSE line the client holds. Far above any real event: vLLM's final usage chunk
@@ -356,7 +357,7 @@ async def send_streamed(
         rec.status, rec.error = "http_error", f"{UNREADABLE}: {type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
     except asyncio.CancelledError as exc:
         why = exc.args[0] if exc.args else "run interrupted"
-        rec.status = "timeout" if why == DRAIN_TIMEOUT else "disconnected"
+        rec.status = "timeout" if why == DEADLINE_PASSED else "disconnected"
         rec.error = f"{why} while the request was in flight"
         raise
     finally:
