@@ -18,6 +18,7 @@ caller may send once more on a fresh connection (`fresh=True`: opened for it, cl
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import ssl
 import time
@@ -41,6 +42,15 @@ class HTTPFailure(Exception):
 
 class ConnectFailed(HTTPFailure):
     """No connection: refused, unreachable, a name that does not resolve."""
+
+
+class OutOfFiles(ConnectFailed):
+    """No descriptor for the connection (EMFILE, ENFILE): the client's limit, not the
+    server's doing; the request never left (filledfirst.loadgen.fdlimit)."""
+
+    def __init__(self, exc: OSError):
+        super().__init__(str(exc))
+        self.os_error = exc
 
 
 class ConnectTimeout(HTTPFailure):
@@ -281,6 +291,8 @@ class Pool:
         except TimeoutError:
             raise ConnectTimeout(f"could not connect within {self.connect_timeout_s} s") from None
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise OutOfFiles(exc) from None
             raise ConnectFailed(f"could not connect to {t.host}:{t.port}: {exc}") from None
         self.opened += 1
         self._all.add(conn)

@@ -16,6 +16,7 @@ import aiohttp
 
 from filledfirst.interrupts import note_interrupt, signal_reason
 from filledfirst.loadgen.deadline import run_deadline_s
+from filledfirst.loadgen.fdlimit import raise_open_file_limit
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
@@ -102,6 +103,7 @@ class Replay:
         )
 
     async def run(self) -> None:
+        raise_open_file_limit()  # a connection per request in flight (filledfirst.loadgen.fdlimit)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 

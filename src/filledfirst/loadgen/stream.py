@@ -10,7 +10,8 @@ from typing import Annotated, Any, Callable
 
 import msgspec
 
-from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, Pool
+from filledfirst.loadgen.fdlimit import out_of_files_error
+from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, OutOfFiles, Pool
 from filledfirst.metrics import PER_REQUEST, PER_REQUEST_METRICS
 from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 
@@ -337,6 +338,9 @@ async def send_streamed(
                         raise
                 rec.retries += 1
                 fresh = True
+    except OutOfFiles as exc:
+        # Never sent: the server is not to blame (filledfirst.loadgen.fdlimit).
+        rec.status, rec.error, rec.t_sent = "not_sent", out_of_files_error(exc.os_error), None
     except ConnectTimeout as exc:
         rec.status, rec.error = "timeout", str(exc)
     except TimeoutError:
@@ -361,4 +365,4 @@ async def send_streamed(
         rec.error = f"{why} while the request was in flight"
         raise
     finally:
-        rec.t_done = clock()
+        rec.t_done = clock() if rec.t_sent is not None else None

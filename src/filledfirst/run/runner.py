@@ -29,6 +29,7 @@ from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
 from filledfirst.loadgen import loop as event_loop
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
+from filledfirst.loadgen.fdlimit import client_fault
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.model.kv import kv_record
@@ -92,6 +93,8 @@ class _Run:
             self.meta["status"] = "partial"
             assert server_log is not None  # only a server we started is watched
             self.meta["error"] = "vLLM exited during the run. " + log_excerpt(server_log)
+        elif (why := client_fault(self.replay.requests)) is not None:  # ours, not the server's
+            self.meta["status"], self.meta["error"] = "failed", why
         elif self.replay.interrupted:
             self.meta["status"], self.meta["error"] = "partial", f"interrupted: {self.replay.interrupted}"
         elif (why := every_request_failed(self.replay.requests)) is not None:
