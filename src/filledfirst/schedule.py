@@ -21,14 +21,12 @@ SCHEDULE_POLARS_SCHEMA = pl.Schema(
 )
 
 
-# What each column may hold besides its type: (the test, what it says when a value fails).
+# What each column may hold besides its type: (the test, what a value that fails it is).
 _VALUES = {
     "t_offset_s": (pl.col("t_offset_s").is_finite() & (pl.col("t_offset_s") >= 0), "not a finite number >= 0"),
     "prompt_tokens": (pl.col("prompt_tokens") >= 1, "not a whole number >= 1"),
     "output_tokens": (pl.col("output_tokens") >= 1, "not a whole number >= 1"),
 }
-
-
 _KIND = {"request_id": "a whole number", "t_offset_s": "a number", "prompt_tokens": "a whole number",
          "output_tokens": "a whole number", "role": "a string"}
 
@@ -69,11 +67,10 @@ def check_schedule(df: pl.DataFrame, where: str) -> None:
                             f"(the column holds {dtype} values)")
     checks = [(c, pl.col(c).is_not_null(), "missing") for c in SCHEDULE_POLARS_SCHEMA]
     checks += [(c, test, what) for c, (test, what) in _VALUES.items()]
-    checks.append(("request_id", ~pl.col("request_id").is_duplicated() | pl.col("request_id").is_first_distinct(),
-                   "a request_id already used in an earlier row"))
+    checks.append(("request_id", pl.col("request_id").is_first_distinct(), "a request_id used in an earlier row"))
     rows = df.with_row_index("_row")
-    for column, test, what in checks:
-        bad = rows.filter(~test.fill_null(True) if what != "missing" else ~test)
+    for column, test, what in checks:  # missing values first: the checks after them pass a null
+        bad = rows.filter(~test.fill_null(True))
         if bad.height:
             first = bad.row(0, named=True)
             raise UserError(f"{where}: column {column}, row {first['_row']}: {first[column]!r} is {what}"
