@@ -74,7 +74,7 @@ def double_factory(tmp_path):
         d.kill()
 
 
-def replay(url: str, sched: Path, out: Path, soft: int, hard: int) -> subprocess.CompletedProcess:
+def replay(url: str, sched: Path, out: Path, soft: int, hard: int, *extra: str) -> subprocess.CompletedProcess:
     def limit() -> None:  # in the child only
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
@@ -82,15 +82,18 @@ def replay(url: str, sched: Path, out: Path, soft: int, hard: int) -> subprocess
     return subprocess.run(
         [sys.executable, "-m", "filledfirst", "replay", "--url", url, "--schedule", str(sched), "--out", str(out),
          "--model", "double", "--token-ids", "10", "20", "--no-progress", "--scrape-interval", "1",
-         "--request-timeout", "120"],
+         "--request-timeout", "120", *extra],
         preexec_fn=limit, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.skipif(HARD < 4096, reason=f"the hard open-file limit here is {HARD}: 1,500 connections need more")
-def test_1500_requests_held_open_at_once_with_a_soft_limit_of_1024_are_all_ok(tmp_path, double_factory):
+@pytest.mark.parametrize("soft, workers", [(1024, "1"), (512, "2")])  # 750 connections a worker process
+def test_1500_requests_held_open_at_once_with_a_soft_limit_of_1024_are_all_ok(tmp_path, double_factory, soft,
+                                                                              workers):
     n = 1500
     double = double_factory("--hold-until", str(n), "--ttft-ms", "1", "--itl-ms", "1")
-    proc = replay(double.url, schedule(tmp_path / "s.parquet", n, within_s=1.0), tmp_path / "out", 1024, HARD)
+    proc = replay(double.url, schedule(tmp_path / "s.parquet", n, within_s=1.0), tmp_path / "out", soft, HARD,
+                  "--workers", workers)
     counts = double.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((tmp_path / "out" / "run.json").read_text())
