@@ -9,7 +9,7 @@ import yaml
 
 from filledfirst import cluster
 from filledfirst.cluster import gpus_per_job, job_request, last_arrival_s, runtime_minutes
-from filledfirst.config import SCHEMA_PATH, load_config, validate_config
+from filledfirst.config import SCHEMA_PATH, experiment_spec, load_config, validate_config
 from filledfirst.schedule import write_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,13 +87,35 @@ def test_runtime_is_startup_plus_each_experiments_span_and_drain(cfg, tmp_path):
     # start-up 400 s (engine.startup_timeout_s), drain 120 s (loadgen.drain_timeout_s)
     assert runtime_minutes(cfg, ["a"], [s1]) == 12  # 400 + 200 + 120 = 720 s
     assert runtime_minutes(cfg, ["a", "b"], [s1, s2]) == 15  # 720 + 50 + 120 = 890 s -> 14.8
-    assert runtime_minutes(cfg, ["c"], [s3]) == 9  # 400 + 0 + 120 = 520 s -> 8.7
+    # closed loop, 2 requests on 2 workers: one request each, 120 s (loadgen.request_timeout_s)
+    assert runtime_minutes(cfg, ["c"], [s3]) == 9  # 400 + 120 = 520 s -> 8.7
     cfg["cluster"].update(startup_allowance_s=60, drain_allowance_s=0)
     assert runtime_minutes(cfg, ["a", "b"], [s1, s2]) == 6  # 60 + 200 + 50 = 310 s
     cfg["cluster"].update(startup_allowance_s=0)
     assert runtime_minutes(cfg, ["c"], [s3]) == 1  # never 0
     with pytest.raises(ValueError):
         runtime_minutes(cfg, ["a", "b"], [s1])
+
+
+def test_each_experiments_time_is_its_runs_deadline(cfg, tmp_path):
+    """One definition (filledfirst.loadgen.deadline): what the replay keeps is what the
+    job is given. A closed loop is as long as its workers' turns of the request timeout,
+    not one drain: against a hung server it took that, past the job's limit."""
+    from filledfirst.loadgen.deadline import run_deadline_s
+    from filledfirst.loadgen.replay import Replay
+    from filledfirst.loadgen.settings import ReplaySettings
+    from filledfirst.schedule import load_schedule
+    from filledfirst.study import Study
+
+    study = Study.from_dict(cfg)
+    s7 = schedule(tmp_path / "7.parquet", [0.0] * 7)
+    s1 = schedule(tmp_path / "1.parquet", [0.0, 100.0, 200.0])
+    for name, s in (("c", s7), ("a", s1)):
+        spec = ReplaySettings.from_spec(experiment_spec(cfg, name))
+        replay = Replay(load_schedule(s), "http://127.0.0.1:1", spec, progress=False)
+        assert cluster.experiment_seconds(study, name, s) == replay.deadline_s
+    assert cluster.experiment_seconds(study, "c", s7) == run_deadline_s("closed", 7, 2, 0, 120, 120) == 480
+    assert runtime_minutes(cfg, ["c"], [s7]) == 15  # 400 s start-up + 4 x 120 s = 880 s -> 14.7
 
 
 def test_run_json_records_the_slurm_job_and_its_gpus(monkeypatch):

@@ -4,17 +4,44 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
 from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted
 from filledfirst.redact import redact_text
-from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of
+from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of, schema_property
 
 log = logging.getLogger("filledfirst")
 
 INTERRUPTED_EXIT = 130
+
+
+def _schema_number(*path: str):
+    """An argparse type for an option that stands for the config key at `path`: a finite
+    number (whole where the schema says integer) within the schema's bounds, so a flag
+    and the key it stands for take the same values."""
+    import jsonschema
+
+    node = {k: v for k, v in schema_property(*path).items() if k in ("type", "minimum", "maximum",
+                                                                      "exclusiveMinimum", "exclusiveMaximum")}
+    whole = node.get("type") == "integer"
+    check = jsonschema.Draft202012Validator(node)
+
+    def parse(text: str) -> int | float:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{'a whole number' if whole else 'a finite number'}, got {text!r}")
+        error = jsonschema.exceptions.best_match(check.iter_errors(value))
+        if error is not None:
+            raise argparse.ArgumentTypeError(f"{error.message} (as {'.'.join(path)} in a config)")
+        return value
+
+    return parse
 
 
 def _add_model(sub) -> None:
@@ -296,7 +323,8 @@ def _add_replay(sub) -> None:
     p.add_argument("--schedule", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--model", required=True, help="the served model name")
-    p.add_argument("--token-ids", nargs=2, type=int, metavar=("LOW", "HIGH"),
+    p.add_argument("--token-ids", nargs=2, type=_schema_number("model", "prompt_token_ids", "low"),
+                   metavar=("LOW", "HIGH"),
                    help="prompt token ids are drawn from [LOW, HIGH), clear of special tokens "
                    "(required unless --prompt text)")
     p.add_argument("--api", choices=("completions", "chat"), default=LOADGEN.api,
@@ -306,14 +334,18 @@ def _add_replay(sub) -> None:
     p.add_argument("--name", default="replay", help="the run's name in the database and the report")
     p.add_argument("--api-key-env", help="name of the environment variable holding the API key")
     # The defaults are the config schema's (loadgen, scrape), as a study's run gets them.
-    p.add_argument("--seed", type=int, default=LOADGEN.seed)
-    p.add_argument("--request-timeout", type=float, default=LOADGEN.request_timeout_s,
-                   help="seconds for a whole request")
-    p.add_argument("--connect-timeout", type=float, default=LOADGEN.connect_timeout_s)
-    p.add_argument("--first-token-timeout", type=float, default=LOADGEN.first_token_timeout_s)
-    p.add_argument("--drain-timeout", type=float, default=LOADGEN.drain_timeout_s)
-    p.add_argument("--scrape-interval", type=float, default=SCRAPE.interval_s)
-    p.add_argument("--closed", type=int, metavar="N", default=None,
+    # Their bounds too (_schema_number).
+    p.add_argument("--seed", type=_schema_number("loadgen", "seed"), default=LOADGEN.seed)
+    p.add_argument("--request-timeout", type=_schema_number("loadgen", "request_timeout_s"),
+                   default=LOADGEN.request_timeout_s, help="seconds for a whole request")
+    p.add_argument("--connect-timeout", type=_schema_number("loadgen", "connect_timeout_s"),
+                   default=LOADGEN.connect_timeout_s)
+    p.add_argument("--first-token-timeout", type=_schema_number("loadgen", "first_token_timeout_s"),
+                   default=LOADGEN.first_token_timeout_s)
+    p.add_argument("--drain-timeout", type=_schema_number("loadgen", "drain_timeout_s"),
+                   default=LOADGEN.drain_timeout_s)
+    p.add_argument("--scrape-interval", type=_schema_number("scrape", "interval_s"), default=SCRAPE.interval_s)
+    p.add_argument("--closed", type=_schema_number("loadgen", "concurrency"), metavar="N", default=None,
                    help="closed loop with N workers instead of the schedule's arrival times")
     p.add_argument("--workers", type=_workers, default=LOADGEN.workers, metavar="N|auto",
                    help="processes to split the replay across, each with its own connections, on one clock "
@@ -343,11 +375,14 @@ def _cmd_replay(args) -> int:
     if args.api == "chat" and args.prompt != "text":
         raise UserError("--api chat takes text prompts only: add --prompt text")
     low, high = args.token_ids or (0, 1)
+    if high <= low:
+        raise UserError(f"--token-ids LOW HIGH: ids are drawn from [LOW, HIGH), so HIGH must be above LOW "
+                        f"(got {low} {high})")
     settings = ReplaySettings(
         model=args.model, token_low=low, token_high=high, seed=args.seed, api=args.api, prompt=args.prompt,
         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
         scrape_interval_s=args.scrape_interval,
-        mode="closed" if args.closed else "open", concurrency=args.closed,
+        mode="closed" if args.closed is not None else "open", concurrency=args.closed,
         connect_timeout_s=args.connect_timeout, first_token_timeout_s=args.first_token_timeout,
         workers=args.workers,
     )

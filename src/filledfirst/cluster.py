@@ -6,11 +6,12 @@ these resources into sbatch options; a local run ignores them. Defaults are the 
 (`cluster` in src/filledfirst/schemas/config.schema.yaml), read through filledfirst.study.
 
 The time limit is the longest the job can legitimately take by the runner's own limits:
-the server start-up (it gives up after `engine.startup_timeout_s`), then for each
-experiment its last scheduled arrival plus the drain after it (the client cancels what
-is still running `loadgen.drain_timeout_s` after its last send). A job SLURM stops at
-its limit fails with every experiment it had not finished, so the estimate errs on the
-long side; `cluster.startup_allowance_s` and `cluster.drain_allowance_s` tighten it.
+the server start-up (it gives up after `engine.startup_timeout_s`), then each
+experiment's deadline (filledfirst.loadgen.deadline, the one the replay keeps: open loop,
+the last scheduled arrival plus `loadgen.drain_timeout_s`; closed loop, ceil(requests /
+concurrency) x `loadgen.request_timeout_s`). A job SLURM stops at its limit fails with
+every experiment it had not finished, so the estimate errs on the long side;
+`cluster.startup_allowance_s` and `cluster.drain_allowance_s` tighten it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from filledfirst.loadgen.deadline import run_deadline_s
 from filledfirst.study import Cluster, Study, as_study
 
 DEFAULT_CPUS = Cluster().cpus_per_job
@@ -78,17 +80,27 @@ def last_arrival_s(schedule: str | Path) -> float:
     return float(latest) if latest is not None else 0.0
 
 
+def schedule_requests(schedule: str | Path) -> int:
+    """How many requests the schedule holds (from the Parquet footer: nothing read)."""
+    if not Path(schedule).is_file():
+        raise FileNotFoundError(errno.ENOENT, "schedule not written yet", str(schedule))
+    return pq.ParquetFile(schedule).metadata.num_rows
+
+
 def experiment_seconds(cfg: Study | dict, experiment: str, schedule: str | Path) -> float:
-    """Upper bound of one experiment's time on an already running server."""
+    """Upper bound of one experiment's time on an already running server: its run's
+    deadline, or with `cluster.drain_allowance_s` the allowance in place of the drain
+    (closed loop: in place of the whole run)."""
     study = as_study(cfg)
     loadgen = study.loadgen_for(experiment)
-    drain = study.cluster.drain_allowance_s
-    if drain is None:
-        drain = loadgen.drain_timeout_s
-    # A closed loop ignores the arrival times: its requests follow one another as fast as
-    # the server answers, which the drain allowance covers.
-    span = 0.0 if loadgen.mode == "closed" else last_arrival_s(schedule)
-    return span + float(drain)
+    allowance = study.cluster.drain_allowance_s
+    if loadgen.mode == "closed":
+        if allowance is not None:
+            return float(allowance)
+        return run_deadline_s("closed", schedule_requests(schedule), loadgen.concurrency, 0.0,
+                              loadgen.request_timeout_s, loadgen.drain_timeout_s)
+    drain = loadgen.drain_timeout_s if allowance is None else allowance
+    return run_deadline_s("open", 0, None, last_arrival_s(schedule), loadgen.request_timeout_s, drain)
 
 
 def runtime_minutes(cfg: Study | dict, members: list[str], schedules: list[str | Path]) -> int:

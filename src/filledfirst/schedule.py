@@ -7,8 +7,9 @@ from pathlib import Path
 import polars as pl
 
 from filledfirst.atomic import write_json, write_parquet
+from filledfirst.errors import UserError
 from filledfirst.rates import arrival_rate
-from filledfirst.records import SCHEDULE_SCHEMA
+from filledfirst.records import SCHEDULE_SCHEMA, ScheduledRequest
 
 SCHEDULE_POLARS_SCHEMA = pl.Schema(
     {
@@ -19,6 +20,73 @@ SCHEDULE_POLARS_SCHEMA = pl.Schema(
         "role": pl.String,
     }
 )
+
+
+# What each column may hold besides its type: (the test, what a value that fails it is).
+_VALUES = {
+    "t_offset_s": (pl.col("t_offset_s").is_finite() & (pl.col("t_offset_s") >= 0), "not a finite number >= 0"),
+    "prompt_tokens": (pl.col("prompt_tokens") >= 1, "not a whole number >= 1"),
+    "output_tokens": (pl.col("output_tokens") >= 1, "not a whole number >= 1"),
+}
+_KIND = {"request_id": "a whole number", "t_offset_s": "a number", "prompt_tokens": "a whole number",
+         "output_tokens": "a whole number", "role": "a string"}
+
+
+def _first_misfit(col: pl.Series, want: pl.DataType) -> int:
+    """The row of a column of the wrong type to show: the first value that does not
+    convert to `want` as it is (a word among numbers, 0.5 as an id), else the first."""
+    cast = col.cast(want, strict=False)
+    bad = cast.is_null() & col.is_not_null()
+    if col.dtype.is_numeric() and want.is_numeric():
+        bad = bad | (cast.cast(col.dtype, strict=False) != col).fill_null(False)
+    rows = bad.arg_true()
+    return int(rows[0]) if len(rows) else 0
+
+
+def _type_fits(column: str, dtype: pl.DataType) -> bool:
+    want = SCHEDULE_POLARS_SCHEMA[column]
+    if want == pl.String:
+        return dtype == pl.String
+    if want == pl.Float64:  # an offset written as whole seconds is an offset too
+        return dtype.is_numeric()
+    return dtype.is_integer()
+
+
+def check_schedule(df: pl.DataFrame, where: str) -> None:
+    """A schedule a replay can send as it is, or a UserError naming the column and the
+    row (counted from 0) of the first value that does not fit: a wrong type, a missing
+    value, an offset that is not a finite number >= 0 (NaN or negative were sent at
+    once), a token count below 1, a request_id used twice (their records overwrote each
+    other)."""
+    for column in SCHEDULE_POLARS_SCHEMA:
+        if column not in df.columns:
+            raise UserError(f"{where}: column {column} is missing (a schedule has {', '.join(SCHEDULE_POLARS_SCHEMA)})")
+        dtype = df.schema[column]
+        if not _type_fits(column, dtype):
+            row = _first_misfit(df[column], SCHEDULE_POLARS_SCHEMA[column])
+            raise UserError(f"{where}: column {column}, row {row}: {df[column][row]!r} is not {_KIND[column]} "
+                            f"(the column holds {dtype} values)")
+    checks = [(c, pl.col(c).is_not_null(), "missing") for c in SCHEDULE_POLARS_SCHEMA]
+    checks += [(c, test, what) for c, (test, what) in _VALUES.items()]
+    checks.append(("request_id", pl.col("request_id").is_first_distinct(), "a request_id used in an earlier row"))
+    rows = df.with_row_index("_row")
+    for column, test, what in checks:  # missing values first: the checks after them pass a null
+        bad = rows.filter(~test.fill_null(True))
+        if bad.height:
+            first = bad.row(0, named=True)
+            raise UserError(f"{where}: column {column}, row {first['_row']}: {first[column]!r} is {what}"
+                            + (f" ({bad.height} rows like it)" if bad.height > 1 else ""))
+
+
+def load_schedule(path: Path) -> list[ScheduledRequest]:
+    """A schedule file's requests, checked (check_schedule) before anything uses them."""
+    try:
+        df = pl.read_parquet(path)
+    except Exception as exc:  # not there, not Parquet: either way nothing can start
+        raise UserError(f"{path}: not a readable schedule ({type(exc).__name__}: {exc})") from None
+    check_schedule(df, str(path))
+    df = df.select(pl.col(name).cast(dtype) for name, dtype in SCHEDULE_POLARS_SCHEMA.items())
+    return [ScheduledRequest(**row) for row in df.iter_rows(named=True)]
 
 
 def as_schedule(df: pl.DataFrame) -> pl.DataFrame:

@@ -23,6 +23,10 @@ fault of the connection: "close" it without an answer, send the "headers" and th
 it, or "die" (stop listening, then close it). Counters: `requests` (completion requests
 read, answered or not), `ids` (their X-Request-Id), `connections` (accepted).
 
+`hold_until=N` holds every synthetic stream before its first token until N completion
+requests are open at once (then each goes on as usual): a replay's requests all in flight
+together, whatever the machine's speed; `in_flight` and `peak_in_flight` count the open ones.
+
 Also GET /metrics (one vLLM gauge, or `metrics_text`: bytes, or a function of how many
 pages were served before, `metrics_served`), /health, /v1/models (`models`) and
 /version; with `api_key`, every /v1 path wants `Authorization: Bearer <key>` and answers
@@ -30,9 +34,10 @@ pages were served before, `metrics_served`), /health, /v1/models (`models`) and
 
 As a process (the benchmarks):
 
-    python tests/helpers/stream_double.py --port 0 --ttft-ms 50 --itl-ms 20 --emit-log FILE
+    python tests/helpers/stream_double.py --port 0 --ttft-ms 50 --itl-ms 20 --emit-log FILE [--hold-until N]
 
-prints its port, serves until its stdin closes, then writes the emit log as JSON.
+raises its own open-file limit to the hard limit, prints its port, serves until its stdin
+closes, then writes the emit log as JSON (and with --counts FILE its counters).
 """
 
 from __future__ import annotations
@@ -152,6 +157,7 @@ class StreamDouble:
         models: Sequence[str] = ("double",),
         metrics_text: bytes | Callable[[int], bytes] = DEFAULT_METRICS,
         tick_s: float = 0.001,
+        hold_until: int | None = None,
     ):
         self.answer = answer
         self.ttft_s, self.itl_s = ttft_s, itl_s
@@ -168,6 +174,10 @@ class StreamDouble:
         self._ticks: dict[int, list[_Stream]] = {}  # tick of the loop's clock -> the streams due then
         self._loop: asyncio.AbstractEventLoop | None = None
         self._per_s = 1 / tick_s
+        self.hold_until = hold_until
+        self._held: list[_Stream] = []  # waiting for hold_until open requests
+        self.in_flight = 0  # completion requests read and not yet answered whole (or given up)
+        self.peak_in_flight = 0
 
     # ---------------------------------------------------------------- serving
 
@@ -248,6 +258,9 @@ class StreamDouble:
         request = Request(method, path, headers, body, conn.index, conn.on_connection, self.requests, t_recv)
         self.requests += 1
         conn.on_connection += 1
+        conn.answering = True
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self.ids.append(headers.get("x-request-id"))
         answer = self.answer(request) if callable(self.answer) else self.answer
         if answer is None or (answer.pieces is None and answer.status == 200 and answer.fault is None):
@@ -306,6 +319,15 @@ class StreamDouble:
         # Due times in ticks of the shared timers: chunk i at ceil(t0 + i * step).
         stream = _Stream(conn, request.rid, request.t_recv, chunks, n,
                          (self._loop.time() + self.ttft_s) * self._per_s, self.itl_s * self._per_s)
+        if self.hold_until is not None:
+            self._held.append(stream)
+            if self.in_flight < self.hold_until:
+                return
+            held, self._held = self._held, []
+            for s in held:  # their first token counts from now
+                s.t0 = (self._loop.time() + self.ttft_s) * self._per_s
+                self._at(math.ceil(s.t0), s)
+            return
         self._at(math.ceil(stream.t0), stream)
 
     # ---------------------------------------------------------------- the shared timers
@@ -357,12 +379,19 @@ class _Connection(asyncio.Protocol):
         self.close_after = False
         self.on_connection = 0
         self.pending: asyncio.Handle | None = None  # the next step of a scripted answer
+        self.answering = False  # a completion request of this connection is open (in_flight)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.double._open.add(self)
 
+    def _answered(self) -> None:
+        if self.answering:
+            self.answering = False
+            self.double.in_flight -= 1
+
     def connection_lost(self, exc) -> None:
+        self._answered()
         self.transport = None
         self.double._open.discard(self)
         if self.pending is not None:
@@ -415,6 +444,7 @@ class _Connection(asyncio.Protocol):
     def finish(self) -> None:
         """The answer is out: close if asked to, else read the next request."""
         self.busy = False
+        self._answered()
         if self.transport is None:
             return
         if self.close_after:
@@ -437,7 +467,8 @@ class _Connection(asyncio.Protocol):
 
 
 async def _serve(args) -> None:
-    double = StreamDouble(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, tick_s=args.tick_ms / 1000)
+    double = StreamDouble(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, tick_s=args.tick_ms / 1000,
+                          hold_until=args.hold_until)
     await double.start(port=args.port)
     print(double.port, flush=True)  # the port, for the caller
     try:
@@ -445,6 +476,10 @@ async def _serve(args) -> None:
     finally:
         with open(args.emit_log, "w") as f:
             json.dump(double.emitted, f)
+        if args.counts:
+            with open(args.counts, "w") as f:
+                json.dump({"requests": double.requests, "connections": double.connections,
+                           "peak_in_flight": double.peak_in_flight}, f)
         await double.stop()
 
 
@@ -455,9 +490,16 @@ def main() -> None:
     p.add_argument("--itl-ms", type=float, default=20)
     p.add_argument("--tick-ms", type=float, default=1.0)
     p.add_argument("--emit-log", required=True)
+    p.add_argument("--hold-until", type=int, default=None, help="hold first tokens until N requests are open")
+    p.add_argument("--counts", default=None, help="write the counters here as JSON at the end")
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                    help="uvloop when it is installed (the default), else asyncio")
     args = p.parse_args()
+    import resource
+
+    # A connection per request in flight: as many descriptors as the machine lets it have.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if args.loop == "uvloop":
         try:
             import uvloop

@@ -18,6 +18,7 @@ caller may send once more on a fresh connection (`fresh=True`: opened for it, cl
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import ssl
 import time
@@ -28,6 +29,11 @@ from urllib.parse import urlsplit
 import httptools
 
 _USER_AGENT = b"filledfirst"
+# The most an answer's status line and headers may take: httptools keeps an unfinished
+# header in memory, so a server whose headers never end would grow the client until the
+# request timeout. Far above real ones (vLLM's are a few hundred bytes; servers commonly
+# refuse requests with more than 8-16 KiB of headers).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class HTTPFailure(Exception):
@@ -36,6 +42,15 @@ class HTTPFailure(Exception):
 
 class ConnectFailed(HTTPFailure):
     """No connection: refused, unreachable, a name that does not resolve."""
+
+
+class OutOfFiles(ConnectFailed):
+    """No descriptor for the connection (EMFILE, ENFILE): the client's limit, not the
+    server's doing; the request never left (filledfirst.loadgen.fdlimit)."""
+
+    def __init__(self, exc: OSError):
+        super().__init__(str(exc))
+        self.os_error = exc
 
 
 class ConnectTimeout(HTTPFailure):
@@ -111,6 +126,7 @@ class _Connection(asyncio.Protocol):
         self._clock: Callable[[], float] = time.perf_counter
         self._t = 0.0
         self._answered = self._reused = self._framed = self._headers_done = False
+        self._head_bytes = 0  # read before the headers were complete
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -130,8 +146,14 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:  # the sink raised: its caller hears of it
             self._fail(exc.__context__ or exc)
+            return
         except httptools.HttpParserError as exc:
             self._fail(InvalidAnswer(f"invalid HTTP answer: {exc}"))
+            return
+        if not self._headers_done and self._parser is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(InvalidAnswer(f"invalid HTTP answer: headers longer than {MAX_HEAD_BYTES:,} bytes"))
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -179,6 +201,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._sink, self._clock, self._reused = sink, clock, reused
         self._answered = self._framed = self._headers_done = False
+        self._head_bytes = 0
         self._done = asyncio.get_running_loop().create_future()
         assert self.transport is not None
         self.transport.write(request)
@@ -268,6 +291,8 @@ class Pool:
         except TimeoutError:
             raise ConnectTimeout(f"could not connect within {self.connect_timeout_s} s") from None
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise OutOfFiles(exc) from None
             raise ConnectFailed(f"could not connect to {t.host}:{t.port}: {exc}") from None
         self.opened += 1
         self._all.add(conn)

@@ -15,11 +15,13 @@ from typing import Any, AsyncIterator, Callable, Coroutine
 import aiohttp
 
 from filledfirst.interrupts import note_interrupt, signal_reason
+from filledfirst.loadgen.deadline import run_deadline_s
+from filledfirst.loadgen.fdlimit import raise_open_file_limit
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.loadgen.stream import DRAIN_TIMEOUT, send_streamed
+from filledfirst.loadgen.stream import DEADLINE_PASSED, send_streamed
 from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard, watch
 from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
 from filledfirst.run.scrape import Scraper
@@ -65,7 +67,11 @@ class Replay:
         self.tokens = RecordColumns(TokenRecord)  # one row per streamed chunk: compact
         self.target = Target.parse(self.url)  # a malformed URL fails here, before anything starts
         self.first_token_timeout_s = settings.first_token_timeout_s
-        self.drain_timeout_s = settings.drain_timeout_s
+        # The one deadline of the run, on its clock (filledfirst.loadgen.deadline); a
+        # worker process's is its shard's, never later than the whole run's.
+        self.deadline_s = run_deadline_s(
+            self.mode, len(self.schedule), self.concurrency, self.schedule[-1].t_offset_s if self.schedule else 0.0,
+            settings.request_timeout_s, settings.drain_timeout_s)
         self._t0 = 0.0
         self._scrapes: aiohttp.ClientSession | None = None  # set while running
         self.scraper = Scraper(base_url + "/metrics", settings.scrape_interval_s, self.clock)
@@ -97,6 +103,7 @@ class Replay:
         )
 
     async def run(self) -> None:
+        raise_open_file_limit()  # a connection per request in flight (filledfirst.loadgen.fdlimit)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
@@ -174,16 +181,21 @@ class Replay:
                     pool.close()
 
     async def _send_all(self, conns: Pool, stop: asyncio.Event) -> None:
-        """Send the schedule (open or closed loop), drain, cancel what is still open."""
+        """Send the schedule (open or closed loop) until it is done, a stop or the deadline;
+        cancel what is still open."""
         if self.mode == "open":
             tasks = await self._dispatch(conns, stop)
-            await self._drain(tasks, stop)
         else:
-            tasks = await self._closed_loop(conns, stop)
+            tasks = self._closed_loop(conns, stop)
+        await self._until_deadline(tasks, stop)
         still = [t for t in tasks if not t.done()]
         for t in still:
-            t.cancel(self.interrupted or DRAIN_TIMEOUT)
+            t.cancel(self.interrupted or DEADLINE_PASSED)
         await asyncio.gather(*still, return_exceptions=True)
+        if not self.interrupted:
+            for rec in self.requests:
+                if rec.status == "not_sent" and rec.error is None:
+                    rec.error = f"not sent: {DEADLINE_PASSED} ({self.deadline_s:g} s after the start)"
 
     def _merge(self, pool: WorkerPool) -> None:
         """The workers' records in place of this process's (all `not_sent` until now)."""
@@ -244,16 +256,12 @@ class Replay:
             except asyncio.TimeoutError:
                 pass
 
-    async def _drain(self, tasks: list[asyncio.Task], stop: asyncio.Event) -> None:
-        """Wait for in-flight requests until all end, a stop signal, or the drain timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_timeout_s
+    async def _until_deadline(self, tasks: list[asyncio.Task], stop: asyncio.Event) -> None:
+        """Wait for the tasks until all end, a stop signal, or the run's deadline."""
         waiter = asyncio.create_task(stop.wait())
         pending = {t for t in tasks if not t.done()}
-        while pending and not stop.is_set() and loop.time() < deadline:
-            _, pending = await asyncio.wait(
-                pending | {waiter}, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
-            )
+        while pending and not stop.is_set() and (left := self.deadline_s - self.clock()) > 0:
+            _, pending = await asyncio.wait(pending | {waiter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             pending.discard(waiter)
         waiter.cancel()
 
@@ -262,7 +270,7 @@ class Replay:
         return send_streamed(conns, self.bodies[rec.request_id], rec, self.tokens, self.clock,
                              self.settings.request_timeout_s, self.first_token_timeout_s)
 
-    async def _closed_loop(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
+    def _closed_loop(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
         """Workers share one iterator over the schedule; a request's `t_scheduled` becomes
         the moment a worker took it, as a closed loop has no arrival times of its own."""
         pending = iter(self.requests)
@@ -275,11 +283,7 @@ class Replay:
                 rec.status = "ok"
                 await self._send(conns, rec)
 
-        workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
-        waiter = asyncio.create_task(stop.wait())
-        await asyncio.wait([asyncio.gather(*workers), waiter], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        return workers
+        return [asyncio.create_task(worker()) for _ in range(self.concurrency)]
 
     async def _dispatch(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
         tasks = []

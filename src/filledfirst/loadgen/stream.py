@@ -10,7 +10,8 @@ from typing import Annotated, Any, Callable
 
 import msgspec
 
-from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, Pool
+from filledfirst.loadgen.fdlimit import out_of_files_error
+from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, OutOfFiles, Pool
 from filledfirst.metrics import PER_REQUEST, PER_REQUEST_METRICS
 from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 
@@ -51,16 +52,33 @@ assert PER_REQUEST_METRICS == "metrics", "the typed event names vLLM's field"
 _decode_event = msgspec.json.Decoder(_Event).decode
 
 _REJECT_STATUSES = {429, 503}
-DRAIN_TIMEOUT = "drain timeout"  # the cancel message of requests still open when the drain ends
+# The cancel message of requests still open at the run's deadline (filledfirst.loadgen.deadline).
+DEADLINE_PASSED = "the run's deadline passed"
 UNREADABLE = "the client could not read the answer"  # the error text of the last-resort catch
 _ERROR_TEXT_MAX = 500
+# The longest SSE line the client holds. Far above any real event: vLLM's final usage chunk
+# with its per-request metrics is under 2 KiB, a chunk of text tens of KiB at most. Without
+# a cap, a server that never sends a newline grows the client's memory until the request
+# timeout, and an out-of-memory kill loses the whole run.
+MAX_LINE_BYTES = 1 << 20
+
+
+class LineTooLong(InvalidAnswer):
+    """A line of the stream longer than MAX_LINE_BYTES: not an answer we can read. The
+    request is an `http_error` (the server's answer is invalid, as with bytes that are not
+    HTTP), and the connection is dropped with it."""
+
+    def __init__(self) -> None:
+        super().__init__(f"a line of the event stream longer than {MAX_LINE_BYTES:,} bytes "
+                         "(no server-sent event is that long): answer dropped")
 
 
 class SSEData:
     """Server-sent events to their `data:` payloads, whatever the byte boundaries.
 
     Comments (`: keep-alive`), blank separators and other fields are skipped. Lines end
-    with LF, CRLF or a lone CR, as the SSE spec allows.
+    with LF, CRLF or a lone CR, as the SSE spec allows. A line longer than MAX_LINE_BYTES
+    raises LineTooLong.
     """
 
     def __init__(self) -> None:
@@ -72,7 +90,7 @@ class SSEData:
         # lines. Anything else takes the general path; both give the same payloads
         # (tests/test_stream_fuzz.py).
         if (not self._partial and chunk.startswith(b"data:") and chunk.endswith(b"\n\n")
-                and chunk.count(b"\n") == 2 and b"\r" not in chunk):
+                and chunk.count(b"\n") == 2 and b"\r" not in chunk and len(chunk) <= MAX_LINE_BYTES):
             return [chunk[5:-2].strip()]
         return self._lines(chunk)
 
@@ -87,11 +105,15 @@ class SSEData:
         # arriving in 1 KiB reads, 16 s for 4 MiB, found by tests/test_stream_fuzz.py),
         # all of it with the event loop, and so every other request's clock, stalled.
         if end < 0:
+            if len(self._partial) + len(chunk) > MAX_LINE_BYTES:
+                raise LineTooLong()
             self._partial += chunk
             return []
         self._partial += chunk[:end]
         lines = self._partial.split(b"\n")
         self._partial = bytearray(chunk[end + 1:])
+        if len(self._partial) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
+            raise LineTooLong()
         out = []
         for line in lines:
             line = line.strip()
@@ -316,6 +338,9 @@ async def send_streamed(
                         raise
                 rec.retries += 1
                 fresh = True
+    except OutOfFiles as exc:
+        # Never sent: the server is not to blame (filledfirst.loadgen.fdlimit).
+        rec.status, rec.error, rec.t_sent = "not_sent", out_of_files_error(exc.os_error), None
     except ConnectTimeout as exc:
         rec.status, rec.error = "timeout", str(exc)
     except TimeoutError:
@@ -336,8 +361,8 @@ async def send_streamed(
         rec.status, rec.error = "http_error", f"{UNREADABLE}: {type(exc).__name__}: {exc}"[:_ERROR_TEXT_MAX]
     except asyncio.CancelledError as exc:
         why = exc.args[0] if exc.args else "run interrupted"
-        rec.status = "timeout" if why == DRAIN_TIMEOUT else "disconnected"
+        rec.status = "timeout" if why == DEADLINE_PASSED else "disconnected"
         rec.error = f"{why} while the request was in flight"
         raise
     finally:
-        rec.t_done = clock()
+        rec.t_done = clock() if rec.t_sent is not None else None

@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from filledfirst.interrupts import set_parent_death_signal
+from filledfirst.loadgen.fdlimit import raise_open_file_limit
 from filledfirst.records import RequestRecord, ScheduledRequest
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def worker_main(conn: Connection, parent: int, one: Shard, base_url: str, settin
     from filledfirst.loadgen.replay import Replay
 
     _die_with_parent(parent)
+    raise_open_file_limit()  # this process sends: its own connections (filledfirst.loadgen.fdlimit)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     settings = dataclasses.replace(settings, workers=1, concurrency=one.concurrency)

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import polars as pl
-
 from filledfirst import atomic, direct_http, redact, runmeta
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.engine.server import ServerStartError, log_excerpt
@@ -31,20 +29,21 @@ from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
 from filledfirst.loadgen import loop as event_loop
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
+from filledfirst.loadgen.fdlimit import client_fault
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.model.kv import kv_record
 from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.run import folder, kept
 from filledfirst.run.provenance import hardware, versions
+from filledfirst.schedule import load_schedule
 from filledfirst.study import Experiment, ExperimentSpec, Study, as_study
 
 log = logging.getLogger(__name__)
 
 
 def read_schedule(path: Path) -> list[ScheduledRequest]:
-    df = pl.read_parquet(path)
-    return [ScheduledRequest(**row) for row in df.iter_rows(named=True)]
+    return load_schedule(path)
 
 
 class _Run:
@@ -98,6 +97,8 @@ class _Run:
             self.meta["status"] = "partial"
             assert server_log is not None  # only a server we started is watched
             self.meta["error"] = "vLLM exited during the run. " + log_excerpt(server_log)
+        elif (why := client_fault(self.replay.requests)) is not None:  # ours, not the server's
+            self.meta["status"], self.meta["error"] = "failed", why
         elif self.replay.interrupted:
             self.meta["status"], self.meta["error"] = "partial", f"interrupted: {self.replay.interrupted}"
         elif (why := every_request_failed(self.replay.requests)) is not None:
