@@ -230,11 +230,12 @@ def test_study_on_a_real_slurm_cluster(tmp_path, slurm):
     assert record["ExitCode"] == "0:0" and record["WorkDir"] == str(work)
     assert f"has been submitted with SLURM jobid {job['id']}" in out
     # What it asked for: the config's CPUs and memory, no GPU, and the time worked out
-    # from its schedules (900 s start-up, 5.5 s of arrivals, 2 x 120 s drain: 20 min).
+    # from its runs' deadlines: 900 s start-up, the open loop's 5.5 s of arrivals and 120 s
+    # drain, the closed loop's 12 requests over 4 workers at 120 s each (360 s): 24 min.
     assert job["cpus"] == "2" and job["memory"] == "4G" and job["tres_per_node"] == "N/A"
     assert "gpu" not in record["Tres"]
     schedules = [work / "data" / "schedules" / f"{cfg['experiments'][e]['workload']}.parquet" for e in members]
-    assert record["TimeLimit"] == str(runtime_minutes(cfg, members, schedules)) == "20"
+    assert record["TimeLimit"] == str(runtime_minutes(cfg, members, schedules)) == "24"
     # sbatch's log of the job, kept by the profile beside the run's own logs
     slurm_log = work / "results" / "logs" / "slurm" / f"rule_run_group_{group}" / f"{job['id']}.log"
     assert f"rule run_group_{group}:" in slurm_log.read_text()
