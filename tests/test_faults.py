@@ -1,6 +1,7 @@
 """Faults injected on the real vLLM CPU engine: a server that cannot start costs only its
-own experiment, and the report says why."""
+own experiment, and the report says why; with several cores, still one server at a time."""
 
+import datetime as dt
 import json
 import subprocess
 
@@ -38,11 +39,16 @@ def fault_config(tmp_path):
 
 def test_servers_that_cannot_start_cost_only_their_experiment(tmp_path, pipeline_env):
     cfg = fault_config(tmp_path)
-    proc = subprocess.run(snakemake_argv(tmp_path, cfg, "all", "--keep-going"), env=pipeline_env,
-                          capture_output=True, text=True, timeout=1200)
+    # Four cores: the three server groups are ready together, and still run one at a time.
+    argv = snakemake_argv(tmp_path, cfg, "all", "--keep-going")
+    argv[argv.index("--cores") + 1] = "4"
+    proc = subprocess.run(argv, env=pipeline_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-6000:]
     runs = tmp_path / "results" / "runs"
     meta = {exp: json.loads((runs / exp / "run.json").read_text()) for exp in ("good", "bad_argument", "kv_too_small")}
+    spans = sorted((dt.datetime.fromisoformat(m["started_at"]), dt.datetime.fromisoformat(m["finished_at"]))
+                   for m in meta.values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"two servers at once: {spans}"
     assert meta["good"]["status"] == "ok"
     for exp in ("bad_argument", "kv_too_small"):
         assert meta[exp]["status"] == "failed"
