@@ -39,11 +39,12 @@ class FakeShared(SharedServer):
     def __init__(self, log_path, failing_starts=()):
         super().__init__({}, log_path)
         self.failing_starts = failing_starts
+        self.extra_args: list[str] = []
         self.starts: list[str] = []
 
     def _start(self, experiment):
         self.starts.append(experiment)
-        self.cmd, self.base_url = ServerCommand(["vllm", "serve"]), "http://fake"
+        self.cmd, self.base_url = ServerCommand(["vllm", "serve", *self.extra_args]), "http://fake"
         self.start_offset = self.log_offset()
         with open(self.log_path, "a") as f:
             f.write(f"start-up for {experiment}\n")
@@ -68,6 +69,7 @@ def group(tmp_path, monkeypatch):
 
     async def fake_run(replay):
         experiment = state["current"] = next(j.experiment for j in jobs if not j.out.exists())
+        state.setdefault("keys", []).append(replay.settings.api_key)
         replay.t_end, replay.client_cpu_s = 1.0, 0.1
         with open(state["shared"].log_path, "a") as f:
             f.write(f"requests of {experiment}\n")
@@ -224,3 +226,32 @@ def test_a_kept_run_is_not_reused_when_its_experiment_changed(group, monkeypatch
     run_experiments(cfg, jobs, progress=False)
     assert meta(jobs[0])["run_id"] != first_a
     assert state["shared"].starts[0] == "a"
+
+
+@pytest.mark.parametrize("argv, env, key", [
+    (["--api-key", "k-1"], {}, "k-1"),
+    (["--api-key", "k-1", "k-2"], {}, "k-1"),  # it takes several: any one will do
+    (["--api-key=k-3"], {}, "k-3"),
+    ([], {"VLLM_API_KEY": "k-4"}, "k-4"),
+    (["--api-key", "k-5"], {"VLLM_API_KEY": "k-4"}, "k-5"),  # vLLM: the flag wins
+    ([], {}, None),
+])
+def test_the_key_a_server_is_started_with(argv, env, key, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert ServerCommand(["vllm", "serve", *argv], env=env).api_key() == key
+
+
+def test_a_server_started_with_an_api_key_gets_it_on_every_request(group, monkeypatch):
+    """vLLM guards /v1 with the key in `extra_args`: without it every request came back 401."""
+    cfg, jobs, state = group
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    real = FakeShared._start
+
+    def start(self, experiment):
+        self.extra_args = ["--api-key", "sk-started-with"]
+        real(self, experiment)
+
+    monkeypatch.setattr(FakeShared, "_start", start)
+    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert state["keys"] == ["sk-started-with"] * 3
+    assert "sk-started-with" not in json.dumps(meta(jobs[0]))  # sent, never written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,18 @@ class ServerCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     served_name: str | None = None  # the model name it answers to: how we know the server is ours
+
+    def api_key(self) -> str | None:
+        """The key the server will want on /v1 (one of those it was given), as vLLM decides
+        it: `--api-key` (its last use; it takes one or more keys), else VLLM_API_KEY from
+        the environment it starts with (ours, then what the command sets)."""
+        key = None
+        for i, arg in enumerate(self.argv):
+            if arg == "--api-key" and i + 1 < len(self.argv) and not self.argv[i + 1].startswith("--"):
+                key = self.argv[i + 1]
+            elif arg.startswith("--api-key="):
+                key = arg.split("=", 1)[1] or None
+        return key or self.env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 def build_command(

@@ -19,7 +19,7 @@ class ReplaySettings:
     request_timeout_s: float = LOADGEN.request_timeout_s
     drain_timeout_s: float = LOADGEN.drain_timeout_s
     scrape_interval_s: float = SCRAPE.interval_s
-    api_key: str | None = None  # from the environment only; never written anywhere
+    api_key: str | None = None  # from the environment or the server's own command; never written anywhere
     mode: str = LOADGEN.mode
     concurrency: int | None = LOADGEN.concurrency
     connect_timeout_s: float | None = LOADGEN.connect_timeout_s

@@ -237,7 +237,7 @@ class _Group:
             if warmed_by is not None and waited is not None:
                 run.meta["server"]["warmed_up_by"] = warmed_by
             run.replay_against(
-                shared.base_url, ReplaySettings.from_spec(spec), progress,
+                shared.base_url, _settings_for(spec, shared), progress,
                 server_alive=shared.alive, server_log=shared.log_path,
             )
             self._stop_if_done(position, run)  # here, so a signal while stopping is handled below
@@ -264,6 +264,15 @@ class _Group:
             self.shared.stop()
 
 
+def _settings_for(spec: ExperimentSpec, shared: SharedServer) -> ReplaySettings:
+    """The replay's settings against a server we started: with the API key it was started
+    with (`--api-key` in `extra_args`, or VLLM_API_KEY), which it wants on every request."""
+    settings = ReplaySettings.from_spec(spec)
+    if shared.cmd is not None:
+        settings.api_key = shared.cmd.api_key()
+    return settings
+
+
 def _warm_up(group: _Group, job: Job, progress: bool) -> str | None:
     """Replay a restored experiment's schedule on the group's server without recording it,
     so the next experiment meets the server as it would have without the interruption.
@@ -274,7 +283,7 @@ def _warm_up(group: _Group, job: Job, progress: bool) -> str | None:
     spec = ExperimentSpec.from_doc(spec_document(group.cfg, job.experiment))
     try:
         group.shared.ready(job.experiment)
-        replay = Replay(read_schedule(job.schedule), group.shared.base_url, ReplaySettings.from_spec(spec),
+        replay = Replay(read_schedule(job.schedule), group.shared.base_url, _settings_for(spec, group.shared),
                         progress=progress, server_alive=group.shared.alive)
         event_loop.run(replay.run())
     except ServerStartError:
@@ -303,7 +312,7 @@ def run_on_server(
         waited = shared.ready(name)
         _record_server(run, shared, waited)
         run.replay_against(
-            shared.base_url, ReplaySettings.from_spec(spec), progress,
+            shared.base_url, _settings_for(spec, shared), progress,
             server_alive=shared.alive, server_log=shared.log_path,
         )
         if run.meta["status"] != "ok" or interrupt_reason():
