@@ -40,6 +40,7 @@ from filledfirst.store.ingest import ingest
 from filledfirst.study import Study
 
 from conftest import REPO
+from helpers.popen import record_popen
 from helpers.stream_double import Answer, StreamDouble
 
 URL_USER = "planteduser-7c1e"
@@ -277,15 +278,7 @@ def test_vllm_got_every_secret_unchanged(outputs):
 
 def test_starting_vllm_logs_its_command_without_secrets(tmp_path, monkeypatch, caplog):
     """VllmServer.start itself: the log line is redacted, exec gets the real argv and env."""
-    calls = []
-
-    class Recorder:
-        pid = 4242
-
-        def __init__(self, args, **kw):
-            calls.append((args, kw))
-
-    monkeypatch.setattr(server_module.subprocess, "Popen", Recorder)
+    calls = record_popen(monkeypatch, server_module)
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", *EXTRA_ARGS]
     cmd = ServerCommand(argv=list(argv), env=dict(ENV))
     with caplog.at_level(logging.INFO, logger=server_module.__name__):

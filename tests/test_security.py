@@ -24,6 +24,7 @@ from filledfirst.records import SampleRecord
 from filledfirst.report import render
 from filledfirst.store.ingest import ingest
 
+from helpers.popen import record_popen
 from helpers.report_runs import make_request, run_meta, series, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,15 +290,7 @@ def test_config_values_reach_vllm_as_argv_elements_unchanged(tmp_path, monkeypat
     assert cmd.env["FF_HOSTILE"] == HOSTILE["env"]
 
     # ... and go to exec as that list: Popen gets it with no shell
-    calls = []
-
-    class Recorder:
-        pid = 4242
-
-        def __init__(self, args, **kw):
-            calls.append((args, kw))
-
-    monkeypatch.setattr(server_module.subprocess, "Popen", Recorder)
+    calls = record_popen(monkeypatch, server_module)
     VllmServer(cmd, host="127.0.0.1", port=1, log_path=tmp_path / "vllm.log", startup_timeout_s=1).start()
     (argv, kw), *guardian = calls
     assert argv == cmd.argv and not kw.get("shell") and kw["env"]["FF_HOSTILE"] == HOSTILE["env"]

@@ -51,9 +51,9 @@ def port_in_use(host: str, port: int) -> bool:
             s.bind((host, port))
             s.listen()
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return True
-            raise
+            # Anything else (a privileged port, an address not on this host) is vLLM's to
+            # refuse, with its own reason in its log.
+            return exc.errno == errno.EADDRINUSE
     return False
 
 
