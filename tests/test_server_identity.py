@@ -113,7 +113,7 @@ _ASK_DIRECTLY = textwrap.dedent("""
     assert server._get("/health", timeout=5) == b"", "health"
     assert server.scheduler_load() == {"running": 0.0, "waiting": 0.0, "kv": 0.0}, "metrics"
     assert server.version() == "double", "version"
-    assert runner._server_version(base) == "double", "the runner's version"
+    assert runner.server_version(base) == "double", "the runner's version"
     check_endpoint(base)
 """)
 

@@ -125,6 +125,15 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "(no server log)"
 
 
+def server_version(base_url: str) -> str | None:
+    """What vLLM's /version says; None for a server that has none (not vLLM, or older)."""
+    answer = direct_http.get(base_url + "/version", timeout_s=5.0)
+    try:
+        return json.loads(answer[1])["version"] if answer is not None and answer[0] == 200 else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class VllmServer:
     """Context manager: `with VllmServer(...) as s:` the server is healthy inside, gone after."""
 
@@ -221,11 +230,7 @@ class VllmServer:
                 f"(HTTP {answer[0]} from /v1/models, models {sorted(served)}): not the vLLM started for this run")
 
     def version(self) -> str | None:
-        body = self._get("/version", timeout=5.0)
-        try:
-            return json.loads(body)["version"] if body else None
-        except (ValueError, KeyError):
-            return None
+        return server_version(self.base_url)
 
     def scheduler_load(self) -> dict[str, float] | None:
         """running / waiting / kv from one read of /metrics; None when it did not answer."""

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from filledfirst import atomic, direct_http, redact, runmeta
+from filledfirst import atomic, redact, runmeta
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
-from filledfirst.engine.server import ServerStartError, log_excerpt
+from filledfirst.engine.server import ServerStartError, log_excerpt, server_version
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, interrupt_reason, watch_owners
@@ -394,7 +394,7 @@ def _api_key(env_name: str | None, where: str) -> str | None:
 
 def _replay_external(run: _Run, url: str, settings: ReplaySettings, progress: bool) -> str:
     try:
-        run.meta["versions"]["vllm"] = _server_version(url)
+        run.meta["versions"]["vllm"] = server_version(url)
         run.replay_against(url, settings, progress, server_alive=None)
     except Interrupted as exc:
         run.interrupted(exc)
@@ -444,11 +444,3 @@ def replay_endpoint(
         "server": {"launcher": "external", "url": url, "api_key_env": api_key_env, "settings": {}},
     })
     return _replay_external(run, url, settings, progress)
-
-
-def _server_version(url: str) -> str | None:
-    answer = direct_http.get(url + "/version", timeout_s=5)
-    try:
-        return json.loads(answer[1])["version"] if answer is not None and answer[0] == 200 else None
-    except (ValueError, KeyError, TypeError):  # not vLLM, or no /version: the run goes on without it
-        return None
