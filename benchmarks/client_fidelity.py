@@ -31,7 +31,7 @@ import psutil
 
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.records import ScheduledRequest
+from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.workloads.arrivals import arrival_times
 
 HERE = Path(__file__).resolve().parent

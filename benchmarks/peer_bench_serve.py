@@ -89,7 +89,7 @@ def worker_ours(a) -> None:
 
     from filledfirst.loadgen.replay import Replay
     from filledfirst.loadgen.settings import ReplaySettings
-    from filledfirst.records import ScheduledRequest
+    from filledfirst.contracts.records import ScheduledRequest
 
     if a.fresh:
         # Diagnostic only, not what our client does: the client as it was before connection

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from filledfirst.config import load_config, search_fingerprint
 from filledfirst.frontier.plan import search_plan
-from filledfirst.frontier.run import Prober, probe_outcome
+from filledfirst.run.search import Prober, probe_outcome
 from filledfirst.frontier.search import CapacitySearch
 from filledfirst.interrupts import install_interrupt_handlers, watch_owners
 from filledfirst.study import Study, SyntheticWorkload

@@ -8,7 +8,7 @@ import urllib.request
 
 import psutil
 
-from filledfirst.run.scrape import parse_metrics
+from filledfirst.metrics import parse_metrics
 
 from conftest import engine_overlay_files
 

@@ -17,7 +17,7 @@ from test_report import QMD, _ChartDivs, _chromium_run, chromium  # noqa: F401 (
 
 from filledfirst import cli
 from filledfirst.analysis import signals
-from filledfirst.records import SCHEDULE_SCHEMA
+from filledfirst.contracts.records import SCHEDULE_SCHEMA
 
 from helpers.stream_double import StreamDouble
 

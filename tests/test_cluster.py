@@ -98,10 +98,10 @@ def test_runtime_is_startup_plus_each_experiments_span_and_drain(cfg, tmp_path):
 
 
 def test_each_experiments_time_is_its_runs_deadline(cfg, tmp_path):
-    """One definition (filledfirst.loadgen.deadline): what the replay keeps is what the
+    """One definition (filledfirst.deadline): what the replay keeps is what the
     job is given. A closed loop is as long as its workers' turns of the request timeout,
     not one drain: against a hung server it took that, past the job's limit."""
-    from filledfirst.loadgen.deadline import run_deadline_s
+    from filledfirst.deadline import run_deadline_s
     from filledfirst.loadgen.replay import Replay
     from filledfirst.loadgen.settings import ReplaySettings
     from filledfirst.schedule import load_schedule

@@ -22,8 +22,8 @@ from filledfirst import cli
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_config, validate_config
+from filledfirst.contracts.records import SCHEDULE_SCHEMA, RequestRecord
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
-from filledfirst.records import SCHEDULE_SCHEMA, RequestRecord
 from filledfirst.report import tables
 from filledfirst.run.runner import Job, every_request_failed, run_experiments
 from filledfirst.store.ingest import ingest

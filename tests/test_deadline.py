@@ -1,4 +1,4 @@
-"""Every run has one deadline (filledfirst.loadgen.deadline), the replay keeps it and the
+"""Every run has one deadline (filledfirst.deadline), the replay keeps it and the
 cluster's time limit is budgeted from it. A closed loop cut at its deadline records every
 request: the ones in flight as timeouts with the reason, the ones never sent as not_sent
 with the reason."""
@@ -9,10 +9,10 @@ import asyncio
 
 from test_stream import scripted
 
-from filledfirst.loadgen.deadline import run_deadline_s
+from filledfirst.contracts.records import ScheduledRequest
+from filledfirst.deadline import run_deadline_s
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.records import ScheduledRequest
 
 from helpers.stream_double import StreamDouble
 

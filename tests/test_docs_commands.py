@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.cli import build_parser
-from filledfirst.frontier.table import write_frontiers
 
 from helpers.report_runs import report_db, report_runs
 

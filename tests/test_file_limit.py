@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filledfirst.records import SCHEDULE_SCHEMA
+from filledfirst.contracts.records import SCHEDULE_SCHEMA
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"

@@ -12,8 +12,8 @@ from test_search_record import search_record
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.frontiers import frontier_table, write_frontiers
 from filledfirst.cli import main
-from filledfirst.frontier.table import frontier_table, write_frontiers
 
 SLO = {"ttft_ms": 500.0, "itl_ms": 100.0}
 

@@ -8,6 +8,7 @@ import pytest
 
 from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config
+from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.server import ServerStartError
 from filledfirst.engine.shared import SharedServer
@@ -30,7 +31,7 @@ class _Proc:
         self.running = False
 
     def scheduler_load(self):
-        return {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+        return Gauges(running=0.0, waiting=0.0, kv_pct=0.0)
 
 
 class FakeShared(SharedServer):

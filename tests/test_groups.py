@@ -1,12 +1,14 @@
 """Which experiments share a server start, and the pieces that let them share it safely."""
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from filledfirst.cli import main
 from filledfirst.config import check_shareable, group_fingerprint, load_config, server_groups, validate_config
+from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.shared import ServerNotIdle, SharedServer
 from filledfirst.errors import UserError
 
@@ -128,15 +130,15 @@ def shared_with(loads, tmp_path, timeout_s=5.0) -> SharedServer:
 
 
 def test_waits_until_nothing_runs_or_waits(tmp_path):
-    busy = {"running": 2.0, "waiting": 1.0, "kv": 0.1}
-    idle = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
-    shared = shared_with([busy, None, {**busy, "running": 0.0}, idle], tmp_path)
+    busy = Gauges(running=2.0, waiting=1.0, kv_pct=10.0)
+    idle = Gauges(running=0.0, waiting=0.0, kv_pct=0.0)
+    shared = shared_with([busy, None, dataclasses.replace(busy, running=0.0), idle], tmp_path)
     assert shared.ready("next") >= 3 * 0.2  # three polls that were not idle
 
 
 def test_a_server_that_never_idles_is_a_clear_error(tmp_path):
-    shared = shared_with([{"running": 3.0, "waiting": 0.0, "kv": 0.0}], tmp_path, timeout_s=0.6)
-    with pytest.raises(ServerNotIdle, match=r"not idle 1 s after the previous experiment \(3 running, 0 waiting\)"):
+    shared = shared_with([Gauges(running=3.0, waiting=0.0, kv_pct=0.0)], tmp_path, timeout_s=0.6)
+    with pytest.raises(ServerNotIdle, match=r"not idle 1 s after the previous experiment \(running 3  waiting 0  KV 0.0%\)"):
         shared._wait_idle()
 
 

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from filledfirst.contracts.records import RequestRecord
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.stream import send_streamed
-from filledfirst.records import RequestRecord
 
 from helpers.stream_double import StreamDouble
 

@@ -4,7 +4,14 @@ import duckdb
 import pytest
 
 from filledfirst import atomic
-from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, TokenRecord, to_table
+from filledfirst.contracts.records import (
+    REQUEST_SCHEMA,
+    SAMPLE_SCHEMA,
+    TOKEN_SCHEMA,
+    RequestRecord,
+    TokenRecord,
+    to_table,
+)
 from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
 

@@ -5,11 +5,11 @@ and nothing else is ever sent twice."""
 import asyncio
 import json
 
+from filledfirst.contracts.records import RequestRecord, ScheduledRequest
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import send_streamed
-from filledfirst.records import RequestRecord, ScheduledRequest
 
 from helpers.stream_double import Answer, Request, StreamDouble
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.loadgen.prompts import completion_body, endpoint
-from filledfirst.records import ScheduledRequest
 
 REQ = ScheduledRequest(request_id=7, t_offset_s=0.0, prompt_tokens=40, output_tokens=9, role="probe")
 

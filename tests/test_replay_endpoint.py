@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.engine.command import build_command
 from filledfirst.engine.server import VllmServer, free_port
-from filledfirst.records import SCHEDULE_SCHEMA
 from filledfirst.store.ingest import ingest
 from filledfirst.study import Model, TokenIds
 

@@ -14,7 +14,7 @@ from test_frontier_table import SEQ8_SEARCH, SLO, cap_probes
 from test_report import QMD, _ChartDivs, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
-from filledfirst.frontier.table import write_frontiers
+from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.report import charts, frontiers, render
 
 PROBE_ERROR = "server exited with code -9 <b>boom</b>"

@@ -1,4 +1,4 @@
-"""run.json, typed (filledfirst.runmeta): decoded once at ingest, its key facts lifted into
+"""run.json, typed (filledfirst.contracts.runmeta): decoded once at ingest, its key facts lifted into
 columns of table `runs`, nothing downstream walking the document by string paths."""
 
 import json
@@ -7,8 +7,9 @@ import duckdb
 import pytest
 from test_ingest import make_run
 
-from filledfirst import atomic, runmeta
+from filledfirst import atomic
 from filledfirst.analysis import signals
+from filledfirst.contracts import runmeta
 from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
 
@@ -101,7 +102,7 @@ def test_a_stored_run_json_that_no_longer_decodes_is_known_by_its_id(tmp_path, c
 
 def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=False, peak_s=None):
     """20 requests scheduled every 0.1 s, sent `lag_per_request` x i late, 10 tokens each."""
-    from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, to_table
+    from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, to_table
 
     path.mkdir()
     reqs = []

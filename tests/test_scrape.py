@@ -5,8 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filledfirst.records import SAMPLE_SCHEMA, TOKEN_SCHEMA, RecordColumns, SampleRecord, TokenRecord, to_table
-from filledfirst.run.scrape import latest_gauges, parse_metrics
+from filledfirst.contracts.gauges import Gauges
+from filledfirst.contracts.records import (
+    SAMPLE_SCHEMA,
+    TOKEN_SCHEMA,
+    RecordColumns,
+    SampleRecord,
+    TokenRecord,
+    to_table,
+)
+from filledfirst.metrics import latest_gauges, parse_metrics
 
 EXPOSITION = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -36,7 +44,7 @@ def test_every_vllm_sample_is_kept_and_the_older_kv_name_understood():
         "vllm:time_to_first_token_seconds_sum",
     }
     assert len(samples) == 9 and all(s.t == 1.5 for s in samples)
-    assert latest_gauges(samples) == {"running": 5.0, "waiting": 7.0, "kv": 0.5}
+    assert latest_gauges(samples) == Gauges(running=5.0, waiting=7.0, kv_pct=50.0)
 
 
 names = st.text(min_size=0, max_size=12)
@@ -89,7 +97,7 @@ async def _scrape_slowly(delays: list[float], interval_s: float, run_for_s: floa
     import aiohttp
     from aiohttp import web
 
-    from filledfirst.run.scrape import Scraper
+    from filledfirst.loadgen.scrape import Scraper
 
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0  # noqa: E731
@@ -175,7 +183,7 @@ def test_any_exception_in_a_scrape_is_a_failed_scrape(monkeypatch):
     the parser, once) fails that scrape alone."""
     import asyncio
 
-    from filledfirst.run import scrape
+    from filledfirst.loadgen import scrape
 
     calls = []
 

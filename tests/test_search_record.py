@@ -1,4 +1,4 @@
-"""search.json, typed (filledfirst.frontier.record): a file as the search writes it reads
+"""search.json, typed (filledfirst.contracts.search): a file as the search writes it reads
 back unchanged and writes the same bytes; one that does not fit is refused, naming it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
-from filledfirst.frontier.record import ResultRecord, SearchRecord
 from filledfirst.frontier.search import SearchBounds, Slo, StopReason
 
 # A search.json as `filledfirst frontier run` writes it (a real one, two of its probes kept).

@@ -26,15 +26,16 @@ from test_report import QMD
 from filledfirst import cli, interrupts, redact
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_config, search_fingerprint, validate_config
+from filledfirst.contracts.gauges import Gauges
+from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.engine import server as server_module
 from filledfirst.engine import shared as shared_module
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.server import ServerStartError, VllmServer, log_excerpt
-from filledfirst.frontier import run as frun
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
-from filledfirst.records import SCHEDULE_SCHEMA
 from filledfirst.report import render
 from filledfirst.run import runner
+from filledfirst.run import search as frun
 from filledfirst.run.runner import Job, run_experiments
 from filledfirst.store.ingest import ingest
 from filledfirst.study import Study
@@ -134,8 +135,8 @@ class DoubleAsVllm:
     def version(self) -> str:
         return "double"
 
-    def scheduler_load(self) -> dict:
-        return {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+    def scheduler_load(self) -> Gauges:
+        return Gauges(running=0.0, waiting=0.0, kv_pct=0.0)
 
     def stop(self) -> None:
         if self._serving is not None:

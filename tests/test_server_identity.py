@@ -103,6 +103,7 @@ def test_our_process_serving_our_model_is_healthy(tmp_path):
 _ASK_DIRECTLY = textwrap.dedent("""
     import sys
     from pathlib import Path
+    from filledfirst.contracts.gauges import Gauges
     from filledfirst.engine.command import ServerCommand
     from filledfirst.engine.server import VllmServer
     from filledfirst.loadgen.endpoint import check_endpoint
@@ -111,7 +112,7 @@ _ASK_DIRECTLY = textwrap.dedent("""
     server = VllmServer(ServerCommand(["unused"]), host="127.0.0.1", port=port, log_path=Path("unused.log"),
                         startup_timeout_s=1)
     assert server._get("/health", timeout=5) == b"", "health"
-    assert server.scheduler_load() == {"running": 0.0, "waiting": 0.0, "kv": 0.0}, "metrics"
+    assert server.scheduler_load() == Gauges(running=0.0, waiting=0.0, kv_pct=0.0), "metrics"
     assert server.version() == "double", "version"
     assert runner.server_version(base) == "double", "the runner's version"
     check_endpoint(base)

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from filledfirst.contracts.records import RequestRecord, ScheduledRequest
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import send_streamed
-from filledfirst.records import RequestRecord, ScheduledRequest
 
 from helpers.stream_double import Answer, StreamDouble
 
@@ -233,7 +233,7 @@ def test_a_replay_stores_the_timings_where_the_server_sent_them():
         rid = int(request.rid.removeprefix("ff-"))
         return scripted([token() + token() + token(), final_usage(VLLM_METRICS if rid % 2 else None) + DONE])
 
-    from filledfirst.records import REQUEST_SCHEMA, to_table
+    from filledfirst.contracts.records import REQUEST_SCHEMA, to_table
 
     sched = [ScheduledRequest(i, 0.01 * i, 5, 3, "x") for i in range(4)]
     replay = asyncio.run(replay_against(StreamDouble(answer), sched, request_timeout_s=5, drain_timeout_s=5))

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_stream import DONE, replay_against, run_against, scripted
 
+from filledfirst.contracts.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.loadgen.stream import MAX_LINE_BYTES, UNREADABLE, SSEData
 from filledfirst.metrics import PER_REQUEST
-from filledfirst.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
 
 from helpers.stream_double import StreamDouble
 

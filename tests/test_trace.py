@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.errors import UserError
-from filledfirst.records import SCHEDULE_SCHEMA
 from filledfirst.schedule import stats_path
 from filledfirst.trace.fetch import MIRROR_ENV, fetch_trace
 from filledfirst.trace.subsample import subsample, subsample_to_parquet

@@ -1,7 +1,7 @@
 """The project rule: no module outside config, study and run walks the raw config dict, an
 experiment's spec document or run.json by string keys, and no module at all walks a
 capacity search's search.json so; they read the typed contracts (filledfirst.study,
-filledfirst.runmeta, filledfirst.frontier.record) instead."""
+filledfirst.contracts.runmeta, filledfirst.contracts.search) instead."""
 
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.workers import TOKENS_PER_CORE_S, auto_workers, shard
-from filledfirst.records import ScheduledRequest
 
 from helpers.stream_double import StreamDouble
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filledfirst.records import SCHEDULE_SCHEMA
+from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.schedule import stats_path
 from filledfirst.workloads.synthetic import synthetic_schedule, write_synthetic_schedule
 

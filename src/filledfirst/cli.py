@@ -296,7 +296,7 @@ def _add_frontier(sub) -> None:
 
 def _cmd_frontier_run(args) -> int:
     from filledfirst.config import load_config, search_fingerprint
-    from filledfirst.frontier.run import run_frontier
+    from filledfirst.run.search import run_frontier
     from filledfirst.study import Study
 
     cfg = load_config(args.configs)
@@ -466,7 +466,7 @@ def _diagnose_in_place(db: Path, rules, expect, parts) -> int:
         for run, expect, label, clue, warnings in rows:
             print(f"{run}: {label}" + (f" (designed for {expect})" if expect else "") + f" - {clue}"
                   + (f" [{warnings}]" if warnings else ""))
-    from filledfirst.frontier.table import write_frontiers
+    from filledfirst.analysis.frontiers import write_frontiers
 
     # The capacity searches' results need the probes' diagnosis: table `frontiers`.
     for f in write_frontiers(db).to_dicts():

@@ -7,7 +7,7 @@ these resources into sbatch options; a local run ignores them. Defaults are the 
 
 The time limit is the longest the job can legitimately take by the runner's own limits:
 the server start-up (it gives up after `engine.startup_timeout_s`), then each
-experiment's deadline (filledfirst.loadgen.deadline, the one the replay keeps: open loop,
+experiment's deadline (filledfirst.deadline, the one the replay keeps: open loop,
 the last scheduled arrival plus `loadgen.drain_timeout_s`; closed loop, ceil(requests /
 concurrency) x `loadgen.request_timeout_s`). A job SLURM stops at its limit fails with
 every experiment it had not finished, so the estimate errs on the long side;
@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from filledfirst.loadgen.deadline import run_deadline_s
+from filledfirst.deadline import run_deadline_s
 from filledfirst.study import Cluster, Study, as_study
 
 DEFAULT_CPUS = Cluster().cpus_per_job

@@ -8,6 +8,15 @@ last usage chunk carries are at the end.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from filledfirst.contracts.gauges import Gauges
+from filledfirst.contracts.records import SampleRecord
+
 PREFIX = "vllm:"
 
 RUNNING = ("vllm:num_requests_running",)
@@ -18,6 +27,27 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # The counter's sample name carries `_total`; a scraper that stores the family name keeps
 # it without. `_created` (a timestamp) must never match, hence an explicit list.
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One scheduler gauge: its vLLM names, how engines combine (a data-parallel server
+    exposes one series per engine) and the factor to its unit."""
+
+    signal: str  # its name in the signals (and a field of contracts.gauges.Gauges)
+    names: tuple[str, ...]
+    across_engines: Literal["sum", "max"]
+    scale: float = 1.0
+
+
+# The one list of gauges: the signals' SQL (analysis.signals.GAUGES) and latest_gauges
+# both read it.
+GAUGES = (
+    Gauge("running", RUNNING, "sum"),
+    Gauge("waiting", WAITING, "sum"),
+    Gauge("kv_pct", KV_USAGE, "max", 100.0),  # the fullest engine, in percent
+)
+
 # An info gauge: each engine's cache settings (block_size, num_gpu_blocks, ...) as labels.
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 # Histograms (family names; their buckets are `<name>_bucket`).
@@ -49,3 +79,33 @@ def sql_list(names: tuple[str, ...]) -> str:
     """`'a', 'b'` for `metric IN (...)`. Constant names from this module, never user
     input: safe to inline."""
     return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+
+
+def parse_metrics(text: str, t: float) -> list[SampleRecord]:
+    """Every `vllm:` sample of one Prometheus text page, stamped `t`."""
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith(PREFIX):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out.append(SampleRecord(t, s.name, labels, float(s.value)))
+    return out
+
+
+def latest_gauges(samples: list[SampleRecord]) -> Gauges:
+    """The gauges of one scrape, as GAUGES combines them; a gauge with a value that is
+    not finite, or with none, is unknown (None), as in the signals."""
+    values: dict[str, list[float]] = {g.signal: [] for g in GAUGES}
+    by_name = {name: g for g in GAUGES for name in g.names}
+    for s in samples:
+        if s.metric in by_name:
+            values[by_name[s.metric].signal].append(s.value)
+    out = {}
+    for g in GAUGES:
+        v = values[g.signal]
+        if not v or not all(math.isfinite(x) for x in v):
+            out[g.signal] = None
+        else:
+            out[g.signal] = (sum(v) if g.across_engines == "sum" else max(v)) * g.scale
+    return Gauges(**out)

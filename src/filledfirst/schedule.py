@@ -7,9 +7,9 @@ from pathlib import Path
 import polars as pl
 
 from filledfirst.atomic import write_json, write_parquet
+from filledfirst.contracts.records import SCHEDULE_SCHEMA, ScheduledRequest
 from filledfirst.errors import UserError
 from filledfirst.rates import arrival_rate
-from filledfirst.records import SCHEDULE_SCHEMA, ScheduledRequest
 
 SCHEDULE_POLARS_SCHEMA = pl.Schema(
     {

@@ -8,7 +8,7 @@ from pathlib import Path
 from filledfirst import atomic
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_study
-from filledfirst.records import (
+from filledfirst.contracts.records import (
     REQUEST_SCHEMA,
     SAMPLE_SCHEMA,
     TOKEN_SCHEMA,

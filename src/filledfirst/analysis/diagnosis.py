@@ -39,8 +39,9 @@ from typing import Mapping
 import duckdb
 import polars as pl
 
-from filledfirst import runmeta
 from filledfirst.analysis import request_path, signals
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.errors import UserError
 from filledfirst.metrics import (
     CACHE_CONFIG_INFO,
@@ -52,7 +53,6 @@ from filledfirst.metrics import (
     WAITING,
     sql_list,
 )
-from filledfirst.runmeta import RunMeta
 from filledfirst.study import DiagnosisRules  # the thresholds: the config's `diagnosis` section
 
 __all__ = ["DiagnosisRules", "diagnose", "stored_rules", "write_diagnosis"]

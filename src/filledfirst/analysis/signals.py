@@ -52,10 +52,11 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from filledfirst import runmeta
-from filledfirst.metrics import KV_USAGE, PREEMPTIONS, RUNNING, SCRAPE_ERROR, TTFT_HISTOGRAM, WAITING, sql_list
+from filledfirst import metrics
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.runmeta import RunMeta
+from filledfirst.metrics import PREEMPTIONS, SCRAPE_ERROR, TTFT_HISTOGRAM, sql_list
 from filledfirst.rates import arrival_rate_sql
-from filledfirst.runmeta import RunMeta
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +169,17 @@ FROM samples GROUP BY run_id
 
 # Long-format scheduler signals: one value per (run, scrape time, signal), NULL where an
 # engine's value at that scrape is not known.
+_SIGNAL_OF = " ".join(f"WHEN metric IN ({sql_list(g.names)}) THEN '{g.signal}'" for g in metrics.GAUGES)
+_COMBINED = " ".join(f"WHEN signal = '{g.signal}' THEN {g.across_engines}(value) * {g.scale}" for g in metrics.GAUGES)
 GAUGES = f"""
 WITH tagged AS (
-    SELECT run_id, t, value,
-           CASE WHEN metric IN ({sql_list(RUNNING)}) THEN 'running'
-                WHEN metric IN ({sql_list(WAITING)}) THEN 'waiting'
-                ELSE 'kv_pct' END AS signal
+    SELECT run_id, t, value, CASE {_SIGNAL_OF} END AS signal
     FROM ({SAMPLES})
-    WHERE metric IN ({sql_list(RUNNING + WAITING + KV_USAGE)})
+    WHERE metric IN ({sql_list(tuple(n for g in metrics.GAUGES for n in g.names))})
 )
 SELECT run_id, t, signal,
        CASE WHEN count(value) < count(*) THEN NULL
-            WHEN signal = 'kv_pct' THEN max(value) * 100 ELSE sum(value) END AS value
+            {_COMBINED} END AS value
 FROM tagged
 GROUP BY run_id, t, signal
 """
@@ -320,7 +320,7 @@ def request_points(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
 
 
 def run_metas(con: duckdb.DuckDBPyConnection) -> dict[str, RunMeta]:
-    """run_id -> its run.json, typed (filledfirst.runmeta), in run_summary's order."""
+    """run_id -> its run.json, typed (filledfirst.contracts.runmeta), in run_summary's order."""
     rows = con.execute(
         "SELECT run_id, experiment, status, meta FROM runs ORDER BY started_at NULLS LAST, run_id").fetchall()
     out = {}

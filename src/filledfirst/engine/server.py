@@ -16,10 +16,11 @@ from pathlib import Path
 import psutil
 
 from filledfirst import direct_http
+from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
+from filledfirst.metrics import latest_gauges, parse_metrics
 from filledfirst.redact import redact_argv
-from filledfirst.run.scrape import latest_gauges, parse_metrics
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +233,8 @@ class VllmServer:
     def version(self) -> str | None:
         return server_version(self.base_url)
 
-    def scheduler_load(self) -> dict[str, float] | None:
-        """running / waiting / kv from one read of /metrics; None when it did not answer."""
+    def scheduler_load(self) -> Gauges | None:
+        """The scheduler's gauges from one read of /metrics; None when it did not answer."""
         body = self._get("/metrics", timeout=5.0)
         if body is None:
             return None

@@ -112,12 +112,12 @@ class SharedServer:
             if not self.alive():
                 raise ServerNotIdle("vLLM exited while waiting for it to be idle")
             load = self.server.scheduler_load()
-            if load is not None and load["running"] == 0 and load["waiting"] == 0:
+            if load is not None and load.idle():
                 waited = time.monotonic() - t0
                 log.info("vLLM idle after %.1f s", waited)
                 return waited
             time.sleep(IDLE_POLL_S)
-        seen = f"{load['running']:.0f} running, {load['waiting']:.0f} waiting" if load else "/metrics not answering"
+        seen = str(load) if load is not None else "/metrics not answering"
         raise ServerNotIdle(f"vLLM was not idle {self.idle_timeout_s:.0f} s after the previous experiment ({seen})")
 
     def stop(self) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 
+from filledfirst.deadline import run_deadline_s
 from filledfirst.errors import UserError
 from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
 from filledfirst.frontier.search import SearchBounds, Slo
-from filledfirst.loadgen.deadline import run_deadline_s
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
 
 
@@ -95,7 +95,7 @@ def frontier_runtime_minutes(study: Study, name: str) -> int:
     drain = study.cluster.drain_allowance_s
     startup = study.engine.startup_timeout_s if startup is None else startup
     drain = study.loadgen.drain_timeout_s if drain is None else drain
-    # A probe is an open loop: its deadline (filledfirst.loadgen.deadline) is its last arrival plus the drain.
+    # A probe is an open loop: its deadline (filledfirst.deadline) is its last arrival plus the drain.
     probe = run_deadline_s("open", 0, None, plan.longest_probe_s, study.loadgen.request_timeout_s, drain)
     return max(1, math.ceil((float(startup) + plan.bounds.budget * probe) / 60))
 

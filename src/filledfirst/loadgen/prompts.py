@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import random
 
-from filledfirst.records import ScheduledRequest
+from filledfirst.contracts.records import ScheduledRequest
 
 # Frequent English words, each a single token (with its leading space) in the Llama, Qwen
 # and GPT BPE vocabularies.

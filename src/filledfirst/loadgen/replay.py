@@ -14,17 +14,17 @@ from typing import Any, AsyncIterator, Callable, Coroutine
 
 import aiohttp
 
+from filledfirst.contracts.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
+from filledfirst.deadline import run_deadline_s
 from filledfirst.interrupts import note_interrupt, signal_reason
-from filledfirst.loadgen.deadline import run_deadline_s
 from filledfirst.loadgen.fdlimit import raise_open_file_limit
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.progress import show_progress
 from filledfirst.loadgen.prompts import completion_body, endpoint
+from filledfirst.loadgen.scrape import Scraper
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import DEADLINE_PASSED, send_streamed
 from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard, watch
-from filledfirst.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
-from filledfirst.run.scrape import Scraper
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Replay:
         self.tokens = RecordColumns(TokenRecord)  # one row per streamed chunk: compact
         self.target = Target.parse(self.url)  # a malformed URL fails here, before anything starts
         self.first_token_timeout_s = settings.first_token_timeout_s
-        # The one deadline of the run, on its clock (filledfirst.loadgen.deadline); a
+        # The one deadline of the run, on its clock (filledfirst.deadline); a
         # worker process's is its shard's, never later than the whole run's.
         self.deadline_s = run_deadline_s(
             self.mode, len(self.schedule), self.concurrency, self.schedule[-1].t_offset_s if self.schedule else 0.0,
@@ -92,10 +92,7 @@ class Replay:
         pool = self._pool
         sent, done, failed, in_flight = pool.progress() if pool is not None else progress_counts(self.requests)
         g = self.scraper.latest
-        server = (
-            f"running {g['running']:.0f}  waiting {g['waiting']:.0f}  KV {100 * g['kv']:.1f}%"
-            if g else "server: no scrape yet"
-        )
+        server = str(g) if g is not None else "server: no scrape yet"
         workers = f"  ({len(pool)} workers)" if pool is not None else ""
         return (
             f"t={self.clock():6.1f}s  sent {sent}/{len(self.requests)}  done {done}  failed {failed}  "

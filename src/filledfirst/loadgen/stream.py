@@ -10,10 +10,10 @@ from typing import Annotated, Any, Callable
 
 import msgspec
 
+from filledfirst.contracts.records import RecordColumns, RequestRecord, TokenRecord
 from filledfirst.loadgen.fdlimit import out_of_files_error
 from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, OutOfFiles, Pool
 from filledfirst.metrics import PER_REQUEST, PER_REQUEST_METRICS
-from filledfirst.records import RecordColumns, RequestRecord, TokenRecord
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ assert PER_REQUEST_METRICS == "metrics", "the typed event names vLLM's field"
 _decode_event = msgspec.json.Decoder(_Event).decode
 
 _REJECT_STATUSES = {429, 503}
-# The cancel message of requests still open at the run's deadline (filledfirst.loadgen.deadline).
+# The cancel message of requests still open at the run's deadline (filledfirst.deadline).
 DEADLINE_PASSED = "the run's deadline passed"
 UNREADABLE = "the client could not read the answer"  # the error text of the last-resort catch
 _ERROR_TEXT_MAX = 500

@@ -33,9 +33,9 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Callable
 
+from filledfirst.contracts.records import RequestRecord, ScheduledRequest
 from filledfirst.interrupts import set_parent_death_signal
 from filledfirst.loadgen.fdlimit import raise_open_file_limit
-from filledfirst.records import RequestRecord, ScheduledRequest
 
 log = logging.getLogger(__name__)
 

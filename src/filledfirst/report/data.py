@@ -10,8 +10,8 @@ import duckdb
 
 from filledfirst.analysis import request_path, signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers
-from filledfirst.runmeta import RunMeta
 from filledfirst.store.study_parts import stored_parts
 from filledfirst.study import Part
 

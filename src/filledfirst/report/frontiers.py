@@ -1,7 +1,7 @@
 """The report's capacity-search part and its one-screen summary, from DuckDB only.
 
 Per frontier: the probes (each an ingested run whose run.json has a `frontier` block,
-filledfirst.runmeta.FrontierProbe; a probe measured twice counts once, its latest run, as in table
+filledfirst.contracts.runmeta.FrontierProbe; a probe measured twice counts once, its latest run, as in table
 `frontiers`), a chart of attainment against offered rate with the knee's bracket, and a
 table per setting: what held, what filled first at the knee, which scheduler signal
 crossed first and how far ahead of the break, and what would move the knee.
@@ -20,10 +20,10 @@ import duckdb
 import polars as pl
 
 from filledfirst.analysis.diagnosis import DiagnosisRules
-from filledfirst.frontier.table import _has_table, _probes
+from filledfirst.analysis.frontiers import _has_table, _probes
+from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
 from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
-from filledfirst.runmeta import RunMeta
 
 # --- data ------------------------------------------------------------------------------------
 

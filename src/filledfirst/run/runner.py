@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from filledfirst import atomic, redact, runmeta
+from filledfirst import atomic, redact
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.engine.server import ServerStartError, log_excerpt, server_version
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
@@ -33,7 +35,6 @@ from filledfirst.loadgen.fdlimit import client_fault
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.model.kv import kv_record
-from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.run import folder, kept
 from filledfirst.run.provenance import hardware, versions
 from filledfirst.schedule import load_schedule

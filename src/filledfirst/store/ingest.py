@@ -12,10 +12,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from filledfirst import runmeta
 from filledfirst.atomic import atomic_path
-from filledfirst.frontier.record import SEARCH_JSON, SearchRecord
-from filledfirst.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA
+from filledfirst.contracts.search import SEARCH_JSON, SearchRecord
 from filledfirst.run import folder
 from filledfirst.store.lock import write_lock
 
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS requests (run_id VARCHAR NOT NULL, {_columns(REQUEST_SCHEMA)});
 CREATE TABLE IF NOT EXISTS tokens (run_id VARCHAR NOT NULL, {_columns(TOKEN_SCHEMA)});
 CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR NOT NULL, {_columns(SAMPLE_SCHEMA)});
--- a capacity search's search.json (filledfirst.frontier.run), its probes being runs
+-- a capacity search's search.json (filledfirst.run.search), its probes being runs
 CREATE TABLE IF NOT EXISTS frontier_searches (
     frontier VARCHAR NOT NULL, setting VARCHAR NOT NULL, search JSON, PRIMARY KEY (frontier, setting)
 );

@@ -52,7 +52,7 @@ class ScheduleInfo(_Part):
 
 
 class FrontierProbe(_Part):
-    """A capacity-search probe's block (filledfirst.frontier.run)."""
+    """A capacity-search probe's block (filledfirst.run.search)."""
 
     name: str
     setting: str

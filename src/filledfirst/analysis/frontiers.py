@@ -1,8 +1,8 @@
 """Table `frontiers`: one row per (frontier, setting), from the ingested probe runs.
 
 Made after the diagnosis (`filledfirst diagnose` writes both), from what is stored only:
-each probe run's `frontier` block (run.json, typed: filledfirst.runmeta.FrontierProbe), its `diagnosis` row, its
-rates (`signals.run_rates`) and the search's search.json (`frontier_searches`, when it
+each probe run's `frontier` block (run.json, typed: filledfirst.contracts.runmeta.FrontierProbe),
+its `diagnosis` row, its rates (`signals.run_rates`) and the search's search.json (`frontier_searches`, when it
 was ingested; without it the bracket is read off the probes: lo the highest rate that
 held below the lowest that broke). When a probe was measured more than once (a search
 resumed after a failure) its latest run counts.
@@ -38,8 +38,8 @@ import polars as pl
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
-from filledfirst.frontier.record import ResultRecord, SearchRecord
 
 SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,

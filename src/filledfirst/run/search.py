@@ -18,7 +18,7 @@ same search fingerprint, at the rate and length the search asks for next, in pro
 back; the first one that did not, and every folder after it, is measured again. A probe
 that fails outright (the server died or never started, every request failed) ends the
 search (PROBE_FAILED), its reason kept. At the end `DIR/search.json` is written atomically:
-the search's settings, its probes and its result (filledfirst.frontier.record.SearchRecord).
+the search's settings, its probes and its result (filledfirst.contracts.search.SearchRecord).
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from filledfirst import runmeta
 from filledfirst.config import fingerprint
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.runmeta import RunMeta
+from filledfirst.contracts.search import SEARCH_JSON, ProbeRecord, ResultRecord, SearchRecord
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
-from filledfirst.frontier.record import SEARCH_JSON, ProbeRecord, ResultRecord, SearchRecord
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
 from filledfirst.run import folder
-from filledfirst.runmeta import RunMeta
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 
 log = logging.getLogger(__name__)

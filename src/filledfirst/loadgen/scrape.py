@@ -9,36 +9,10 @@ import time
 from typing import Callable
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from filledfirst import metrics
-from filledfirst.metrics import SCRAPE_ERROR, SCRAPE_SECONDS
-from filledfirst.records import RecordColumns, SampleRecord
-
-
-def parse_metrics(text: str, t: float) -> list[SampleRecord]:
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if not s.name.startswith(metrics.PREFIX):
-                continue
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out.append(SampleRecord(t, s.name, labels, float(s.value)))
-    return out
-
-
-def latest_gauges(samples: list[SampleRecord]) -> dict[str, float]:
-    """running / waiting / kv from one scrape, summed over engines (kv: the fullest engine)."""
-    view = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
-    for s in samples:
-        if s.metric in metrics.RUNNING:
-            view["running"] += s.value
-        elif s.metric in metrics.WAITING:
-            view["waiting"] += s.value
-        elif s.metric in metrics.KV_USAGE:
-            view["kv"] = max(view["kv"], s.value)
-    return view
-
+from filledfirst.contracts.gauges import Gauges
+from filledfirst.contracts.records import RecordColumns, SampleRecord
+from filledfirst.metrics import SCRAPE_ERROR, SCRAPE_SECONDS, latest_gauges, parse_metrics
 
 # Where in its slot each scrape falls: a seeded uniform point in the first half, so the
 # gap between scrapes stays within 0.5-1.5 intervals (a value holds for at most
@@ -52,7 +26,7 @@ class Scraper:
         self.interval_s = interval_s
         self.clock = clock
         self.samples = RecordColumns(SampleRecord)
-        self.latest: dict[str, float] = {}
+        self.latest: Gauges | None = None
         self.errors = 0
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
