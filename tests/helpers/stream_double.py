@@ -55,7 +55,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-DEFAULT_METRICS = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+DEFAULT_METRICS = (b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+                   b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+                   b"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0\n")
 FAULTS = ("close", "headers", "die")
 COMPLETIONS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 TEXT = " w"  # every synthetic token's text
