@@ -300,9 +300,9 @@ def test_the_schedule_and_the_trace_state_the_same_rate():
 
     ten = pl.DataFrame({"t_offset_s": [float(i) for i in range(10)], "prompt_tokens": [1] * 10,
                         "output_tokens": [1] * 10, "role": ["r"] * 10})
-    assert schedule_stats(ten)["mean_rate_per_s"] == pytest.approx(1.0)
+    assert schedule_stats(ten).mean_rate_per_s == pytest.approx(1.0)
     # a trace window's length is not an arrival span: n arrivals in a 20 s window offer n / 20
-    assert schedule_stats(ten, duration_s=20.0)["mean_rate_per_s"] == pytest.approx(0.5)
+    assert schedule_stats(ten, duration_s=20.0).mean_rate_per_s == pytest.approx(0.5)
     assert arrival_rate(10, 9.0) == 1.0 and arrival_rate(1, 0.0) is None and arrival_rate(0, 0.0) is None
 
 

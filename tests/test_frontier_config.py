@@ -7,9 +7,9 @@ import copy
 import pytest
 
 from filledfirst.config import load_config, validate_config
+from filledfirst.contracts.search import SearchBounds, Slo
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import frontier_plan
-from filledfirst.frontier.search import SearchBounds, Slo
 from filledfirst.study import Study
 
 from conftest import REPO

@@ -14,7 +14,8 @@ import duckdb
 import pytest
 import yaml
 
-from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, SearchBounds, StopReason
+from filledfirst.contracts.search import SearchBounds, StopReason
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 
 from conftest import REPO, snakemake_argv
 

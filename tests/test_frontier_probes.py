@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filledfirst.contracts.stats import ScheduleStats, stats_path
 from filledfirst.frontier.probes import (
     shape_rate,
     synthetic_probe,
@@ -21,7 +21,6 @@ from filledfirst.frontier.probes import (
     trace_probe,
     trace_time_scale,
 )
-from filledfirst.schedule import stats_path
 from filledfirst.study import TraceWorkload, Workload
 from filledfirst.trace.subsample import subsample, subsample_to_parquet, window_of
 
@@ -138,10 +137,10 @@ def write_trace(path: Path, gaps_s: list[float]) -> Path:
 TRACE_SHAPE = typed({"kind": "trace", "trace": "t", "minutes": 2, "keep_every": 4, "time_scale": 0.5})
 
 
-def shape_stats(csv: Path, tmp_path: Path) -> dict:
+def shape_stats(csv: Path, tmp_path: Path) -> ScheduleStats:
     out = tmp_path / "shape.parquet"
     subsample_to_parquet(csv, out, **window_of(TRACE_SHAPE), time_scale=TRACE_SHAPE.time_scale)
-    return json.loads(stats_path(out).read_text())  # as a pipeline reads it back
+    return ScheduleStats.load(stats_path(out))  # as a pipeline reads it back
 
 
 def probe_of(csv: Path, probe: TraceWorkload) -> pl.DataFrame:
@@ -177,7 +176,7 @@ def test_bad_trace_rates_are_refused():
     with pytest.raises(ValueError, match="kept_per_s must be > 0"):
         trace_time_scale(0.0, 1.0)
     with pytest.raises(ValueError, match="no rate to scale"):
-        trace_kept_rate({"requests": 0, "duration_s": 60.0, "time_scale": 1.0})
+        trace_kept_rate(ScheduleStats(requests=0, duration_s=60.0, time_scale=1.0))
 
 
 def test_a_probe_lasts_its_lifetimes_of_the_highest_rate_that_held():

@@ -15,9 +15,9 @@ from test_group_runs import FakeShared
 from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config, search_fingerprint
 from filledfirst.contracts.records import TokenRecord
-from filledfirst.contracts.search import ResultRecord, SearchRecord
+from filledfirst.contracts.search import ResultRecord, SearchRecord, Slo, StopReason
 from filledfirst.frontier.plan import frontier_plan
-from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, StopReason
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 from filledfirst.loadgen.replay import Replay
 from filledfirst.run import search as frun
 from filledfirst.store.ingest import ingest
@@ -286,7 +286,7 @@ def test_unknown_frontier_or_setting_is_a_user_error(study):
 
 def test_probe_attainment_counts_gaps_between_token_chunks():
     from filledfirst.contracts.records import RequestRecord
-    from filledfirst.frontier.search import Slo
+    from filledfirst.contracts.search import Slo
 
     reqs = [RequestRecord(0, "r", 1, 3, 0.0, 0.0, 0.1, 0.1, 0.5, 0.5, status="ok"),
             RequestRecord(1, "r", 1, 3, 0.0, 0.0, 0.1, 0.1, 0.2, 0.2, status="ok"),

@@ -10,15 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filledfirst.frontier.search import (
-    CapacitySearch,
-    ProbeOutcome,
-    SearchBounds,
-    Slo,
-    StopReason,
-    attainment,
-    probe_bound,
-)
+from filledfirst.contracts.search import SearchBounds, Slo, StopReason
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, attainment, probe_bound
 
 TOL = 1 + 1e-9
 

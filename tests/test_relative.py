@@ -142,12 +142,12 @@ def test_a_relative_time_scale_offers_times_the_knee(tmp_path):
     knees = load_knees([write_search(tmp_path / "search.json", setting="seq2", lo=2.0)])
     out = tmp_path / "s.parquet"
     stats = subsample_to_parquet(csv, out, minutes=1.0, keep_every=4, relative=("knee/seq2", 1.5, knees))
-    (rel,) = stats["relative"]
+    (rel,) = stats.relative
     assert rel["kept_per_s"] == pytest.approx(0.5) and rel["rate_rps"] == 3.0
-    assert rel["time_scale"] == pytest.approx(0.5 / 3.0) == stats["time_scale"]
+    assert rel["time_scale"] == pytest.approx(0.5 / 3.0) == stats.time_scale
     # The density the search reads back from these stats is the window's, whatever the scale.
     assert trace_kept_rate(stats) == pytest.approx(0.5)
-    assert stats["requests"] / stats["duration_s"] == pytest.approx(3.0)
+    assert stats.requests / stats.duration_s == pytest.approx(3.0)
     gaps = pl.read_parquet(out)["t_offset_s"].diff().drop_nulls()
     assert (gaps - 1 / 3.0).abs().max() < 1e-9
     # the same mapping as a search's trace probe at that rate

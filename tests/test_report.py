@@ -17,6 +17,7 @@ from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_study
 from filledfirst.contracts.records import SAMPLE_SCHEMA
+from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.report import render, tables
 
 from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
@@ -312,14 +313,15 @@ def test_charts_draw_offline(report, chromium, tmp_path):
 def test_schedule_sentence_in_the_seeds_words():
     from filledfirst.report.tables import schedule_sentence
 
-    stats = {"requests": 114, "duration_s": 120.0, "keep_every": 10, "time_scale": 0.5, "clipped": 2,
-             "skipped": 0, "prompt_tokens": {"p50": 1029, "p90": 3612, "max": 9000},
-             "output_tokens": {"p50": 209, "p90": 429, "max": 652}}
+    stats = ScheduleStats.decode({
+        "requests": 114, "duration_s": 120.0, "keep_every": 10, "time_scale": 0.5, "clipped": 2, "skipped": 0,
+        "prompt_tokens": {"p50": 1029, "p90": 3612, "max": 9000},
+        "output_tokens": {"p50": 209, "p90": 429, "max": 652}})
     text = schedule_sentence(stats)
     assert "median prompt about 1,000 tokens, p90 around 3,600, median output about 209" in text
     assert "Every 10th request" in text and "gaps scaled by 0.5" in text and "2 clipped" in text
     assert "skipped" not in text
-    assert schedule_sentence(None) == "" and schedule_sentence({"requests": 0}) == ""
+    assert schedule_sentence(None) == "" and schedule_sentence(ScheduleStats.decode({"requests": 0})) == ""
 
 
 def test_sweep_chart_draws_and_marks_failed_levels():
@@ -387,16 +389,18 @@ def test_a_schedule_placed_relative_to_a_knee_says_where_it_was_placed():
     """The reader sees the rate a run was offered as the multiple of a measured knee it is."""
     from filledfirst.report.tables import schedule_sentence
 
-    stats = {"requests": 333, "duration_s": 3.1, "prompt_tokens": {"p50": 150, "p90": 150},
-             "output_tokens": {"p50": 160},
-             "relative": [{"key": "phases[0].interval_s", "role": "decode", "of": "decode/default",
-                           "knee_rps": 53.817, "times": 2.0, "rate_rps": 107.63, "interval_s": 0.00929}]}
+    stats = ScheduleStats.decode({
+        "requests": 333, "duration_s": 3.1, "prompt_tokens": {"p50": 150, "p90": 150, "max": 150},
+        "output_tokens": {"p50": 160, "p90": 160, "max": 160},
+        "relative": [{"key": "phases[0].interval_s", "role": "decode", "of": "decode/default",
+                      "knee_rps": 53.817, "times": 2.0, "rate_rps": 107.63, "interval_s": 0.00929}]})
     text = schedule_sentence(stats)
     assert ("Placed relative to a measured knee: the decode requests at 2x the knee of decode/default "
             "(53.8 req/s held): 108 req/s.") in text
-    trace = {"requests": 287, "duration_s": 24.0, "keep_every": 10, "time_scale": 0.05,
-             "relative": [{"key": "time_scale", "of": "azure/default", "knee_rps": 16.0, "times": 0.5,
-                           "rate_rps": 8.0, "kept_per_s": 0.48, "time_scale": 0.06}]}
+    trace = ScheduleStats.decode({
+        "requests": 287, "duration_s": 24.0, "keep_every": 10, "time_scale": 0.05,
+        "relative": [{"key": "time_scale", "of": "azure/default", "knee_rps": 16.0, "times": 0.5, "rate_rps": 8.0,
+                      "kept_per_s": 0.48, "time_scale": 0.06}]})
     assert "the trace's time scale at 0.5x the knee of azure/default (16 req/s held): 8 req/s, time scale 0.06" \
         in schedule_sentence(trace)
 

@@ -24,7 +24,7 @@ def document(**extra) -> dict:
         "part": "sequence_limit", "expect": "active-sequence limit",
         "model": {"name": "tiny", "path": "data/models/tiny", "dtype": "float32", "prompt_token_ids": {"low": 1}},
         "server": {"launcher": "cpu", "settings": {"max_num_seqs": 8}, "argv": ["vllm", "--max-num-seqs", "8"],
-                   "shared_with": "seq_limit"},
+                   "shared_with": ["seq_limit"]},
         "spec": {"loadgen": {"mode": "closed", "concurrency": 16, "seed": 0}, "scrape": {"interval_s": 0.5}},
         "schedule": {"path": "s.parquet", "requests": 128, "stats": {"duration_s": 0, "requests": 128}},
         "versions": {"vllm": "0.32.0"}, "a_key_of_a_newer_runner": [1, 2],
@@ -36,7 +36,7 @@ def test_a_run_json_decodes_whole_with_unknown_keys_and_null_sections():
     m = runmeta.decode(document())
     assert (m.part, m.expect, m.max_num_seqs, m.closed_loop, m.load_mode) == (
         "sequence_limit", "active-sequence limit", 8, True, "closed")
-    assert m.spec.loadgen.concurrency == 16 and m.scrape_interval_s == 0.5 and m.model.dtype == "float32"
+    assert m.concurrency == 16 and m.scrape_interval_s == 0.5 and m.model.dtype == "float32"
     # sections written as null read as absent; the cap falls back to the spec's
     old = runmeta.decode({"run_id": "r", "experiment": "e", "status": "ok", "schedule": None, "model": None,
                           "spec": {"server": {"max_num_seqs": 4}}})

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from filledfirst.contracts.search import ResultRecord, SearchRecord
+from filledfirst.contracts.search import ResultRecord, SearchBounds, SearchRecord, Slo, StopReason
 from filledfirst.errors import UserError
-from filledfirst.frontier.search import SearchBounds, Slo, StopReason
 
 # A search.json as `filledfirst frontier run` writes it (a real one, two of its probes kept).
 WRITTEN = {

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filledfirst.contracts.records import SCHEDULE_SCHEMA
+from filledfirst.contracts.stats import stats_path
 from filledfirst.errors import UserError
-from filledfirst.schedule import stats_path
 from filledfirst.trace.fetch import MIRROR_ENV, fetch_trace
 from filledfirst.trace.subsample import subsample, subsample_to_parquet
 
@@ -98,18 +98,18 @@ def test_real_trace_to_parquet(conv_trace, tmp_path):
     )
     table = pq.read_table(out)
     assert table.schema.remove_metadata().equals(SCHEDULE_SCHEMA)
-    assert json.loads(stats_path(out).read_text()) == json.loads(json.dumps(stats))
-    assert stats["requests"] == table.num_rows
-    assert stats["duration_s"] == 600.0
-    assert stats["read"] == "bisect"  # only the window was read, so the row count is unknown
-    assert stats["trace_requests"] is None
-    assert stats["trace_span_s"] > 3500
-    assert stats["clipped"] > 0  # the conversation trace has prompts above 4,096
+    assert json.loads(stats_path(out).read_text()) == stats.to_doc()
+    assert stats.requests == table.num_rows
+    assert stats.duration_s == 600.0
+    assert stats.read == "bisect"  # only the window was read, so the row count is unknown
+    assert stats.trace_requests is None
+    assert stats.trace_span_s > 3500
+    assert stats.clipped > 0  # the conversation trace has prompts above 4,096
     sizes = pl.from_arrow(table)
     assert (sizes["prompt_tokens"] + sizes["output_tokens"]).max() <= 4096
     for key in ("source", "window", "keep_every", "phase", "time_scale", "mean_rate_per_s",
                 "prompt_tokens", "output_tokens"):
-        assert key in stats
+        assert key in stats.to_doc()
 
 
 # --- timestamp formats --------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_out_of_order_rows_are_an_error_or_skipped(tmp_path):
     stats = subsample_to_parquet(path, out, minutes=1, skip_bad=True)
     df = pl.read_parquet(out)
     assert df["t_offset_s"].to_list() == [0.0, 3.0, 4.0]
-    assert (stats["skipped"], stats["skipped_by_reason"], stats["read"]) == (1, {"out_of_order": 1}, "full")
+    assert (stats.skipped, stats.skipped_by_reason, stats.read) == (1, {"out_of_order": 1}, "full")
 
 
 def test_frame_with_datetime_column():
@@ -188,7 +188,7 @@ def test_zero_output_and_clipping(tmp_path):
     )
     df = pl.read_parquet(out)
     assert list(zip(df["prompt_tokens"], df["output_tokens"])) == [(900, 100), (1, 999), (1, 1), (10, 20)]
-    assert (stats["clipped"], stats["zero_output"], stats["skipped"]) == (2, 1, 0)
+    assert (stats.clipped, stats.zero_output, stats.skipped) == (2, 1, 0)
     assert df["role"].to_list() == ["r"] * 4
 
 

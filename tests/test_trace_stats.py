@@ -15,17 +15,17 @@ from filledfirst.trace.subsample import read_trace
 def test_real_trace_figures(conv_trace, tmp_path):
     out = tmp_path / "stats.json"
     s = trace_stats(conv_trace, out)
-    assert json.loads(out.read_text()) == json.loads(json.dumps(s))
+    assert json.loads(out.read_text()) == s.to_doc()
     # FACTS.md: 19,366 rows, one hour, median prompt 1,020, max 14,050, median output 129.
-    assert (s["requests"], s["bad_rows"], s["out_of_order"]) == (19_366, 0, 0)
-    assert (s["prompt_tokens"]["p50"], s["prompt_tokens"]["max"], s["output_tokens"]["p50"]) == (1020, 14_050, 129)
-    assert sum(s["requests_per_minute"]) == 19_366 and len(s["requests_per_minute"]) == 59
+    assert (s.requests, s.bad_rows, s.out_of_order) == (19_366, 0, 0)
+    assert (s.prompt_tokens.p50, s.prompt_tokens.max, s.output_tokens.p50) == (1020, 14_050, 129)
+    assert sum(s.requests_per_minute) == 19_366 and len(s.requests_per_minute) == 59
     # The histogram percentiles are the ones polars computes on the whole column.
     df, _ = read_trace(conv_trace)
     for col, key in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
-        assert s[key]["p90"] == int(df[col].quantile(0.9, "nearest"))
-        assert s[key]["mean"] == pytest.approx(df[col].mean())
-    assert s["span_s"] == (df["t_ns"].max() - df["t_ns"].min()) / 1e9
+        assert getattr(s, key).p90 == int(df[col].quantile(0.9, "nearest"))
+        assert getattr(s, key).mean == pytest.approx(df[col].mean())
+    assert s.span_s == (df["t_ns"].max() - df["t_ns"].min()) / 1e9
     text = summary_text(s)
     assert "median prompt about 1,020 tokens, p90 around 2,700" in text and "19,366 requests" in text
 
@@ -33,20 +33,20 @@ def test_real_trace_figures(conv_trace, tmp_path):
 def test_minutes_are_counted_from_the_first_row(tmp_path):
     offsets = [0, 59_999_999, 60_000_000, 185_000_000]
     s = trace_stats(write_csv(tmp_path / "t.csv", [(ts2024(us), 10, 0) for us in offsets]))
-    assert s["requests_per_minute"] == [2, 1, 0, 1]
-    assert s["zero_output"] == 4 and s["span_s"] == 185.0
-    assert s["mean_rate_per_s"] == pytest.approx(3 / 185.0)  # 4 arrivals: 3 gaps over the span
+    assert s.requests_per_minute == [2, 1, 0, 1]
+    assert s.zero_output == 4 and s.span_s == 185.0
+    assert s.mean_rate_per_s == pytest.approx(3 / 185.0)  # 4 arrivals: 3 gaps over the span
 
 
 def test_one_row_has_no_rate(tmp_path):
-    assert trace_stats(write_csv(tmp_path / "t.csv", [(ts2024(0), 10, 1)]))["mean_rate_per_s"] is None
+    assert trace_stats(write_csv(tmp_path / "t.csv", [(ts2024(0), 10, 1)])).mean_rate_per_s is None
 
 
 def test_bad_and_unsorted_rows_are_counted(tmp_path):
     rows = [(ts2024(0), 5, 1), (ts2024(2_000_000), 5, 1), (ts2024(1_000_000), 5, 1), ("noon", 5, 1),
             (ts2024(3), "x", 1)]
     s = trace_stats(write_csv(tmp_path / "t.csv", rows))
-    assert (s["requests"], s["bad_rows"], s["out_of_order"]) == (3, 2, 1)
+    assert (s.requests, s.bad_rows, s.out_of_order) == (3, 2, 1)
     assert "bad rows: 2" in summary_text(s)
 
 

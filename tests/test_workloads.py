@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filledfirst.contracts.records import SCHEDULE_SCHEMA
-from filledfirst.schedule import stats_path
+from filledfirst.contracts.stats import stats_path
 from filledfirst.workloads.synthetic import synthetic_schedule, write_synthetic_schedule
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import polars as pl
 
-from filledfirst.atomic import write_json, write_parquet
+from filledfirst.atomic import write_parquet
 from filledfirst.contracts.records import SCHEDULE_SCHEMA, ScheduledRequest
+from filledfirst.contracts.stats import ScheduleStats, Spread
 from filledfirst.errors import UserError
 from filledfirst.rates import arrival_rate
 
@@ -96,20 +99,12 @@ def as_schedule(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def stats_path(out: Path) -> Path:
-    return Path(out).with_name(Path(out).name + ".stats.json")
-
-
-def _spread(col: pl.Series) -> dict:
+def _spread(col: pl.Series) -> Spread:
     # "nearest" keeps token percentiles whole numbers that actually occur.
-    return {
-        "p50": int(col.quantile(0.5, "nearest")),
-        "p90": int(col.quantile(0.9, "nearest")),
-        "max": int(col.max()),
-    }
+    return Spread(p50=int(col.quantile(0.5, "nearest")), p90=int(col.quantile(0.9, "nearest")), max=int(col.max()))
 
 
-def schedule_stats(df: pl.DataFrame, duration_s: float | None = None) -> dict:
+def schedule_stats(df: pl.DataFrame, duration_s: float | None = None) -> ScheduleStats:
     """Size and shape of a schedule. `duration_s` is the span the arrivals are spread over
     (a trace window's length); it defaults to the last arrival's offset."""
     n = df.height
@@ -118,22 +113,23 @@ def schedule_stats(df: pl.DataFrame, duration_s: float | None = None) -> dict:
         rate = arrival_rate(n, duration_s - float(df["t_offset_s"].min())) if n else None
     else:  # a window's count over its length
         rate = n / duration_s if duration_s > 0 else None
-    return {
-        "requests": n,
-        "duration_s": duration_s,
-        "mean_rate_per_s": rate,
-        "prompt_tokens": _spread(df["prompt_tokens"]) if n else None,
-        "output_tokens": _spread(df["output_tokens"]) if n else None,
-        "roles": dict(sorted(df["role"].value_counts().iter_rows())) if n else {},
-    }
+    return ScheduleStats(
+        requests=n,
+        duration_s=duration_s,
+        mean_rate_per_s=rate,
+        prompt_tokens=_spread(df["prompt_tokens"]) if n else None,
+        output_tokens=_spread(df["output_tokens"]) if n else None,
+        roles=dict(sorted(df["role"].value_counts().iter_rows())) if n else {},
+    )
 
 
 def write_schedule(
-    df: pl.DataFrame, out: Path, extra_stats: dict, duration_s: float | None = None
-) -> dict:
-    """Write the schedule parquet and `<out>.stats.json` beside it, each atomically."""
+    df: pl.DataFrame, out: Path, made_by: dict[str, Any], duration_s: float | None = None
+) -> ScheduleStats:
+    """Write the schedule parquet and `<out>.stats.json` beside it, each atomically; the
+    stats are its size and shape and `made_by`, the ScheduleStats fields of what made it."""
     table = as_schedule(df).to_arrow().cast(SCHEDULE_SCHEMA)
-    stats = {**schedule_stats(df, duration_s), **extra_stats}
+    stats = msgspec.structs.replace(schedule_stats(df, duration_s), **made_by)
     write_parquet(table, out)
-    write_json(stats, stats_path(out))
+    stats.write(out)
     return stats

@@ -23,6 +23,8 @@ from typing import Any, Literal, Mapping
 import msgspec
 import yaml
 
+from filledfirst.contracts.runmeta import Scrape
+from filledfirst.contracts.search import Slo
 from filledfirst.errors import UserError
 from filledfirst.paths import SCHEMA_PATH
 
@@ -146,8 +148,8 @@ class LoadMode(_Struct):
     concurrency: int | None = None
 
 
-class Scrape(_Struct):
-    interval_s: float = _d("scrape", "interval_s")
+# The config's `scrape` section as an absent one reads (the schema's default).
+SCRAPE = Scrape(interval_s=_d("scrape", "interval_s"))
 
 
 class Trace(_Struct):
@@ -289,11 +291,6 @@ class DiagnosisRules:
         return cls(**section)
 
 
-class Slo(_Struct):
-    ttft_ms: float
-    itl_ms: float
-
-
 class Frontier(_Struct):
     """A capacity search (filledfirst.frontier): one per server setting."""
 
@@ -339,7 +336,7 @@ class Study(_Struct):
     experiments: dict[str, Experiment]
     traces: dict[str, Trace] = {}
     loadgen: Loadgen = Loadgen()
-    scrape: Scrape = Scrape()
+    scrape: Scrape = SCRAPE
     report: Report = Report()
     cluster: Cluster = Cluster()
     diagnosis: DiagnosisRules = DiagnosisRules()
@@ -381,7 +378,7 @@ class ExperimentSpec(_Struct):
     engine: EngineStart
     description: str = ""
     loadgen: Loadgen = Loadgen()  # the study's with the experiment's overrides on top
-    scrape: Scrape = Scrape()
+    scrape: Scrape = SCRAPE
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> ExperimentSpec:
@@ -409,4 +406,3 @@ def as_study(cfg: Study | Mapping[str, Any]) -> Study:
 
 # The loadgen's defaults, for what takes them outside a study (`filledfirst replay`).
 LOADGEN = Loadgen()
-SCRAPE = Scrape()

@@ -29,7 +29,6 @@ Columns:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import duckdb
@@ -104,7 +103,7 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
     results: dict[tuple[str, str], ResultRecord] = {}  # each ingested search's bracket and stop reason
     if _has_table(con, "frontier_searches"):
-        results = {(f, s): SearchRecord.decode(json.loads(doc), f"table frontier_searches, row {f}/{s}").result
+        results = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}").result
                    for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = []
     for (name, setting), probes in groups.items():
@@ -120,7 +119,7 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         hi_p = next((p for p in measured if hi is not None and p["rate"] == hi and not p["held"]), None)
         slo = probes[0]["slo"]
         row = {"frontier": name, "setting": setting, "workload": probes[0].get("workload"),
-               "slo_ttft_ms": slo["ttft_ms"], "slo_itl_ms": slo["itl_ms"], "target": probes[0].get("target"),
+               "slo_ttft_ms": slo.ttft_ms, "slo_itl_ms": slo.itl_ms, "target": probes[0].get("target"),
                "probes": len(probes), "reason": result.reason.value if result else None,
                "error": result.error if result else None, "lo_rps": lo, "hi_rps": hi}
         for side, p in (("lo", lo_p), ("hi", hi_p)):
@@ -143,7 +142,7 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         row["cap_from_rps"] = lowest(lambda d, r: (d.get("running_at_cap_share") or 0) > 0)
         row["kv_full_from_rps"] = lowest(lambda d, r: (d.get("kv_full_share") or 0) > 0)
         row["ttft_p95_from_rps"] = lowest(
-            lambda d, r: r.get("ttft_p95_ms") is not None and r["ttft_p95_ms"] > slo["ttft_ms"])
+            lambda d, r: r.get("ttft_p95_ms") is not None and r["ttft_p95_ms"] > slo.ttft_ms)
         rows.append(row)
     return pl.DataFrame(rows, schema=SCHEMA)
 

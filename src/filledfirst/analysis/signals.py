@@ -45,7 +45,6 @@ Definitions (times are seconds on the run's one monotonic clock):
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -339,7 +338,7 @@ def run_meta(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
     rows = con.execute(
         "SELECT run_id, meta FROM runs ORDER BY started_at NULLS LAST, run_id"
     ).fetchall()
-    return {run_id: json.loads(meta) if meta else {} for run_id, meta in rows}
+    return {run_id: runmeta.loads(meta) if meta else {} for run_id, meta in rows}
 
 
 # Per run and bucket bound: how many observations the server added during the run.

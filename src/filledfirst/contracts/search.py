@@ -7,11 +7,20 @@ workloads placed relative to a search) decodes it once (`SearchRecord.read`,
 `SearchRecord.decode`) and reads the fields, so a document that does not fit is refused
 where it is read, naming the file. The file is JSON as `atomic.write_json` writes it (keys
 sorted); unknown keys are allowed, so a file from a newer writer still reads.
+
+The search's own terms are defined here too, since the record carries them: the SLO a
+probe is judged by (`Slo`, also the config's `frontiers.*.slo`), the search's bounds
+(`SearchBounds`, what filledfirst.frontier.search runs on) and why it stopped
+(`StopReason`), and a probe's verdict (`Probe`), which both search.json's list and each
+probe's run.json block (filledfirst.contracts.runmeta.FrontierProbe) carry.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,30 +28,85 @@ import msgspec
 
 from filledfirst import atomic, redact
 from filledfirst.errors import UserError
-from filledfirst.frontier.search import SearchBounds, SearchResult, Slo, StopReason
 
 SEARCH_JSON = "search.json"
+
+
+class Slo(msgspec.Struct, frozen=True):
+    ttft_ms: float  # time to first token
+    itl_ms: float  # the longest gap between two tokens of a request
+
+
+class StopReason(StrEnum):
+    CONVERGED = "converged"  # hi/lo <= precision (and lo confirmed `repeats` times)
+    BUDGET = "budget"  # the probe budget ran out first
+    HOLDS_AT_MAXIMUM = "holds_at_maximum"  # maximum held: the capacity is at least maximum
+    BREAKS_AT_START = "breaks_at_start"  # start broke: the capacity is below start
+    PROBE_FAILED = "probe_failed"  # a probe failed outright (server died, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchBounds:
+    start: float  # first rate probed, requests/s
+    maximum: float  # never probe above this
+    target: float = 0.95  # attainment at or above this holds the SLO
+    growth: float = 2.0  # grow-phase factor
+    precision: float = 1.1  # stop when hi/lo <= this
+    budget: int = 12  # at most this many probes, repeats included
+    repeats: int = 0  # extra probes of the final lo
+
+    def __post_init__(self) -> None:
+        for name in ("start", "maximum", "target", "growth", "precision"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        problems = []
+        if not (math.isfinite(self.start) and self.start > 0):
+            problems.append(f"start must be > 0, got {self.start}")
+        if not (math.isfinite(self.maximum) and self.maximum > self.start):
+            problems.append(f"maximum must be above start ({self.start}), got {self.maximum}")
+        if not (0 < self.target <= 1):
+            problems.append(f"target must be in (0, 1], got {self.target}")
+        if not (math.isfinite(self.growth) and self.growth > 1):
+            problems.append(f"growth must be > 1, got {self.growth}")
+        if not (math.isfinite(self.precision) and self.precision > 1):
+            problems.append(f"precision must be > 1, got {self.precision}")
+        if self.budget < 1:
+            problems.append(f"budget must be >= 1, got {self.budget}")
+        if self.repeats < 0:
+            problems.append(f"repeats must be >= 0, got {self.repeats}")
+        if problems:
+            raise ValueError("invalid search bounds: " + "; ".join(problems))
 
 
 class _Record(msgspec.Struct, kw_only=True, frozen=True):
     pass
 
 
-class ProbeRecord(_Record):
-    """One probe: its run folder's frontier block and status, as the search used them."""
+class Probe(_Record):
+    """A probe's rate, length and verdict (None where it has none: it failed, or an older
+    run folder did not record it)."""
 
     probe: int
     rate: float
-    probe_s: float | None
+    probe_s: float | None = None  # its seconds of arrivals
+    requests: int | None = None
+    attainment: float | None = None
+    held: bool | None = None
+    lifetime_p90_s: float | None = None  # its ok requests' scheduled arrival to end, p90
+    error: str | None = None
+
+
+class ProbeRecord(Probe, kw_only=True):
+    """One probe: its run folder's frontier block and status, as the search used them."""
+
     run_dir: str  # relative to the search's folder
     run_id: str
     status: str
-    requests: int | None
-    attainment: float | None
-    held: bool | None
-    lifetime_p90_s: float | None
-    error: str | None
     reused: bool  # read back from a finished probe folder when the search resumed
+
+    @classmethod
+    def of(cls, probe: Probe, *, run_dir: str, run_id: str, status: str, reused: bool) -> ProbeRecord:
+        return cls(**{f: getattr(probe, f) for f in Probe.__struct_fields__},
+                   run_dir=run_dir, run_id=run_id, status=status, reused=reused)
 
 
 class ResultRecord(_Record):
@@ -53,10 +117,6 @@ class ResultRecord(_Record):
     ratio: float | None
     reason: StopReason
     error: str | None
-
-    @classmethod
-    def of(cls, result: SearchResult) -> ResultRecord:
-        return cls(lo=result.lo, hi=result.hi, ratio=result.ratio, reason=result.reason, error=result.error)
 
 
 class SearchRecord(_Record):
@@ -97,13 +157,18 @@ class SearchRecord(_Record):
             raise _not_a_search(where, exc) from None
 
     @classmethod
+    def loads(cls, text: str | bytes, where: str | Path) -> SearchRecord:
+        """A search.json's text as SearchRecord; a UserError naming `where` when it does not fit."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise _not_a_search(where, exc) from None
+        return cls.decode(doc, where)
+
+    @classmethod
     def read(cls, path: str | Path) -> SearchRecord:
         """The search.json at `path` (a FileNotFoundError when there is none)."""
-        try:
-            doc = json.loads(Path(path).read_text())
-        except ValueError as exc:
-            raise _not_a_search(path, exc) from None
-        return cls.decode(doc, path)
+        return cls.loads(Path(path).read_text(), path)
 
 
 def _not_a_search(where: str | Path, why: Exception) -> UserError:

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 
+from filledfirst.contracts.search import SearchBounds, Slo
 from filledfirst.deadline import run_deadline_s
 from filledfirst.errors import UserError
 from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
-from filledfirst.frontier.search import SearchBounds, Slo
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
 
 
@@ -48,7 +48,7 @@ def frontier_plan(study: Study, name: str) -> FrontierPlan:
         workload_name=f.workload,
         workload=study.workloads[f.workload],
         settings={s: {**base, **over.given()} for s, over in f.settings.items()},
-        slo=Slo(ttft_ms=float(f.slo.ttft_ms), itl_ms=float(f.slo.itl_ms)),
+        slo=f.slo,
         probe_s=float(f.probe_s),
         probe_lifetimes=float(f.probe_lifetimes),
         probe_max_s=float(f.probe_max_s),
@@ -83,7 +83,7 @@ def probe_spec(study: Study, plan: FrontierPlan, setting: str, *, experiment: st
 
 def search_terms(plan: FrontierPlan) -> dict[str, Any]:
     """What decides a search's path besides its probes' spec (filledfirst.config.search_fingerprint)."""
-    return {"slo": dataclasses.asdict(plan.slo), "probe_s": plan.probe_s, "probe_lifetimes": plan.probe_lifetimes,
+    return {"slo": msgspec.structs.asdict(plan.slo), "probe_s": plan.probe_s, "probe_lifetimes": plan.probe_lifetimes,
             "probe_max_s": plan.probe_max_s, "bounds": dataclasses.asdict(plan.bounds)}
 
 

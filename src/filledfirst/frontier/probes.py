@@ -32,6 +32,7 @@ from collections.abc import Iterable
 import msgspec
 import polars as pl
 
+from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.study import SyntheticWorkload, TraceWorkload
 from filledfirst.workloads.synthetic import synthetic_schedule
 
@@ -88,13 +89,14 @@ def synthetic_probe_schedule(shape: SyntheticWorkload, rate: float, probe_s: flo
     return synthetic_schedule(synthetic_probe(shape, rate, probe_s))
 
 
-def trace_kept_rate(stats: dict) -> float:
+def trace_kept_rate(stats: ScheduleStats) -> float:
     """Requests a trace workload keeps per second of trace time, from its schedule's
     stats (`<schedule>.stats.json`: requests, duration_s, time_scale)."""
-    trace_s = float(stats["duration_s"]) / float(stats.get("time_scale", 1.0))
-    if stats["requests"] <= 0 or trace_s <= 0:
-        raise ValueError(f"the trace window keeps {stats['requests']} request(s) over {trace_s:g} s: no rate to scale")
-    return stats["requests"] / trace_s
+    requests = stats.requests or 0
+    trace_s = float(stats.duration_s or 0.0) / float(stats.time_scale or 1.0)
+    if requests <= 0 or trace_s <= 0:
+        raise ValueError(f"the trace window keeps {requests} request(s) over {trace_s:g} s: no rate to scale")
+    return requests / trace_s
 
 
 def trace_time_scale(kept_per_s: float, rate: float) -> float:

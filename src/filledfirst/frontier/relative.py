@@ -25,9 +25,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from filledfirst.contracts.search import SearchRecord
+from filledfirst.contracts.search import SearchRecord, StopReason
 from filledfirst.errors import UserError
-from filledfirst.frontier.search import StopReason
 from filledfirst.study import RelativeRate, Study, SyntheticWorkload, TraceWorkload, Workload
 
 

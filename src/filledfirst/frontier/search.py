@@ -40,51 +40,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from filledfirst.contracts.search import ResultRecord, SearchBounds, Slo, StopReason
 
 # Relative tolerance for "the same rate": a rate read back from a probe's run.json, or
 # a grown rate a rounding error below `maximum`.
 _REL_TOL = 1e-9
-
-
-class StopReason(StrEnum):
-    CONVERGED = "converged"  # hi/lo <= precision (and lo confirmed `repeats` times)
-    BUDGET = "budget"  # the probe budget ran out first
-    HOLDS_AT_MAXIMUM = "holds_at_maximum"  # maximum held: the capacity is at least maximum
-    BREAKS_AT_START = "breaks_at_start"  # start broke: the capacity is below start
-    PROBE_FAILED = "probe_failed"  # a probe failed outright (server died, ...)
-
-
-@dataclass(frozen=True, slots=True)
-class SearchBounds:
-    start: float  # first rate probed, requests/s
-    maximum: float  # never probe above this
-    target: float = 0.95  # attainment at or above this holds the SLO
-    growth: float = 2.0  # grow-phase factor
-    precision: float = 1.1  # stop when hi/lo <= this
-    budget: int = 12  # at most this many probes, repeats included
-    repeats: int = 0  # extra probes of the final lo
-
-    def __post_init__(self) -> None:
-        for name in ("start", "maximum", "target", "growth", "precision"):
-            object.__setattr__(self, name, float(getattr(self, name)))
-        problems = []
-        if not (math.isfinite(self.start) and self.start > 0):
-            problems.append(f"start must be > 0, got {self.start}")
-        if not (math.isfinite(self.maximum) and self.maximum > self.start):
-            problems.append(f"maximum must be above start ({self.start}), got {self.maximum}")
-        if not (0 < self.target <= 1):
-            problems.append(f"target must be in (0, 1], got {self.target}")
-        if not (math.isfinite(self.growth) and self.growth > 1):
-            problems.append(f"growth must be > 1, got {self.growth}")
-        if not (math.isfinite(self.precision) and self.precision > 1):
-            problems.append(f"precision must be > 1, got {self.precision}")
-        if self.budget < 1:
-            problems.append(f"budget must be >= 1, got {self.budget}")
-        if self.repeats < 0:
-            problems.append(f"repeats must be >= 0, got {self.repeats}")
-        if problems:
-            raise ValueError("invalid search bounds: " + "; ".join(problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +90,10 @@ class SearchResult:
     @property
     def ratio(self) -> float | None:
         return self.hi / self.lo if self.lo is not None and self.hi is not None else None
+
+    def record(self) -> ResultRecord:
+        """As search.json keeps it."""
+        return ResultRecord(lo=self.lo, hi=self.hi, ratio=self.ratio, reason=self.reason, error=self.error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,12 +205,6 @@ def probe_bound(bounds: SearchBounds) -> int:
     g = math.ceil(math.log(bounds.maximum / bounds.start) / math.log(bounds.growth) - _REL_TOL)
     b = max(0, math.ceil(math.log2(math.log(bounds.growth) / math.log(bounds.precision)) - _REL_TOL))
     return g + 1 + b + bounds.repeats
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    ttft_ms: float  # time to first token
-    itl_ms: float  # the longest gap between two tokens of a request
 
 
 def attainment(requests: Iterable[tuple[bool, float | None, float | None]], slo: Slo) -> float:

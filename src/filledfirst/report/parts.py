@@ -67,7 +67,7 @@ def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequenc
     if part.table == "sweep":
         sweep = sorted(
             ({**rates.get(r["run_id"], {}), **r, "queue_share": queue_shares.get(r["run_id"]),
-              "concurrency": metas[r["run_id"]].spec.loadgen.concurrency if r["run_id"] in metas else None}
+              "concurrency": metas[r["run_id"]].concurrency if r["run_id"] in metas else None}
              for r in rows),
             key=lambda x: x["concurrency"] or 0,
         )

@@ -11,6 +11,8 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from filledfirst.contracts.stats import ScheduleStats
+
 if TYPE_CHECKING:
     from filledfirst.analysis.diagnosis import DiagnosisRules
 
@@ -273,26 +275,26 @@ def _about(x: float) -> str:
     return f"{float(f'{x:.{digits}g}'):,.0f}"
 
 
-def schedule_sentence(stats: Mapping[str, Any] | None) -> str:
+def schedule_sentence(stats: ScheduleStats | None) -> str:
     """The workload in the seed's words, from the schedule's stats file: plain text, for
     `para` to escape (escaped here as well, it showed `&amp;` for `&` in the report)."""
-    if not stats or not stats.get("requests"):
+    if not stats or not stats.requests:
         return ""
-    p, o = stats.get("prompt_tokens", {}), stats.get("output_tokens", {})
+    p, o = stats.prompt_tokens, stats.output_tokens
     text = (
-        f"The workload: {stats['requests']:,} requests over {fmt_s(stats.get('duration_s'))}; "
-        f"median prompt about {_about(p.get('p50', 0))} tokens, p90 around {_about(p.get('p90', 0))}, "
-        f"median output about {_about(o.get('p50', 0))}."
+        f"The workload: {stats.requests:,} requests over {fmt_s(stats.duration_s)}; "
+        f"median prompt about {_about(p.p50 if p else 0)} tokens, p90 around {_about(p.p90 if p else 0)}, "
+        f"median output about {_about(o.p50 if o else 0)}."
     )
-    if stats.get("keep_every"):
-        text += f" Every {stats['keep_every']}th request of the trace window"
-        if stats.get("time_scale", 1) != 1:
-            text += f", gaps scaled by {stats['time_scale']:g}"
+    if stats.keep_every:
+        text += f" Every {stats.keep_every}th request of the trace window"
+        if stats.time_scale not in (None, 1):
+            text += f", gaps scaled by {stats.time_scale:g}"
         text += "."
-    dropped = [f"{stats[k]:,} {k.replace('_', ' ')}" for k in ("clipped", "skipped") if stats.get(k)]
+    dropped = [f"{n:,} {k}" for k, n in (("clipped", stats.clipped), ("skipped", stats.skipped)) if n]
     if dropped:
         text += " Changed or dropped: " + ", ".join(dropped) + "."
-    placed = [placement_phrase(r) for r in stats.get("relative") or []]
+    placed = [placement_phrase(r) for r in stats.relative or []]
     if placed:
         text += " Placed relative to a measured knee: " + "; ".join(placed) + "."
     return text

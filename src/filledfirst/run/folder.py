@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from filledfirst.contracts import runmeta
 
 RUN_JSON = "run.json"
 REQUESTS = "requests.parquet"
@@ -23,6 +24,8 @@ class IncompleteRunDir(Exception):
 
 
 def read_run_json(run_dir: str | Path) -> dict:
+    """A finished run folder's run.json as its document (runmeta.decode types it); an
+    IncompleteRunDir when the folder is not finished."""
     run_dir = Path(run_dir)
     path = run_dir / RUN_JSON
     if not path.is_file():
@@ -30,7 +33,7 @@ def read_run_json(run_dir: str | Path) -> dict:
             f"{run_dir}: no {RUN_JSON}; the run did not finish writing this folder "
             "(re-run the experiment)"
         )
-    meta = json.loads(path.read_text())
+    meta = runmeta.loads(path.read_text())
     if meta.get("status") not in RUN_STATUSES:
         raise IncompleteRunDir(f"{path}: status {meta.get('status')!r} is not one of {RUN_STATUSES}")
     if meta["status"] != "failed":

@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 
 from filledfirst import atomic
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.run import folder, provenance
 
 log = logging.getLogger(__name__)
@@ -43,15 +45,15 @@ def keep(out: Path) -> None:
     _publish_links(out, kept_path(out), "could not keep a copy for a re-run after an interruption")
 
 
-def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
+def restore(out: Path, spec_fingerprint: str, schedule: Path) -> RunMeta | None:
     """Publish the kept folder as `out` if it was measured with this spec and schedule;
     returns its run.json, or None when there is nothing to reuse."""
     src = kept_path(out)
     try:
-        meta = folder.read_run_json(src)
+        meta = runmeta.decode(folder.read_run_json(src))
     except (folder.IncompleteRunDir, ValueError):
         return None
-    if meta["status"] != "ok" or meta.get("spec_fingerprint") != spec_fingerprint:
+    if meta.status != "ok" or meta.spec_fingerprint != spec_fingerprint:
         return None
     if _digest(src / folder.SCHEDULE) != _digest(schedule):
         return None
@@ -60,15 +62,15 @@ def restore(out: Path, spec_fingerprint: str, schedule: Path) -> dict | None:
         return None
     if not _publish_links(src, out, "could not restore the finished run, measuring it again"):
         return None
-    log.info("%s: reusing the run measured before the job was interrupted (%s)", out.name, meta["run_id"])
+    log.info("%s: reusing the run measured before the job was interrupted (%s)", out.name, meta.run_id)
     return meta
 
 
-def _other_setup(meta: dict) -> str | None:
+def _other_setup(meta: RunMeta) -> str | None:
     """What differs between the kept run's setup and this machine's now, or None."""
     now = {"versions": provenance.versions(), "hardware": provenance.hardware()}
     for section, keys in (("versions", _SAME_VERSIONS), ("hardware", _SAME_HARDWARE)):
-        kept = meta.get(section) or {}
+        kept = getattr(meta, section)
         for key in keys:
             if kept.get(key) != now[section].get(key):
                 return f"{section}.{key} was {kept.get(key)!r}, is {now[section].get(key)!r}"

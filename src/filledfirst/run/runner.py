@@ -9,7 +9,6 @@ settings, replay each in turn, stop it (`run_experiment`: the same for one).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import shutil
@@ -19,12 +18,16 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import msgspec
+from msgspec import UNSET
 
 from filledfirst import atomic, redact
 from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
-from filledfirst.contracts import runmeta
 from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
+from filledfirst.contracts.runmeta import KvShape, ModelInfo, RunMeta, ScheduleInfo, Scrape, ServerInfo
+from filledfirst.contracts.stats import ScheduleStats, stats_path
 from filledfirst.engine.server import ServerStartError, log_excerpt, server_version
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
@@ -48,9 +51,10 @@ def read_schedule(path: Path) -> list[ScheduledRequest]:
 
 
 class _Run:
-    """The run folder under construction and the metadata that ends up in run.json."""
+    """The run folder under construction and its run.json, filled in as the run goes.
+    `about`: the RunMeta fields the caller knows (workload, spec, model, server, ...)."""
 
-    def __init__(self, name: str, schedule_path: Path, out: Path, extra: dict):
+    def __init__(self, name: str, schedule_path: Path, out: Path, about: dict[str, Any]):
         self.schedule = read_schedule(schedule_path)
         self.out = Path(out)
         self.work = atomic.make_temp_dir(self.out)
@@ -60,23 +64,21 @@ class _Run:
         # to find again in what is written: an error quoting the server's log, an answer.
         self.known: set[str] = set()
         self.t_start = time.monotonic()
-        self.meta: dict = {
-            "run_id": f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
-            "experiment": name,
-            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "versions": versions(),
-            "hardware": hardware(),
-            "schedule": {"path": str(schedule_path), "requests": len(self.schedule)},
-            "status": "failed",
-            "error": None,
-            "timings": {},
-            **extra,
-        }
+        stats = stats_path(schedule_path)
+        self.meta = RunMeta(
+            run_id=f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}",
+            experiment=name,
+            started_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+            versions=versions(),
+            hardware=hardware(),
+            schedule=ScheduleInfo(path=str(schedule_path), requests=len(self.schedule),
+                                  stats=ScheduleStats.load(stats, as_written=True) if stats.is_file() else UNSET),
+            status="failed",
+            error=None,
+            **about,
+        )
         # The model folder is at hand now: the diagnosis reads its KV shape from here.
-        self.meta["kv"] = kv_record(self.meta.get("model"), REPO_ROOT)
-        stats = Path(str(schedule_path) + ".stats.json")
-        if stats.is_file():
-            self.meta["schedule"]["stats"] = json.loads(stats.read_text())
+        self.meta.kv = KvShape(**kv_record(self.meta.model.to_doc(), REPO_ROOT))
 
     def replay_against(
         self, base_url: str, settings: ReplaySettings, progress: bool,
@@ -87,60 +89,61 @@ class _Run:
         self.replay = Replay(self.schedule, base_url, settings, progress=progress, server_alive=server_alive)
         self.known.update(filter(None, [settings.api_key]))
         # The diagnosis holds a scraped value for a multiple of this, also for external replays.
-        self.meta["scrape"] = {"interval_s": settings.scrape_interval_s}
+        self.meta.scrape = Scrape(interval_s=settings.scrape_interval_s)
         log.info("replaying %d requests against %s", len(self.schedule), base_url)
         event_loop.run(self.replay.run())
-        self.meta["timings"]["replay_s"] = self.replay.t_end
-        self.meta["timings"]["client_cpu_s"] = self.replay.client_cpu_s
-        self.meta["timings"]["client_cpu_peak_s"] = self.replay.client_cpu_peak_s
-        self.meta["timings"]["client_workers"] = self.replay.workers
+        timings = self.meta.timings
+        timings.replay_s = self.replay.t_end
+        timings.client_cpu_s = self.replay.client_cpu_s
+        timings.client_cpu_peak_s = self.replay.client_cpu_peak_s
+        timings.client_workers = self.replay.workers
         if self.replay.server_died:
-            self.meta["status"] = "partial"
             assert server_log is not None  # only a server we started is watched
-            self.meta["error"] = "vLLM exited during the run. " + log_excerpt(server_log)
+            self.failed("vLLM exited during the run. " + log_excerpt(server_log), "partial")
         elif (why := client_fault(self.replay.requests)) is not None:  # ours, not the server's
-            self.meta["status"], self.meta["error"] = "failed", why
+            self.failed(why)
         elif self.replay.interrupted:
-            self.meta["status"], self.meta["error"] = "partial", f"interrupted: {self.replay.interrupted}"
+            self.failed(f"interrupted: {self.replay.interrupted}", "partial")
         elif (why := every_request_failed(self.replay.requests)) is not None:
-            self.meta["status"], self.meta["error"] = "failed", why
+            self.failed(why)
         else:
-            self.meta["status"] = "ok"
+            self.meta.status = "ok"
+
+    def failed(self, error: str, status: str = "failed") -> None:
+        self.meta.status, self.meta.error = status, error
 
     def interrupted(self, exc: Interrupted) -> None:
-        self.meta["status"] = "partial" if self.replay is not None else "failed"
-        self.meta["error"] = f"interrupted: {exc.reason}"
+        self.failed(f"interrupted: {exc.reason}", "partial" if self.replay is not None else "failed")
 
     def finish(self) -> str:
         """Write the folder and swap it into place; an interrupted run raises `Interrupted`
         afterwards (the CLI exits 130 for it). What is written and logged is redacted
         (filledfirst.redact): the secrets in the server's command, environment and URL,
         wherever they were copied (an error quoting the server's log), are not in it."""
-        self.meta["duration_s"] = time.monotonic() - self.t_start
-        self.meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat()
-        known = self.known | redact.secrets_in(self.meta)
-        meta = self.meta = redact.redact_document(self.meta, known)
+        self.meta.duration_s = time.monotonic() - self.t_start
+        self.meta.finished_at = dt.datetime.now(dt.timezone.utc).isoformat()
         if self.replay is not None:
             r = self.replay
+            known = self.known | redact.secrets_in(self.meta.to_doc())
             for rec in r.requests:  # a server's error text may quote what it was sent
                 if rec.error:
                     rec.error = redact.redact_text(rec.error, known)
             atomic.write_parquet(to_table(r.requests, REQUEST_SCHEMA), self.work / folder.REQUESTS)
             atomic.write_parquet(to_table(r.tokens, TOKEN_SCHEMA), self.work / folder.TOKENS)
             atomic.write_parquet(to_table(r.scraper.samples, SAMPLE_SCHEMA), self.work / folder.SAMPLES)
-            meta["request_status_counts"] = dict(Counter(rec.status for rec in r.requests))
-            meta["scrape_errors"] = r.scraper.errors
+            self.meta.request_status_counts = dict(Counter(rec.status for rec in r.requests))
+            self.meta.scrape_errors = r.scraper.errors
         # run.json last: its presence is what marks the folder complete.
-        atomic.write_json(meta, self.work / folder.RUN_JSON)
+        meta = self.meta = self.meta.write(self.work / folder.RUN_JSON, self.known)
         atomic.publish_dir(self.work, self.out)
-        if meta["status"] == "ok":
-            log.info("run %s: ok -> %s", meta["run_id"], self.out)
+        if meta.status == "ok":
+            log.info("run %s: ok -> %s", meta.run_id, self.out)
         else:
-            why = (meta.get("error") or "no error recorded").strip().splitlines()[0]
-            log.warning("run %s: %s (%s) -> %s", meta["run_id"], meta["status"], why, self.out)
+            why = (meta.error or "no error recorded").strip().splitlines()[0]
+            log.warning("run %s: %s (%s) -> %s", meta.run_id, meta.status, why, self.out)
         if reason := interrupt_reason():
             raise Interrupted(reason)  # the pipeline must see an interrupted job as not done
-        return meta["status"]
+        return meta.status
 
 
 def every_request_failed(requests) -> str | None:
@@ -220,23 +223,20 @@ class _Group:
         keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
         if keeping and (reused := kept.restore(job.out, fingerprint(doc), job.schedule)) is not None:
             self.restored.add(position)
-            return reused["status"]
+            return reused.status
         # In an uninterrupted run this experiment met a server that had just served the one
         # before it; a restored one was not served by this start, so it is replayed first.
         warmed_by = _warm_up(self, self.jobs[position - 1], progress) if position - 1 in self.restored else None
         exp = self.study.experiments[job.experiment]
-        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, doc, {
-            "launcher": spec.engine.launcher,
-            "settings": spec.server,
-            "shared_with": self.names,
-            "group_position": position + 1,  # 1 = the first experiment of the group
-        }))
+        run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, doc, ServerInfo(
+            launcher=spec.engine.launcher, settings=spec.server, shared_with=self.names, group_position=position + 1,
+        )))
         shared = self.shared
         try:
             waited = shared.ready(job.experiment)
             _record_server(run, shared, waited)
             if warmed_by is not None and waited is not None:
-                run.meta["server"]["warmed_up_by"] = warmed_by
+                run.meta.server.warmed_up_by = warmed_by
             run.replay_against(
                 shared.base_url, _settings_for(spec, shared), progress,
                 server_alive=shared.alive, server_log=shared.log_path,
@@ -244,7 +244,7 @@ class _Group:
             self._stop_if_done(position, run)  # here, so a signal while stopping is handled below
         except ServerStartError as exc:
             _record_server(run, shared, None)
-            run.meta["status"], run.meta["error"] = "failed", str(exc)
+            run.failed(str(exc))
             # An experiment failed by an earlier start's failure gets that start's log too.
             self.log_from = min(self.log_from, shared.start_offset)
             log.error("%s", redact.redact_text(str(exc), shared.secrets))
@@ -261,7 +261,7 @@ class _Group:
     def _stop_if_done(self, position: int, run: _Run) -> None:
         """The server's last run gets its shutdown lines in its log; a server that died is
         stopped (its whole group) before the next experiment starts a fresh one."""
-        if position == len(self.jobs) - 1 or run.meta["status"] != "ok" or interrupt_reason():
+        if position == len(self.jobs) - 1 or run.meta.status != "ok" or interrupt_reason():
             self.shared.stop()
 
 
@@ -297,18 +297,18 @@ def _warm_up(group: _Group, job: Job, progress: bool) -> str | None:
 
 
 def run_on_server(
-    shared: SharedServer, name: str, schedule_path: Path, out: Path, spec: ExperimentSpec, meta: dict, *,
+    shared: SharedServer, name: str, schedule_path: Path, out: Path, spec: ExperimentSpec, about: dict[str, Any], *,
     progress: bool = True, log_from: int = 0,
-    annotate: Callable[[runmeta.RunMeta, Replay | None], dict] | None = None,
-) -> tuple[dict, int]:
+    annotate: Callable[[RunMeta, Replay | None], None] | None = None,
+) -> tuple[RunMeta, int]:
     """One ordinary run folder against a server the caller keeps between runs (the
     capacity search's probes): the server made ready (started, or reused once idle), the
-    replay, its part of the server log from byte `log_from`, then the keys
-    `annotate(run.json typed, replay)` returns are set in run.json before it is written.
+    replay, its part of the server log from byte `log_from`, then `annotate(run.json,
+    replay)` completes run.json before it is written (`about`: as for _Run).
     A server that died or failed to start is stopped; the caller stops it at the end.
     Returns (run.json, where the next run's log part begins); an interruption publishes the
     folder and raises `Interrupted`, as group runs do."""
-    run = _Run(name, schedule_path, out, meta)
+    run = _Run(name, schedule_path, out, about)
     try:
         waited = shared.ready(name)
         _record_server(run, shared, waited)
@@ -316,42 +316,38 @@ def run_on_server(
             shared.base_url, _settings_for(spec, shared), progress,
             server_alive=shared.alive, server_log=shared.log_path,
         )
-        if run.meta["status"] != "ok" or interrupt_reason():
+        if run.meta.status != "ok" or interrupt_reason():
             shared.stop()
     except ServerStartError as exc:
         _record_server(run, shared, None)
-        run.meta["status"], run.meta["error"] = "failed", str(exc)
+        run.failed(str(exc))
         log_from = min(log_from, shared.start_offset)
         log.error("%s", redact.redact_text(str(exc), shared.secrets))
     except Interrupted as exc:
         run.interrupted(exc)
     finally:
-        if run.meta["status"] != "ok" or interrupt_reason():
+        if run.meta.status != "ok" or interrupt_reason():
             shared.stop()
         log_from = shared.copy_log(log_from, run.work / folder.SERVER_LOG)
         if annotate is not None:
             try:
-                run.meta.update(annotate(runmeta.decode(run.meta), run.replay))
+                annotate(run.meta, run.replay)
             except Exception:  # the folder is still written: what was measured is kept
-                log.exception("could not annotate run %s", run.meta["run_id"])
+                log.exception("could not annotate run %s", run.meta.run_id)
         run.finish()
     return run.meta, log_from
 
 
-def _experiment_meta(exp: Experiment, spec: dict, server: dict) -> dict:
-    """run.json's document but for what the run measures; `spec` as spec_document wrote it."""
-    return {
-        "workload": spec["workload_name"],
-        "description": spec["description"],
-        # Report-only: which table of the study and which pattern the experiment was
-        # designed for. Outside the spec, so relabelling never re-runs an experiment.
-        "part": exp.part,
-        "expect": exp.expect,
-        "spec": spec,
-        "spec_fingerprint": fingerprint(spec),
-        "model": spec["model"],
-        "server": server,
-    }
+def _experiment_meta(exp: Experiment, spec: dict, server: ServerInfo) -> dict[str, Any]:
+    """run.json's fields but for what the run measures; `spec` as spec_document wrote it."""
+    return {**spec_meta(spec), "part": exp.part, "expect": exp.expect, "server": server}
+
+
+def spec_meta(spec: dict[str, Any]) -> dict[str, Any]:
+    """The RunMeta fields an experiment's (or a probe's) spec document decides."""
+    typed = ExperimentSpec.from_doc(spec)
+    return {"workload": typed.workload_name, "description": typed.description, "spec": spec,
+            "spec_fingerprint": fingerprint(spec), "model": msgspec.convert(spec["model"], ModelInfo)}
 
 
 def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, progress: bool) -> str:
@@ -362,13 +358,13 @@ def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, pro
     settings.api_key = _api_key(key_env, f"experiments.{job.experiment}.server.api_key_env")
     url = _without_credentials(external["url"])
     # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
-    server = {"launcher": "external", "url": url, "api_key_env": key_env, "settings": {}}
+    server = ServerInfo(launcher="external", url=url, api_key_env=key_env, settings={})
     run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], doc, server))
     try:
         check_endpoint(url, settings.api_key)
     except EndpointError as exc:
         # Like a server that did not start: a failed run folder, kept for the report.
-        run.meta["status"], run.meta["error"] = "failed", str(exc)
+        run.failed(str(exc))
         return run.finish()
     return _replay_external(run, url, settings, progress)
 
@@ -395,7 +391,7 @@ def _api_key(env_name: str | None, where: str) -> str | None:
 
 def _replay_external(run: _Run, url: str, settings: ReplaySettings, progress: bool) -> str:
     try:
-        run.meta["versions"]["vllm"] = server_version(url)
+        run.meta.versions["vllm"] = server_version(url)
         run.replay_against(url, settings, progress, server_alive=None)
     except Interrupted as exc:
         run.interrupted(exc)
@@ -410,20 +406,18 @@ def _record_server(run: _Run, shared: SharedServer, waited: float | None) -> Non
     meta = run.meta
     run.known |= shared.secrets  # to find again in an error quoting the server's log
     if shared.cmd is not None:
-        meta["server"].update({
-            "argv": redact.redact_argv(shared.cmd.argv),
-            "env": redact.redact_env(shared.cmd.env),  # only what we set
-            "url": shared.base_url,
-        })
+        meta.server.argv = redact.redact_argv(shared.cmd.argv)
+        meta.server.env = redact.redact_env(shared.cmd.env)  # only what we set
+        meta.server.url = shared.base_url
     if not shared.alive():
         return  # it never became healthy
-    meta["server"]["started_by"] = shared.started_by
-    meta["versions"]["vllm"] = shared.version
+    meta.server.started_by = shared.started_by
+    meta.versions["vllm"] = shared.version
     if waited is None:
-        meta["timings"]["startup_s"] = shared.startup_s
+        meta.timings.startup_s = shared.startup_s
     else:
-        meta["timings"]["startup_reused_s"] = shared.startup_s
-        meta["timings"]["idle_wait_s"] = waited
+        meta.timings.startup_reused_s = shared.startup_s
+        meta.timings.idle_wait_s = waited
 
 
 def replay_endpoint(
@@ -440,8 +434,8 @@ def replay_endpoint(
     run = _Run(name, schedule_path, out, {
         "workload": Path(schedule_path).stem,
         "description": f"replay against {url}",
-        "model": {"name": settings.model},
+        "model": ModelInfo(name=settings.model),
         # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
-        "server": {"launcher": "external", "url": url, "api_key_env": api_key_env, "settings": {}},
+        "server": ServerInfo(launcher="external", url=url, api_key_env=api_key_env, settings={}),
     })
     return _replay_external(run, url, settings, progress)

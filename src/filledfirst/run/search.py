@@ -23,8 +23,6 @@ the search's settings, its probes and its result (filledfirst.contracts.search.S
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import math
 import re
@@ -32,16 +30,19 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from filledfirst.config import fingerprint
+import msgspec
+
 from filledfirst.contracts import runmeta
-from filledfirst.contracts.runmeta import RunMeta
-from filledfirst.contracts.search import SEARCH_JSON, ProbeRecord, ResultRecord, SearchRecord
+from filledfirst.contracts.runmeta import FrontierProbe, RunMeta, ServerInfo
+from filledfirst.contracts.search import SEARCH_JSON, ProbeRecord, SearchRecord, Slo
+from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
-from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, Slo, attainment
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, attainment
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
 from filledfirst.run import folder
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
@@ -99,8 +100,9 @@ def probe_outcome(meta: RunMeta) -> ProbeOutcome:
     return ProbeOutcome(f.rate, f.attainment)
 
 
-def _verdict(meta: RunMeta, replay, slo: Slo, target: float) -> dict:
-    """The frontier block's measured part, filled in before run.json is written."""
+def _verdict(meta: RunMeta, replay, slo: Slo, target: float) -> dict[str, Any]:
+    """The frontier block's measured part (its FrontierProbe fields), filled in before
+    run.json is written."""
     if meta.status != "ok":
         return {"requests": None, "attainment": None, "held": None, "lifetime_p90_s": None, "missed": None,
                 "error": (meta.error or meta.status).strip()}
@@ -124,7 +126,7 @@ class Prober:
             if trace_csv is None or shape_stats is None:
                 raise UserError(f"frontier {plan.name}: workload {plan.workload_name!r} is a trace: "
                                 "give --trace-csv and --shape-stats (its schedule's .stats.json)")
-            self.kept_per_s = trace_kept_rate(json.loads(Path(shape_stats).read_text()))
+            self.kept_per_s = trace_kept_rate(ScheduleStats.load(shape_stats))
         self.scratch = Path(tempfile.mkdtemp(prefix=".server-", dir=out))
         # The server's whole log, gone at the end: each probe folder keeps its own part.
         server = self.probe_spec(plan.name, "", plan.workload).server_spec
@@ -153,7 +155,7 @@ class Prober:
 
     def measure(self, probe: int, rate: float, probe_s: float | None = None) -> RunMeta:
         """Probe `rate` for `probe_s` seconds of arrivals (the plan's probe_s by default)."""
-        from filledfirst.run.runner import run_on_server
+        from filledfirst.run.runner import run_on_server, spec_meta
 
         plan, setting = self.plan, self.setting
         name = probe_experiment(plan.name, setting, probe)
@@ -162,26 +164,21 @@ class Prober:
         description = (f"capacity search {plan.name}, setting {setting}: "
                        f"probe {probe} at {rate:.4g} req/s for {probe_s:.3g} s")
         spec = self.probe_spec(name, description, self.workload(rate, schedule, probe_s))
-        doc = spec.to_doc()
-        block = {"name": plan.name, "setting": setting, "probe": probe, "rate": rate, "probe_s": probe_s,
-                 "slo": dataclasses.asdict(plan.slo), "target": plan.bounds.target,
-                 "fingerprint": self.fingerprint}
-        meta = {
-            "workload": plan.workload_name, "description": description, "part": "frontier", "expect": None,
-            "spec": doc, "spec_fingerprint": fingerprint(doc), "model": doc["model"],
-            "server": {"launcher": spec.engine.launcher, "settings": spec.server},
-            "frontier": block,
-        }
+        block = FrontierProbe(name=plan.name, setting=setting, probe=probe, rate=rate, probe_s=probe_s, slo=plan.slo,
+                              target=plan.bounds.target, fingerprint=self.fingerprint)
+        about = {**spec_meta(spec.to_doc()), "part": "frontier", "expect": None, "frontier": block,
+                 "server": ServerInfo(launcher=spec.engine.launcher, settings=spec.server)}
 
-        def annotate(run_meta: RunMeta, replay) -> dict:
-            return {"frontier": {**block, **_verdict(run_meta, replay, plan.slo, plan.bounds.target)}}
+        def annotate(run_meta: RunMeta, replay) -> None:
+            verdict = _verdict(run_meta, replay, plan.slo, plan.bounds.target)
+            run_meta.frontier = msgspec.structs.replace(block, **verdict)
 
         log.info("%s: probing %.4g req/s for %.3g s (%s)", plan.name + "/" + setting, rate, probe_s, name)
         run_meta, self.log_from = run_on_server(
-            self.shared, name, schedule, self.out / probe_dir_name(probe), spec, meta,
+            self.shared, name, schedule, self.out / probe_dir_name(probe), spec, about,
             progress=self.progress, log_from=self.log_from, annotate=annotate,
         )
-        return runmeta.decode(run_meta)
+        return run_meta
 
     def close(self) -> None:
         self.shared.stop()
@@ -191,9 +188,7 @@ class Prober:
 def _probe_record(meta: RunMeta, reused: bool) -> ProbeRecord:
     f = meta.frontier
     assert f is not None, f"{meta.run_id}: not a probe"
-    return ProbeRecord(probe=f.probe, rate=f.rate, probe_s=f.probe_s, run_dir=probe_dir_name(f.probe),
-                       run_id=meta.run_id, status=meta.status, requests=f.requests, attainment=f.attainment,
-                       held=f.held, lifetime_p90_s=f.lifetime_p90_s, error=f.error, reused=reused)
+    return ProbeRecord.of(f, run_dir=probe_dir_name(f.probe), run_id=meta.run_id, status=meta.status, reused=reused)
 
 
 def _lifetimes(records: list[ProbeRecord]) -> list[tuple[float, bool | None, float | None]]:
@@ -278,7 +273,7 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
     record = SearchRecord(
         frontier=frontier, setting=setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
         slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
-        bounds=plan.bounds, probes=records, result=ResultRecord.of(result),
+        bounds=plan.bounds, probes=records, result=result.record(),
     )
     record.write(out / SEARCH_JSON)
     log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s", frontier, setting, result.reason,

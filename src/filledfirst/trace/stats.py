@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from filledfirst.atomic import write_json
+from filledfirst.contracts.stats import Spread, TraceStats
 from filledfirst.errors import UserError
 from filledfirst.rates import arrival_rate
 from filledfirst.trace.rows import COLUMNS
@@ -47,7 +47,7 @@ def _scan(path: Path) -> pl.LazyFrame:
     )
 
 
-def _percentiles(hist: pl.DataFrame, column: str) -> dict | None:
+def _percentiles(hist: pl.DataFrame, column: str) -> Spread | None:
     """p50/p90 ("nearest", as schedule stats do), max and mean from a value histogram."""
     hist = hist.sort(column)
     n = int(hist["len"].sum())
@@ -60,7 +60,7 @@ def _percentiles(hist: pl.DataFrame, column: str) -> dict | None:
         return int(hist[column][int(cum.search_sorted(rank + 1, side="left"))])
 
     mean = float((hist[column] * hist["len"]).sum()) / n
-    return {"p50": nearest(0.5), "p90": nearest(0.9), "max": int(hist[column][-1]), "mean": mean}
+    return Spread(p50=nearest(0.5), p90=nearest(0.9), max=int(hist[column][-1]), mean=mean)
 
 
 class _Tally:
@@ -102,7 +102,7 @@ class _Tally:
             self.hist[col] = vc if old is None else pl.concat([old, vc]).group_by(col).agg(pl.col("len").sum())
 
 
-def trace_stats(path: Path, out: Path | None = None) -> dict:
+def trace_stats(path: Path, out: Path | None = None) -> TraceStats:
     """Requests, span, mean rate, token percentiles and requests per minute of the whole file."""
     path = Path(path)
     good = (pl.col("t_ns").is_not_null() & (pl.col("prompt") >= 1) & (pl.col("output") >= 0)).fill_null(False)
@@ -115,26 +115,25 @@ def trace_stats(path: Path, out: Path | None = None) -> dict:
     if tally.good == 0:
         raise UserError(f"{path}: no usable rows (header only, or every row bad)")
     span_s = (tally.max_ns - tally.min_ns) / NS_PER_S
-    stats = {
-        "source": str(path),
-        "requests": tally.good,
-        "bad_rows": tally.rows - tally.good,
-        "first": format_ns(tally.first_ns),
-        "min": format_ns(tally.min_ns),
-        "max": format_ns(tally.max_ns),
-        "span_s": span_s,
-        "mean_rate_per_s": arrival_rate(tally.good, span_s),
-        "out_of_order": tally.out_of_order,
-        "zero_output": tally.zero_output,
-        "prompt_tokens": _percentiles(tally.hist["prompt"], "prompt"),
-        "output_tokens": _percentiles(tally.hist["output"], "output"),
-        # Minute i counts the rows in [first + 60 i, first + 60 (i + 1)) s (--start-offset 60 i).
-        "requests_per_minute": tally.per_min.tolist(),
-    }
-    if stats["bad_rows"]:
-        log.warning("%s: %d bad row(s) left out (`trace subsample` names them)", path, stats["bad_rows"])
+    stats = TraceStats(
+        source=str(path),
+        requests=tally.good,
+        bad_rows=tally.rows - tally.good,
+        first=format_ns(tally.first_ns),
+        min=format_ns(tally.min_ns),
+        max=format_ns(tally.max_ns),
+        span_s=span_s,
+        mean_rate_per_s=arrival_rate(tally.good, span_s),
+        out_of_order=tally.out_of_order,
+        zero_output=tally.zero_output,
+        prompt_tokens=_percentiles(tally.hist["prompt"], "prompt"),
+        output_tokens=_percentiles(tally.hist["output"], "output"),
+        requests_per_minute=tally.per_min.tolist(),
+    )
+    if stats.bad_rows:
+        log.warning("%s: %d bad row(s) left out (`trace subsample` names them)", path, stats.bad_rows)
     if out is not None:
-        write_json(stats, out)
+        stats.write(out)
     return stats
 
 
@@ -146,20 +145,19 @@ def _about(x: float, digits: int) -> str:
     return f"{round(x, shift):,.{max(shift, 0)}f}"
 
 
-def summary_text(s: dict) -> str:
-    per_min = s["requests_per_minute"]
+def summary_text(s: TraceStats) -> str:
+    per_min = s.requests_per_minute
     lines = [
-        f"{s['source']}: {s['requests']:,} requests over {s['span_s'] / 3600:,.1f} h "
-        f"(from {s['first']}), {_about(s['mean_rate_per_s'] or 0, 3)} per second on average",
+        f"{s.source}: {s.requests:,} requests over {s.span_s / 3600:,.1f} h "
+        f"(from {s.first}), {_about(s.mean_rate_per_s or 0, 3)} per second on average",
     ]
-    for label, key in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
-        p = s[key]
+    for label, p in (("prompt", s.prompt_tokens), ("output", s.output_tokens)):
         lines.append(
-            f"median {label} about {_about(p['p50'], 3)} tokens, p90 around {_about(p['p90'], 2)}, "
-            f"max {p['max']:,}"
+            f"median {label} about {_about(p.p50, 3)} tokens, p90 around {_about(p.p90, 2)}, "
+            f"max {p.max:,}"
         )
     if per_min:
         lines.append(f"requests per minute: median {sorted(per_min)[len(per_min) // 2]:,}, busiest {max(per_min):,}")
-    if s["bad_rows"] or s["out_of_order"]:
-        lines.append(f"bad rows: {s['bad_rows']:,}; rows earlier than the one above: {s['out_of_order']:,}")
+    if s.bad_rows or s.out_of_order:
+        lines.append(f"bad rows: {s.bad_rows:,}; rows earlier than the one above: {s.out_of_order:,}")
     return "\n".join(lines)

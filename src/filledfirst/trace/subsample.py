@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from filledfirst.contracts.stats import ScheduleStats, Window
 from filledfirst.errors import UserError
 from filledfirst.schedule import as_schedule, write_schedule
 from filledfirst.study import TraceWorkload
@@ -201,7 +202,7 @@ def _subsample(
         # The window's density as the search reads a trace shape's (unscaled stats).
         trace_s = (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S
         try:
-            kept_per_s = trace_kept_rate({"requests": kept.height, "duration_s": trace_s, "time_scale": 1.0})
+            kept_per_s = trace_kept_rate(ScheduleStats(requests=kept.height, duration_s=trace_s, time_scale=1.0))
         except ValueError as exc:
             raise UserError(f"{name}: a time scale relative to {relative[0]}: {exc}") from None
         time_scale, resolved = resolve_time_scale(relative[0], relative[1], relative[2], kept_per_s)
@@ -219,12 +220,8 @@ def _subsample(
         "trace_requests": w.trace_requests,
         "trace_first": format_ns(w.first_ns),
         "trace_span_s": (w.last_ns - w.first_ns) / _NS_PER_S,
-        "window": {
-            "start": format_ns(w.start_ns),
-            "start_offset_s": (w.start_ns - w.first_ns) / _NS_PER_S,
-            "minutes": minutes,
-            "requests": window.height,
-        },
+        "window": Window(start=format_ns(w.start_ns), start_offset_s=(w.start_ns - w.first_ns) / _NS_PER_S,
+                         minutes=minutes, requests=window.height),
         "keep_every": keep_every,
         "phase": phase,
         "time_scale": time_scale,
@@ -261,7 +258,7 @@ def window_of(workload: TraceWorkload) -> dict[str, Any]:
             "skip_bad": workload.skip_bad}
 
 
-def subsample_to_parquet(csv: Path, out: Path, **spec) -> dict:
+def subsample_to_parquet(csv: Path, out: Path, **spec) -> ScheduleStats:
     """Write the schedule to `out` and its stats to `<out>.stats.json`; return the stats.
 
     `spec`: as for `subsample`."""
@@ -270,6 +267,6 @@ def subsample_to_parquet(csv: Path, out: Path, **spec) -> dict:
     stats = write_schedule(schedule, out, info, duration_s=duration_s)
     log.info(
         "%s: %d requests over %.1f s (%d clipped) -> %s",
-        info["source"], stats["requests"], duration_s, info["clipped"], out,
+        info["source"], stats.requests, duration_s, info["clipped"], out,
     )
     return stats

@@ -7,6 +7,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 
+from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.errors import UserError
 from filledfirst.schedule import as_schedule, write_schedule
 from filledfirst.study import SyntheticWorkload
@@ -53,9 +54,10 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
     return as_schedule(merged)
 
 
-def write_synthetic_schedule(spec: SyntheticWorkload | dict, out: Path, extra_stats: dict | None = None) -> dict:
-    """The schedule and its `.stats.json` (with `extra_stats`, e.g. what a relative rate
-    resolved to); returns the stats."""
+def write_synthetic_schedule(spec: SyntheticWorkload | dict, out: Path, extra_stats: dict | None = None
+                             ) -> ScheduleStats:
+    """The schedule and its `.stats.json` (with `extra_stats`, ScheduleStats fields: e.g.
+    `relative`, what a relative rate resolved to); returns the stats."""
     spec = _typed(spec)
     return write_schedule(synthetic_schedule(spec), out,
                           {"source": "synthetic", "phases": len(spec.phases), **(extra_stats or {})})

@@ -1,0 +1,113 @@
+"""A schedule's `<schedule>.stats.json` and a trace's stats file, typed.
+
+filledfirst.schedule writes a schedule's stats beside it (its size and shape, and what
+made it: a trace window or a synthetic workload); the runner copies them into run.json
+under `schedule.stats`, the capacity search reads a trace shape's density from them, the
+report describes the workload with them. `filledfirst trace stats` writes a whole trace's
+figures (filledfirst.trace.stats). Keys a writer leaves out (a synthetic schedule has no
+trace window) are absent from the file and None in what readers get.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from filledfirst import atomic
+from filledfirst.contracts.document import Document, Opt, settled
+
+
+def stats_path(schedule: str | Path) -> Path:
+    """Where a schedule's stats are: `<schedule>.stats.json` beside it."""
+    schedule = Path(schedule)
+    return schedule.with_name(schedule.name + ".stats.json")
+
+
+class Spread(Document):
+    # "nearest" percentiles: whole numbers that actually occur.
+    p50: int
+    p90: int
+    max: int
+    mean: Opt[float] = UNSET  # a trace's stats only
+
+
+class Window(Document):
+    """The trace window a schedule was cut from."""
+
+    start: str
+    start_offset_s: float  # from the trace's first request
+    minutes: float
+    requests: int  # in the window, before keep_every
+
+
+class ScheduleStats(Document):
+    requests: Opt[int] = UNSET
+    duration_s: Opt[float] = UNSET  # the span the arrivals are spread over
+    mean_rate_per_s: Opt[float] = UNSET
+    prompt_tokens: Opt[Spread] = UNSET
+    output_tokens: Opt[Spread] = UNSET
+    roles: Opt[dict[str, int]] = UNSET
+    source: Opt[str] = UNSET  # the trace file's name, or "synthetic"
+    phases: Opt[int] = UNSET  # a synthetic workload's
+    # A trace window's (filledfirst.trace.subsample).
+    read: Opt[str] = UNSET
+    trace_requests: Opt[int] = UNSET
+    trace_first: Opt[str] = UNSET
+    trace_span_s: Opt[float] = UNSET
+    window: Opt[Window] = UNSET
+    keep_every: Opt[int] = UNSET
+    phase: Opt[int] = UNSET
+    time_scale: Opt[float] = UNSET
+    max_model_len: Opt[int] = UNSET
+    skipped: Opt[int] = UNSET
+    skipped_by_reason: Opt[dict[str, int]] = UNSET
+    zero_output: Opt[int] = UNSET
+    clipped: Opt[int] = UNSET
+    # Rates placed relative to a knee, as resolved (filledfirst.frontier.relative).
+    relative: Opt[list[dict[str, Any]]] = UNSET
+
+    def write(self, schedule: str | Path) -> None:
+        atomic.write_json(self.to_doc(), stats_path(schedule))
+
+    @classmethod
+    def decode(cls, doc: Any, where: str | Path = "schedule stats") -> ScheduleStats:
+        """A parsed stats document; a ValueError naming `where` when it does not fit."""
+        try:
+            return settled(msgspec.convert(doc, cls))
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{where}: not a schedule's stats: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | Path, *, as_written: bool = False) -> ScheduleStats:
+        """A stats file (the path of the file itself); a ValueError naming it when it does
+        not fit. `as_written`: the keys it lacks stay UNSET, to copy it into another file."""
+        try:
+            stats = msgspec.json.decode(Path(path).read_bytes(), type=cls)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"{path}: not a schedule's stats: {exc}") from None
+        return stats if as_written else settled(stats)
+
+
+class TraceStats(Document):
+    """A whole trace file's figures (`filledfirst trace stats`)."""
+
+    source: str
+    requests: int
+    bad_rows: int
+    first: str
+    min: str
+    max: str
+    span_s: float
+    mean_rate_per_s: float | None
+    out_of_order: int
+    zero_output: int
+    prompt_tokens: Spread | None
+    output_tokens: Spread | None
+    # Minute i counts the rows in [first + 60 i, first + 60 (i + 1)) s (--start-offset 60 i).
+    requests_per_minute: list[int]
+
+    def write(self, path: str | Path) -> None:
+        atomic.write_json(self.to_doc(), path)
