@@ -24,6 +24,7 @@ from filledfirst.store.ingest import ingest
 from filledfirst.study import Study
 
 from conftest import REPO
+from helpers.contracts import assert_round_trips
 
 CAPACITY = 9.0  # req/s: at or below it every request meets the SLO
 SLO_TTFT_MS, SLO_ITL_MS = 500.0, 100.0
@@ -112,7 +113,7 @@ def expected_search(cfg) -> CapacitySearch:
 
 
 def run_json(path):
-    return json.loads((path / "run.json").read_text())
+    return assert_round_trips(path / "run.json")
 
 
 def test_probes_are_run_folders_and_search_json_is_the_search(study):
@@ -127,6 +128,7 @@ def test_probes_are_run_folders_and_search_json_is_the_search(study):
     assert result.lo <= CAPACITY < result.hi
     written = out / "search.json"
     assert SearchRecord.read(written) == search
+    assert_round_trips(written)
     assert written.read_text() == json.dumps(search.to_doc(), indent=2, sort_keys=True) + "\n"
     assert search.bounds.start == 1 and search.slo == Slo(ttft_ms=SLO_TTFT_MS, itl_ms=SLO_ITL_MS)
     for i, probe in enumerate(search.probes, start=1):

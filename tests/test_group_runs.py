@@ -18,6 +18,7 @@ from filledfirst.run.runner import Job, run_experiments
 from filledfirst.workloads.synthetic import write_synthetic_schedule
 
 from conftest import REPO
+from helpers.contracts import assert_round_trips
 
 
 class _Proc:
@@ -92,7 +93,7 @@ def group(tmp_path, monkeypatch):
 
 
 def meta(job):
-    return json.loads((job.out / "run.json").read_text())
+    return assert_round_trips(job.out / "run.json")
 
 
 def server_log(job):

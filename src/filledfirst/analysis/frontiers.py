@@ -29,14 +29,15 @@ Columns:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-import msgspec
 import polars as pl
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.contracts.runmeta import FrontierProbe
 from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
 
@@ -61,21 +62,30 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
                             ).fetchall()[0][0])
 
 
-def _probes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dict]]:
+@dataclass(frozen=True)
+class ProbeRun:
+    """A probe's run as the frontier tables read it."""
+
+    run_id: str
+    status: str
+    workload: str | None
+    probe: FrontierProbe  # its run.json block
+
+
+def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[ProbeRun]]:
     """(frontier, setting) -> its probe runs, latest run per probe, in probe order."""
-    latest: dict[tuple[str, str, int], dict] = {}
+    latest: dict[tuple[str, str, int], ProbeRun] = {}
     for run_id, meta in signals.run_metas(con).items():  # ordered by started_at
         f = meta.frontier
         if f:
-            latest[(f.name, f.setting, f.probe)] = {"run_id": run_id, "status": meta.status,
-                                                    "workload": meta.workload, **msgspec.structs.asdict(f)}
-    out: dict[tuple[str, str], list[dict]] = {}
-    for (name, setting, _), probe in sorted(latest.items()):
-        out.setdefault((name, setting), []).append(probe)
+            latest[(f.name, f.setting, f.probe)] = ProbeRun(run_id, meta.status, meta.workload, f)
+    out: dict[tuple[str, str], list[ProbeRun]] = {}
+    for (name, setting, _), run in sorted(latest.items()):
+        out.setdefault((name, setting), []).append(run)
     return out
 
 
-def _knee_label(d: dict, probe: dict, rules: DiagnosisRules) -> tuple[str | None, str | None]:
+def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[str | None, str | None]:
     label, clue = d.get("label"), d.get("clue")
     ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
     if label not in ("reference", "unclassified") or ws is None or ws >= rules.waiting_min_share:
@@ -83,12 +93,12 @@ def _knee_label(d: dict, probe: dict, rules: DiagnosisRules) -> tuple[str | None
     if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
             or (kvf is not None and kvf >= rules.kv_full_min_share)):
         return label, clue
-    missed = probe.get("missed") or {}
+    missed = probe.missed or {}
     itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
     own = "ITL-bound" if itl > ttft else "compute-bound"
     return own, (f"SLO broken with no queue (waiting {ws:.0%} of the time) and no full resource "
                  f"(running at cap {'unknown' if cap is None else f'{cap:.0%}'}, KV full "
-                 f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.get('requests')} requests "
+                 f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.requests} requests "
                  f"{itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
 
 
@@ -96,7 +106,7 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     if not _has_table(con, "diagnosis"):
         raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
     rules = stored_rules(con)
-    groups = _probes(con)
+    groups = probe_runs(con)
     if not groups:
         return pl.DataFrame([], schema=SCHEMA)
     diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
@@ -107,35 +117,36 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                    for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = []
     for (name, setting), probes in groups.items():
-        measured = [p for p in probes if p.get("attainment") is not None]
+        measured = [p for p in probes if p.probe.attainment is not None]
         result = results.get((name, setting))
         if result is not None:
             lo, hi = result.lo, result.hi
         else:
-            broke = [p["rate"] for p in measured if not p["held"]]
+            broke = [p.probe.rate for p in measured if not p.probe.held]
             hi = min(broke, default=None)
-            lo = max((p["rate"] for p in measured if p["held"] and (hi is None or p["rate"] < hi)), default=None)
-        lo_p = next((p for p in reversed(measured) if lo is not None and p["rate"] == lo and p["held"]), None)
-        hi_p = next((p for p in measured if hi is not None and p["rate"] == hi and not p["held"]), None)
-        slo = probes[0]["slo"]
-        row = {"frontier": name, "setting": setting, "workload": probes[0].get("workload"),
-               "slo_ttft_ms": slo.ttft_ms, "slo_itl_ms": slo.itl_ms, "target": probes[0].get("target"),
+            lo = max((p.probe.rate for p in measured if p.probe.held and (hi is None or p.probe.rate < hi)),
+                     default=None)
+        lo_p = next((p for p in reversed(measured) if lo is not None and p.probe.rate == lo and p.probe.held), None)
+        hi_p = next((p for p in measured if hi is not None and p.probe.rate == hi and not p.probe.held), None)
+        slo = probes[0].probe.slo
+        row = {"frontier": name, "setting": setting, "workload": probes[0].workload,
+               "slo_ttft_ms": slo.ttft_ms, "slo_itl_ms": slo.itl_ms, "target": probes[0].probe.target,
                "probes": len(probes), "reason": result.reason.value if result else None,
                "error": result.error if result else None, "lo_rps": lo, "hi_rps": hi}
         for side, p in (("lo", lo_p), ("hi", hi_p)):
-            r = rates.get(p["run_id"], {}) if p else {}
+            r = rates.get(p.run_id, {}) if p else {}
             offered = r.get("offered_rps")
             row[f"{side}_offered_rps"] = offered
             row[f"{side}_output_tok_s"] = r.get("total_tok_s")
-            row[f"{side}_attainment"] = p["attainment"] if p else None
-            row[f"{side}_goodput_rps"] = p["attainment"] * offered if p and offered is not None else None
-        row["lo_run_id"] = lo_p["run_id"] if lo_p else None
+            row[f"{side}_attainment"] = p.probe.attainment if p else None
+            row[f"{side}_goodput_rps"] = p.probe.attainment * offered if p and offered is not None else None
+        row["lo_run_id"] = lo_p.run_id if lo_p else None
         if hi_p is not None:
-            row["knee_run_id"] = hi_p["run_id"]
-            row["knee_label"], row["knee_clue"] = _knee_label(diag.get(hi_p["run_id"], {}), hi_p, rules)
+            row["knee_run_id"] = hi_p.run_id
+            row["knee_label"], row["knee_clue"] = _knee_label(diag.get(hi_p.run_id, {}), hi_p.probe, rules)
 
         def lowest(crossed) -> float | None:
-            return min((p["rate"] for p in measured if crossed(diag.get(p["run_id"], {}), rates.get(p["run_id"], {}))),
+            return min((p.probe.rate for p in measured if crossed(diag.get(p.run_id, {}), rates.get(p.run_id, {}))),
                        default=None)
 
         row["waiting_from_rps"] = lowest(lambda d, r: (d.get("waiting_share") or 0) > 0)

@@ -20,7 +20,7 @@ import duckdb
 import polars as pl
 
 from filledfirst.analysis.diagnosis import DiagnosisRules
-from filledfirst.analysis.frontiers import _has_table, _probes
+from filledfirst.analysis.frontiers import _has_table, probe_runs
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
 from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
@@ -40,16 +40,16 @@ def probe_points(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     for a probe that measured nothing), held, failed (the probe failed outright, its run
     failed or it had failed requests), n_failed (requests), status, error, run_id."""
     out = []
-    for (name, setting), probes in _probes(con).items():
-        for p in probes:
-            missed = p.get("missed") or {}
-            n_failed = missed.get("failed") or 0
-            # as the search reads a probe (frontier.run): no verdict or an error is a failed probe
-            outright = p.get("attainment") is None or bool(p.get("error"))
+    for (name, setting), runs in probe_runs(con).items():
+        for run in runs:
+            p = run.probe
+            n_failed = (p.missed or {}).get("failed") or 0
+            # as the search reads a probe (run.search): no verdict or an error is a failed probe
+            outright = p.attainment is None or bool(p.error)
             out.append({
-                "frontier": name, "setting": setting, "probe": p["probe"], "rate": p["rate"],
-                "attainment": p.get("attainment"), "held": p.get("held"), "run_id": p["run_id"],
-                "status": p.get("status"), "error": p.get("error"), "n_failed": n_failed,
+                "frontier": name, "setting": setting, "probe": p.probe, "rate": p.rate,
+                "attainment": p.attainment, "held": p.held, "run_id": run.run_id,
+                "status": run.status, "error": p.error, "n_failed": n_failed,
                 "outright": outright, "failed": outright or n_failed > 0,
             })
     return out
