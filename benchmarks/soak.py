@@ -26,6 +26,9 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
+from filledfirst.contracts import runmeta
+from filledfirst.run import folder
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "benchmarks" / "soak.yaml"
 
@@ -68,11 +71,11 @@ def main() -> None:
             samples.append({"t_s": time.monotonic() - t_replay, "rss_mb": rss / 2**20, "fds": fds, "cpu_s": cpu})
         time.sleep(args.every)
     proc.wait()
-    meta = json.loads((run_dir / "run.json").read_text())
+    meta = runmeta.decode(folder.read_run_json(run_dir))
     statuses = Counter(pq.read_table(run_dir / "requests.parquet", columns=["status"]).column("status").to_pylist())
     summary = summarise(samples)
-    summary.update({"exit_code": proc.returncode, "run_status": meta["status"], "requests": dict(statuses),
-                    "wall_s": time.monotonic() - t0, "replay_s": meta["timings"].get("replay_s")})
+    summary.update({"exit_code": proc.returncode, "run_status": meta.status, "requests": dict(statuses),
+                    "wall_s": time.monotonic() - t0, "replay_s": meta.timings.replay_s})
     (work / "soak.json").write_text(json.dumps({"summary": summary, "samples": samples}, indent=1))
     print("| minute | client RSS (MB) | open FDs |\n|---:|---:|---:|")
     for minute in range(int(samples[-1]["t_s"] // 60) + 1):

@@ -59,9 +59,9 @@ def test_a_relative_phase_arrives_at_times_the_knee_the_others_stay():
     assert resolved_spec.phases[0] == msgspec.structs.replace(spec.phases[0], interval_s=pytest.approx(1 / 8))
     assert resolved_spec.phases[1] == spec.phases[1]
     assert spec.phases[0].interval_s == RelativeRate(of="knee/default", times=2.0)  # unchanged
-    assert resolved == [{"key": "phases[0].interval_s", "role": "bg", "of": "knee/default", "knee_rps": 4.0,
-                         "reason": "converged", "search": "s.json", "times": 2.0, "rate_rps": 8.0,
-                         "interval_s": 0.125}]
+    assert [r.to_doc() for r in resolved] == [{
+        "key": "phases[0].interval_s", "role": "bg", "of": "knee/default", "knee_rps": 4.0, "reason": "converged",
+        "search": "s.json", "times": 2.0, "rate_rps": 8.0, "interval_s": 0.125}]
     times = synthetic_schedule(resolved_spec).filter(pl.col("role") == "bg")["t_offset_s"].to_list()
     assert times == pytest.approx([k / 8 for k in range(10)])
 
@@ -143,8 +143,8 @@ def test_a_relative_time_scale_offers_times_the_knee(tmp_path):
     out = tmp_path / "s.parquet"
     stats = subsample_to_parquet(csv, out, minutes=1.0, keep_every=4, relative=("knee/seq2", 1.5, knees))
     (rel,) = stats.relative
-    assert rel["kept_per_s"] == pytest.approx(0.5) and rel["rate_rps"] == 3.0
-    assert rel["time_scale"] == pytest.approx(0.5 / 3.0) == stats.time_scale
+    assert rel.kept_per_s == pytest.approx(0.5) and rel.rate_rps == 3.0
+    assert rel.time_scale == pytest.approx(0.5 / 3.0) == stats.time_scale
     # The density the search reads back from these stats is the window's, whatever the scale.
     assert trace_kept_rate(stats) == pytest.approx(0.5)
     assert stats.requests / stats.duration_s == pytest.approx(3.0)

@@ -392,15 +392,16 @@ def test_a_schedule_placed_relative_to_a_knee_says_where_it_was_placed():
     stats = ScheduleStats.decode({
         "requests": 333, "duration_s": 3.1, "prompt_tokens": {"p50": 150, "p90": 150, "max": 150},
         "output_tokens": {"p50": 160, "p90": 160, "max": 160},
-        "relative": [{"key": "phases[0].interval_s", "role": "decode", "of": "decode/default",
-                      "knee_rps": 53.817, "times": 2.0, "rate_rps": 107.63, "interval_s": 0.00929}]})
+        "relative": [{"key": "phases[0].interval_s", "role": "decode", "of": "decode/default", "knee_rps": 53.817,
+                      "reason": "converged", "search": "s.json", "times": 2.0, "rate_rps": 107.63,
+                      "interval_s": 0.00929}]})
     text = schedule_sentence(stats)
     assert ("Placed relative to a measured knee: the decode requests at 2x the knee of decode/default "
             "(53.8 req/s held): 108 req/s.") in text
     trace = ScheduleStats.decode({
         "requests": 287, "duration_s": 24.0, "keep_every": 10, "time_scale": 0.05,
-        "relative": [{"key": "time_scale", "of": "azure/default", "knee_rps": 16.0, "times": 0.5, "rate_rps": 8.0,
-                      "kept_per_s": 0.48, "time_scale": 0.06}]})
+        "relative": [{"key": "time_scale", "of": "azure/default", "knee_rps": 16.0, "reason": "converged",
+                      "search": "s.json", "times": 0.5, "rate_rps": 8.0, "kept_per_s": 0.48, "time_scale": 0.06}]})
     assert "the trace's time scale at 0.5x the knee of azure/default (16 req/s held): 8 req/s, time scale 0.06" \
         in schedule_sentence(trace)
 

@@ -16,7 +16,7 @@ import pytest
 from filledfirst import study
 from filledfirst.contracts.document import settled
 from filledfirst.contracts.runmeta import ModelInfo
-from filledfirst.contracts.stats import ScheduleStats, stats_path
+from filledfirst.contracts.stats import Placement, ScheduleStats, stats_path
 
 from conftest import REPO
 from helpers.contracts import assert_round_trips
@@ -97,7 +97,9 @@ def test_a_synthetic_schedules_stats_round_trip(tmp_path, relative):
     from filledfirst.workloads.synthetic import write_synthetic_schedule
 
     workload = {"phases": [{"role": "r", "count": 5, "prompt_tokens": 10, "output_tokens": 4, "interval_s": 0.5}]}
-    extra = {"relative": [{"key": "phases[0].interval_s", "of": "f/s", "knee_rps": 2.0}]} if relative else None
+    placed = Placement(key="phases[0].interval_s", role="r", of="f/s", knee_rps=1.0, reason="converged",
+                       search="s.json", times=2.0, rate_rps=2.0, interval_s=0.5)
+    extra = {"relative": [placed]} if relative else None
     out = tmp_path / "s.parquet"
     written = write_synthetic_schedule(workload, out, extra)
     doc = assert_round_trips(stats_path(out))

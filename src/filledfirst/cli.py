@@ -225,8 +225,8 @@ def _cmd_workload_synth(args) -> int:
         wl, resolved = resolve_synthetic(wl, load_knees(args.knees))
         extra["relative"] = resolved
         for r in resolved:
-            log.info("workloads.%s.%s: %g x the knee of %s (%g req/s, %s) = %g req/s", args.workload, r["key"],
-                     r["times"], r["of"], r["knee_rps"], r["reason"], r["rate_rps"])
+            log.info("workloads.%s.%s: %g x the knee of %s (%g req/s, %s) = %g req/s", args.workload, r.key,
+                     r.times, r.of, r.knee_rps, r.reason, r.rate_rps)
     write_synthetic_schedule(wl, args.out, extra)
     return 0
 

@@ -38,15 +38,15 @@ def assert_round_trips(path: str | Path) -> dict:
     return doc
 
 
-def _present(read: dict, doc: dict) -> bool:
+def _present(read, doc) -> bool:
     """`read` holds `doc`'s keys and values, and None for the keys `doc` lacks."""
-    for key, value in read.items():
-        if key not in doc:
-            if value not in (None, {}, []) and not (isinstance(value, dict) and _present(value, {})):
-                return False
-        elif isinstance(value, dict) and isinstance(doc[key], dict):
-            if not _present(value, doc[key]):
-                return False
-        elif value != doc[key]:
-            return False
-    return set(doc) <= set(read)  # a writer writes no key its record lacks
+    if isinstance(read, dict) and isinstance(doc, dict):
+        return set(doc) <= set(read) and all(  # a writer writes no key its record lacks
+            _present(value, doc[key]) if key in doc else _empty(value) for key, value in read.items())
+    if isinstance(read, list) and isinstance(doc, list):
+        return len(read) == len(doc) and all(map(_present, read, doc))
+    return read == doc
+
+
+def _empty(value) -> bool:
+    return value is None or value in ({}, []) or (isinstance(value, dict) and all(map(_empty, value.values())))

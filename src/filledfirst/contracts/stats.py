@@ -43,6 +43,24 @@ class Window(Document):
     requests: int  # in the window, before keep_every
 
 
+class Placement(Document):
+    """A rate placed relative to a knee, as resolved (filledfirst.frontier.relative): the
+    search's knee, `times` it, and what that made of a synthetic phase's interval or a
+    trace window's time scale."""
+
+    key: str  # where in the workload: `phases[i].interval_s`, or `time_scale`
+    of: str  # the search: `<frontier>/<setting>`
+    knee_rps: float  # its result's lo
+    reason: str  # why it stopped
+    search: str  # its search.json
+    times: float
+    rate_rps: float  # times x the knee
+    role: Opt[str] = UNSET  # the phase's
+    interval_s: Opt[float] = UNSET
+    kept_per_s: Opt[float] = UNSET  # the trace window's requests per second of trace time
+    time_scale: Opt[float] = UNSET
+
+
 class ScheduleStats(Document):
     requests: Opt[int] = UNSET
     duration_s: Opt[float] = UNSET  # the span the arrivals are spread over
@@ -66,8 +84,7 @@ class ScheduleStats(Document):
     skipped_by_reason: Opt[dict[str, int]] = UNSET
     zero_output: Opt[int] = UNSET
     clipped: Opt[int] = UNSET
-    # Rates placed relative to a knee, as resolved (filledfirst.frontier.relative).
-    relative: Opt[list[dict[str, Any]]] = UNSET
+    relative: Opt[list[Placement]] = UNSET
 
     def write(self, schedule: str | Path) -> None:
         atomic.write_json(self.to_doc(), stats_path(schedule))

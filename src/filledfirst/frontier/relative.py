@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
 from filledfirst.contracts.search import SearchRecord, StopReason
+from filledfirst.contracts.stats import Placement
 from filledfirst.errors import UserError
 from filledfirst.study import RelativeRate, Study, SyntheticWorkload, TraceWorkload, Workload
 
@@ -96,8 +97,9 @@ def load_knees(paths: list[Path]) -> dict[str, KneeFile]:
     return out
 
 
-def knee(of: str, knees: dict[str, KneeFile]) -> dict:
-    """The knee of search `of`: {of, knee_rps, reason, search}; an error when it has none."""
+def knee(of: str, knees: dict[str, KneeFile]) -> dict[str, Any]:
+    """The knee of search `of`: the Placement fields of, knee_rps, reason and search; an
+    error when it has none."""
     if of not in knees:
         raise UserError(f"the capacity search {of} is needed (a rate is placed relative to its knee): "
                         f"give its search.json (have: {sorted(knees) or 'none'})")
@@ -114,7 +116,8 @@ def knee(of: str, knees: dict[str, KneeFile]) -> dict:
     return {"of": of, "knee_rps": lo, "reason": result.reason.value, "search": str(path)}
 
 
-def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, KneeFile]) -> tuple[SyntheticWorkload, list[dict]]:
+def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, KneeFile]
+                      ) -> tuple[SyntheticWorkload, list[Placement]]:
     """The synthetic workload with every relative interval_s made absolute, and what was
     resolved (one entry per relative phase)."""
     phases, resolved = [], []
@@ -124,13 +127,14 @@ def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, KneeFile]) -
             times = float(phase.interval_s.times)
             rate = times * k["knee_rps"]
             phase = msgspec.structs.replace(phase, interval_s=1.0 / rate)
-            resolved.append({"key": f"phases[{i}].interval_s", "role": phase.role, **k, "times": times,
-                             "rate_rps": rate, "interval_s": phase.interval_s})
+            resolved.append(Placement(key=f"phases[{i}].interval_s", role=phase.role, **k, times=times,
+                                      rate_rps=rate, interval_s=phase.interval_s))
         phases.append(phase)
     return msgspec.structs.replace(workload, phases=phases), resolved
 
 
-def resolve_time_scale(of: str, times: float, knees: dict[str, KneeFile], kept_per_s: float) -> tuple[float, dict]:
+def resolve_time_scale(of: str, times: float, knees: dict[str, KneeFile], kept_per_s: float
+                       ) -> tuple[float, Placement]:
     """The time scale at which a trace window keeping `kept_per_s` requests per trace
     second offers times x the knee of `of`, and what was resolved."""
     from filledfirst.frontier.probes import trace_time_scale
@@ -138,5 +142,5 @@ def resolve_time_scale(of: str, times: float, knees: dict[str, KneeFile], kept_p
     k = knee(of, knees)
     rate = float(times) * k["knee_rps"]
     scale = trace_time_scale(kept_per_s, rate)
-    return scale, {"key": "time_scale", **k, "times": float(times), "rate_rps": rate, "kept_per_s": kept_per_s,
-                   "time_scale": scale}
+    return scale, Placement(key="time_scale", **k, times=float(times), rate_rps=rate, kept_per_s=kept_per_s,
+                            time_scale=scale)

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from filledfirst.contracts.stats import ScheduleStats
+from filledfirst.contracts.stats import Placement, ScheduleStats
 
 if TYPE_CHECKING:
     from filledfirst.analysis.diagnosis import DiagnosisRules
@@ -300,14 +300,14 @@ def schedule_sentence(stats: ScheduleStats | None) -> str:
     return text
 
 
-def placement_phrase(resolved: Mapping[str, Any]) -> str:
+def placement_phrase(resolved: Placement) -> str:
     """One resolved knee-relative rate of a schedule (filledfirst.frontier.relative): what
     it is relative to, the knee the search measured, and the rate that made."""
-    what = f"the {resolved['role']} requests" if resolved.get("role") else "the trace's time scale"
-    text = (f"{what} at {resolved['times']:g}x the knee of {resolved['of']} "
-            f"({resolved['knee_rps']:.3g} req/s held): {resolved['rate_rps']:.3g} req/s")
-    if resolved.get("time_scale") is not None:
-        text += f", time scale {resolved['time_scale']:.3g}"
+    what = f"the {resolved.role} requests" if resolved.role else "the trace's time scale"
+    text = (f"{what} at {resolved.times:g}x the knee of {resolved.of} "
+            f"({resolved.knee_rps:.3g} req/s held): {resolved.rate_rps:.3g} req/s")
+    if resolved.time_scale is not None:
+        text += f", time scale {resolved.time_scale:.3g}"
     return text
 
 
