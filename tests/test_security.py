@@ -54,8 +54,11 @@ def _hostile_run(root: Path) -> Path:
     meta["server"]["settings"]["extra_args"] = [IMG]
     # a trace's stats, as the schedule's stats file would carry them
     meta["schedule"] = {"n_requests": 4, "source": IMG,
-                        "stats": {"requests": 4, "duration_s": 2.0, "keep_every": ATTR,
-                                  "prompt_tokens": {"p50": 150, "p90": 150}, "output_tokens": {"p50": 2}}}
+                        "stats": {"requests": 4, "duration_s": 2.0, "keep_every": 2,
+                                  "prompt_tokens": {"p50": 150, "p90": 150, "max": 150},
+                                  "output_tokens": {"p50": 2, "p90": 2, "max": 2},
+                                  "relative": [{"key": "time_scale", "of": ATTR, "knee_rps": 1.0, "reason": "converged",
+                                                "search": IMG, "times": 2.0, "rate_rps": 2.0}]}}
     built = [
         make_request(0, SCRIPT, 0.0, [(0.05, 1), (0.06, 1)]),  # roles come from the trace or workload
         make_request(1, SCRIPT, 0.1, [(0.15, 1), (0.17, 1)]),
@@ -151,7 +154,7 @@ def test_every_planted_string_is_escaped_in_the_report(hostile_report):
     for payload in PAYLOADS:
         assert payload in text, f"never shown: {payload}"
     for shown in (f"ValueError: {SCRIPT}", f"config description {IMG}", f"model {SCRIPT}", "; rm -rf /",
-                  f"designed for pattern {SCRIPT}", f"Every {ATTR}th request", f"interference {SCRIPT}"):
+                  f"designed for pattern {SCRIPT}", f"the knee of {ATTR}", f"interference {SCRIPT}"):
         assert shown in text, shown
     assert "&amp;lt;" not in html and "&amp;quot;" not in html and "&amp;amp;" not in html
     # chart data is JSON inside <script>: markup characters as \u escapes, never raw

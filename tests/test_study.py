@@ -41,9 +41,6 @@ SECTIONS = {
 }
 # Defaults the schema cannot hold (oneOf branches must not fill defaults): the type's own.
 TYPE_ONLY_DEFAULTS = {study.TraceWorkload, study.SyntheticWorkload, study.SyntheticPhase}
-# Sections typed by a record of filledfirst.contracts, which holds no config defaults: the
-# schema's are on the instance an absent section reads as.
-ABSENT_SECTION = {study.Scrape: study.SCRAPE}
 
 
 def _node(path):
@@ -57,8 +54,6 @@ def _fields(cls) -> dict:
     """name -> default (dataclasses.MISSING / msgspec.NODEFAULT when required)."""
     if dataclasses.is_dataclass(cls):
         return {f.name: f.default for f in dataclasses.fields(cls)}
-    if cls in ABSENT_SECTION:
-        return msgspec.structs.asdict(ABSENT_SECTION[cls])
     info = msgspec.inspect.type_info(cls)
     return {f.name: f.default for f in info.fields}
 

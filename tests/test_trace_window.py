@@ -75,7 +75,7 @@ def test_window_bounds_are_half_open_on_ties(tmp_path):
     path = write_csv(tmp_path / "t.csv", [(ts2024(us), i + 1, 1) for i, us in enumerate(offsets)])
     df, info = both(path, start_offset_s=60, minutes=1)
     assert df["prompt_tokens"].to_list() == [4, 5]
-    assert info["window"]["requests"] == 2
+    assert info["window"].requests == 2
 
 
 _sorted_offsets = st.lists(st.integers(0, 600_000_000), min_size=1, max_size=120).map(sorted)

@@ -11,7 +11,8 @@ from pathlib import Path
 from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted
 from filledfirst.redact import redact_text
-from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of, schema_property
+from filledfirst.schema import schema_property
+from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
 

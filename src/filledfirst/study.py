@@ -2,8 +2,10 @@
 
 Defaults live in exactly one place each:
 - a key whose schema entry has `default:` (src/filledfirst/schemas/config.schema.yaml) takes it
-  from there: the fields below read it with `schema_default`, so Snakemake (which fills
-  the schema's defaults into its `config` dict) and this module cannot disagree;
+  from there: the fields below read it with `schema_default` (filledfirst.schema), so
+  Snakemake (which fills the schema's defaults into its `config` dict) and this module
+  cannot disagree; the sections the run's files carry too (`scrape`, a frontier's `slo`)
+  are the contracts' types (filledfirst.contracts), under the same rule;
 - a key the schema cannot give a default (the workload kinds are a `oneOf`, whose
   branches must not fill defaults) has it here, on its field, and the schema only
   describes it.
@@ -17,38 +19,14 @@ validates and converts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Literal, Mapping
 
 import msgspec
-import yaml
 
 from filledfirst.contracts.runmeta import Scrape
 from filledfirst.contracts.search import Slo
 from filledfirst.errors import UserError
-from filledfirst.paths import SCHEMA_PATH
-
-
-@functools.lru_cache(maxsize=1)
-def _schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
-
-
-def schema_property(*path: str) -> dict:
-    """The schema's property at `path` (section, then key; "*" for any name of a catalog:
-    `("experiments", "*", "isolate")`): its type, bounds, default and description."""
-    node: dict = _schema()
-    for key in path:
-        node = node["additionalProperties"] if key == "*" else node["properties"][key]
-    return node
-
-
-def schema_default(*path: str) -> Any:
-    """The `default:` of the schema's property at `path` (as in schema_property)."""
-    node = schema_property(*path)
-    if "default" not in node:
-        raise KeyError(f"the schema gives {'.'.join(path)} no default")
-    return node["default"]
+from filledfirst.schema import schema_default
 
 
 def _d(*path: str) -> Any:
@@ -146,10 +124,6 @@ class LoadMode(_Struct):
 
     mode: Literal["open", "closed"] | None = None
     concurrency: int | None = None
-
-
-# The config's `scrape` section as an absent one reads (the schema's default).
-SCRAPE = Scrape(interval_s=_d("scrape", "interval_s"))
 
 
 class Trace(_Struct):
@@ -336,7 +310,7 @@ class Study(_Struct):
     experiments: dict[str, Experiment]
     traces: dict[str, Trace] = {}
     loadgen: Loadgen = Loadgen()
-    scrape: Scrape = SCRAPE
+    scrape: Scrape = Scrape()
     report: Report = Report()
     cluster: Cluster = Cluster()
     diagnosis: DiagnosisRules = DiagnosisRules()
@@ -378,7 +352,7 @@ class ExperimentSpec(_Struct):
     engine: EngineStart
     description: str = ""
     loadgen: Loadgen = Loadgen()  # the study's with the experiment's overrides on top
-    scrape: Scrape = SCRAPE
+    scrape: Scrape = Scrape()
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> ExperimentSpec:
@@ -406,3 +380,4 @@ def as_study(cfg: Study | Mapping[str, Any]) -> Study:
 
 # The loadgen's defaults, for what takes them outside a study (`filledfirst replay`).
 LOADGEN = Loadgen()
+SCRAPE = Scrape()

@@ -1,11 +1,12 @@
 """run.json, typed: the contract between a run folder and everything that reads it.
 
-The runner writes run.json; ingest decodes it once into `RunMeta` (refusing a folder
-whose run.json does not fit) and lifts its key facts into columns of table `runs`
-(`RUN_COLUMNS`) for SQL; the diagnosis and the report read the typed record
-(signals.run_metas), so nothing downstream walks the document by string paths. The whole document stays in `runs.meta`
-for the report's setup dumps. Unknown keys are allowed: a newer runner may add some, and
-an older run folder lacks the newer ones (None, or their defaults here).
+The runner builds a `RunMeta` as the run goes and writes it once (`RunMeta.write`);
+ingest decodes it once (refusing a folder whose run.json does not fit) and lifts its key
+facts into columns of table `runs` (`RUN_COLUMNS`) for SQL; the diagnosis and the report
+read the typed record (signals.run_metas), so nothing downstream walks the document by
+string paths. The whole document stays in `runs.meta` for the report's setup dumps.
+Unknown keys are allowed: a newer runner may add some, and an older run folder lacks the
+newer ones (None, or their defaults here).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from filledfirst import atomic, redact
 from filledfirst.contracts.document import Document, Opt, settled
 from filledfirst.contracts.search import Probe, Slo
 from filledfirst.contracts.stats import ScheduleStats
+from filledfirst.schema import schema_default
 
 
 class ModelInfo(Document):
@@ -72,10 +74,10 @@ class FrontierProbe(Probe, kw_only=True):
 
 
 class Scrape(msgspec.Struct, kw_only=True, frozen=True):
-    """How often /metrics was read: the config's `scrape` section (its default is the
-    schema's, filledfirst.study.SCRAPE) and what a run scraped at."""
+    """How often /metrics is read: the config's `scrape` section (filledfirst.study), and
+    what a run scraped at."""
 
-    interval_s: float
+    interval_s: float = schema_default("scrape", "interval_s")
 
 
 class Timings(Document):

@@ -4,7 +4,7 @@
 (`SearchRecord.write`); everything that reads it back (ingest, which takes it for its
 probe folders and stores it in table `frontier_searches`; table `frontiers`; the knees of
 workloads placed relative to a search) decodes it once (`SearchRecord.read`,
-`SearchRecord.decode`) and reads the fields, so a document that does not fit is refused
+`SearchRecord.loads`, `SearchRecord.decode`) and reads the fields, so a document that does not fit is refused
 where it is read, naming the file. The file is JSON as `atomic.write_json` writes it (keys
 sorted); unknown keys are allowed, so a file from a newer writer still reads.
 

@@ -99,21 +99,21 @@ class _Run:
         timings.client_workers = self.replay.workers
         if self.replay.server_died:
             assert server_log is not None  # only a server we started is watched
-            self.failed("vLLM exited during the run. " + log_excerpt(server_log), "partial")
+            self.outcome("partial", "vLLM exited during the run. " + log_excerpt(server_log))
         elif (why := client_fault(self.replay.requests)) is not None:  # ours, not the server's
-            self.failed(why)
+            self.outcome("failed", why)
         elif self.replay.interrupted:
-            self.failed(f"interrupted: {self.replay.interrupted}", "partial")
+            self.outcome("partial", f"interrupted: {self.replay.interrupted}")
         elif (why := every_request_failed(self.replay.requests)) is not None:
-            self.failed(why)
+            self.outcome("failed", why)
         else:
             self.meta.status = "ok"
 
-    def failed(self, error: str, status: str = "failed") -> None:
+    def outcome(self, status: str, error: str) -> None:
         self.meta.status, self.meta.error = status, error
 
     def interrupted(self, exc: Interrupted) -> None:
-        self.failed(f"interrupted: {exc.reason}", "partial" if self.replay is not None else "failed")
+        self.outcome("partial" if self.replay is not None else "failed", f"interrupted: {exc.reason}")
 
     def finish(self) -> str:
         """Write the folder and swap it into place; an interrupted run raises `Interrupted`
@@ -244,7 +244,7 @@ class _Group:
             self._stop_if_done(position, run)  # here, so a signal while stopping is handled below
         except ServerStartError as exc:
             _record_server(run, shared, None)
-            run.failed(str(exc))
+            run.outcome("failed", str(exc))
             # An experiment failed by an earlier start's failure gets that start's log too.
             self.log_from = min(self.log_from, shared.start_offset)
             log.error("%s", redact.redact_text(str(exc), shared.secrets))
@@ -320,7 +320,7 @@ def run_on_server(
             shared.stop()
     except ServerStartError as exc:
         _record_server(run, shared, None)
-        run.failed(str(exc))
+        run.outcome("failed", str(exc))
         log_from = min(log_from, shared.start_offset)
         log.error("%s", redact.redact_text(str(exc), shared.secrets))
     except Interrupted as exc:
@@ -364,7 +364,7 @@ def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, pro
         check_endpoint(url, settings.api_key)
     except EndpointError as exc:
         # Like a server that did not start: a failed run folder, kept for the report.
-        run.failed(str(exc))
+        run.outcome("failed", str(exc))
         return run.finish()
     return _replay_external(run, url, settings, progress)
 
