@@ -138,7 +138,8 @@ def test_waits_until_nothing_runs_or_waits(tmp_path):
 
 def test_a_server_that_never_idles_is_a_clear_error(tmp_path):
     shared = shared_with([Gauges(running=3.0, waiting=0.0, kv_pct=0.0)], tmp_path, timeout_s=0.6)
-    with pytest.raises(ServerNotIdle, match=r"not idle 1 s after the previous experiment \(running 3  waiting 0  KV 0.0%\)"):
+    seen = r"\(running 3  waiting 0  KV 0.0%\)"
+    with pytest.raises(ServerNotIdle, match=r"not idle 1 s after the previous experiment " + seen):
         shared._wait_idle()
 
 

@@ -258,7 +258,7 @@ def test_the_double_streams_on_its_clock_and_logs_what_it_emitted(api):
     assert sorted(log) == sorted(f"ff-{i}" for i in range(10))
     for r in replay.requests:
         t_recv, emitted = log[f"ff-{r.request_id}"]
-        received = [replay._t0 + t.t for t in replay.tokens if t.request_id == r.request_id]
+        received = [replay.sender.t0 + t.t for t in replay.tokens if t.request_id == r.request_id]
         assert len(emitted) == len(received) == 6
         # chunk i is due ttft + i * itl after the request was read (absolute targets: a late
         # chunk does not delay the next), and timers fire on the millisecond at or after it
