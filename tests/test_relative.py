@@ -24,6 +24,7 @@ from filledfirst.frontier.relative import (
     load_knees,
     resolve_synthetic,
     resolve_time_scale,
+    trace_scale_resolver,
 )
 from filledfirst.study import RelativeRate, SyntheticWorkload, TraceWorkload
 from filledfirst.trace.subsample import subsample_to_parquet
@@ -141,7 +142,8 @@ def test_a_relative_time_scale_offers_times_the_knee(tmp_path):
     csv = trace_csv(tmp_path / "t.csv")  # 2 rows/s; every 4th: 0.5 kept per trace second
     knees = load_knees([write_search(tmp_path / "search.json", setting="seq2", lo=2.0)])
     out = tmp_path / "s.parquet"
-    stats = subsample_to_parquet(csv, out, minutes=1.0, keep_every=4, relative=("knee/seq2", 1.5, knees))
+    stats = subsample_to_parquet(csv, out, minutes=1.0, keep_every=4,
+                                 relative=trace_scale_resolver("knee/seq2", 1.5, knees))
     (rel,) = stats["relative"]
     assert rel["kept_per_s"] == pytest.approx(0.5) and rel["rate_rps"] == 3.0
     assert rel["time_scale"] == pytest.approx(0.5 / 3.0) == stats["time_scale"]
@@ -178,7 +180,8 @@ def test_a_trace_without_a_knee_fails_before_writing(tmp_path):
     csv = trace_csv(tmp_path / "t.csv")
     knees = load_knees([write_search(tmp_path / "search.json", lo=None, hi=1.0, reason="breaks_at_start")])
     with pytest.raises(UserError, match="knee/default .* found no knee"):
-        subsample_to_parquet(csv, tmp_path / "s.parquet", minutes=1.0, relative=("knee/default", 1.0, knees))
+        subsample_to_parquet(csv, tmp_path / "s.parquet", minutes=1.0,
+                             relative=trace_scale_resolver("knee/default", 1.0, knees))
     assert not (tmp_path / "s.parquet").exists()
 
 
