@@ -1,7 +1,7 @@
 """The study's parts in the report: one table per part (the config's `parts`, kept in the
 database by `filledfirst diagnose` as table `study_parts`), with the runs whose experiment
 names it as their `part` as columns, and another study's figures beside them (the seed's,
-config/seed-study.yaml). A run whose part the database does not describe still gets a
+src/filledfirst/parts/seed-study.yaml). A run whose part the database does not describe still gets a
 table of the general rows under its part's name: nothing measured is left out."""
 
 from __future__ import annotations

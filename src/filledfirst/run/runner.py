@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from filledfirst import atomic, redact
-from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
+from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.contracts import runmeta
 from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.engine.server import ServerStartError, log_excerpt, server_version
@@ -73,7 +73,7 @@ class _Run:
             **extra,
         }
         # The model folder is at hand now: the diagnosis reads its KV shape from here.
-        self.meta["kv"] = kv_record(self.meta.get("model"), REPO_ROOT)
+        self.meta["kv"] = kv_record(self.meta.get("model"))
         stats = Path(str(schedule_path) + ".stats.json")
         if stats.is_file():
             self.meta["schedule"]["stats"] = json.loads(stats.read_text())
