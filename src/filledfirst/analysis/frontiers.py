@@ -40,6 +40,7 @@ from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
 from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
+from filledfirst.store.tables import table_exists
 
 SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,
@@ -57,12 +58,7 @@ SCHEMA = {
 NO_QUEUE_LABELS = {"ITL-bound", "compute-bound"}
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-                            ).fetchall()[0][0])
-
-
-def _probes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dict]]:
+def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dict]]:
     """(frontier, setting) -> its probe runs, latest run per probe, in probe order."""
     latest: dict[tuple[str, str, int], dict] = {}
     for run_id, meta in signals.run_metas(con).items():  # ordered by started_at
@@ -94,16 +90,16 @@ def _knee_label(d: dict, probe: dict, rules: DiagnosisRules) -> tuple[str | None
 
 
 def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    if not _has_table(con, "diagnosis"):
+    if not table_exists(con, "diagnosis"):
         raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
     rules = stored_rules(con)
-    groups = _probes(con)
+    groups = probe_runs(con)
     if not groups:
         return pl.DataFrame([], schema=SCHEMA)
     diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
     results: dict[tuple[str, str], ResultRecord] = {}  # each ingested search's bracket and stop reason
-    if _has_table(con, "frontier_searches"):
+    if table_exists(con, "frontier_searches"):
         results = {(f, s): SearchRecord.decode(json.loads(doc), f"table frontier_searches, row {f}/{s}").result
                    for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = []

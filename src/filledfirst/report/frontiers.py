@@ -20,17 +20,18 @@ import duckdb
 import polars as pl
 
 from filledfirst.analysis.diagnosis import DiagnosisRules
-from filledfirst.analysis.frontiers import _has_table, _probes
+from filledfirst.analysis.frontiers import probe_runs
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
 from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
+from filledfirst.store.tables import table_exists
 
 # --- data ------------------------------------------------------------------------------------
 
 
 def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Table `frontiers` as dicts ([] when it is missing or empty: a study without searches)."""
-    if not _has_table(con, "frontiers"):
+    if not table_exists(con, "frontiers"):
         return []
     return pl.from_arrow(con.sql("SELECT * FROM frontiers ORDER BY frontier, setting").to_arrow_table()).to_dicts()
 
@@ -40,7 +41,7 @@ def probe_points(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     for a probe that measured nothing), held, failed (the probe failed outright, its run
     failed or it had failed requests), n_failed (requests), status, error, run_id."""
     out = []
-    for (name, setting), probes in _probes(con).items():
+    for (name, setting), probes in probe_runs(con).items():
         for p in probes:
             missed = p.get("missed") or {}
             n_failed = missed.get("failed") or 0
