@@ -299,6 +299,35 @@ def test_probe_attainment_counts_gaps_between_token_chunks():
     assert out["missed"] == {"failed": 1, "ttft": 0, "itl": 1}  # request 0 stalled 350 ms
 
 
+@pytest.mark.parametrize("ok, ttft_ms, gap_ms, met", [
+    (True, 500.0, 50.0, True),
+    (True, 500.0, None, True),  # one token: no gap
+    (True, 1000.0, 200.0, True),  # at the limits
+    (True, 1001.0, 50.0, False),  # TTFT over
+    (True, 500.0, 250.0, False),  # a stall
+    (False, 100.0, 10.0, False),  # failed: missed whatever its timings
+    (True, None, None, False),  # no first token
+    (False, None, None, False),
+])
+def test_probe_attainment_is_the_slo_test_of_each_request(ok, ttft_ms, gap_ms, met):
+    from filledfirst.contracts.records import RequestRecord
+    from filledfirst.frontier.search import Slo
+
+    first = ttft_ms / 1000 if ttft_ms is not None else None
+    last = first + gap_ms / 1000 if gap_ms is not None else first
+    rec = RequestRecord(0, "r", 1, 2, 0.0, 0.0, first, first, last, (last or 0.0) + 0.01,
+                        status="ok" if ok else "error")
+    toks = [TokenRecord(0, i, t, 1) for i, t in enumerate(dict.fromkeys(x for x in (first, last) if x is not None))]
+    out = frun.probe_attainment([rec], toks, Slo(ttft_ms=1000, itl_ms=200))
+    assert out["requests"] == 1 and out["attainment"] == (1.0 if met else 0.0)
+
+
+def test_a_probe_without_requests_has_no_attainment():
+    from filledfirst.frontier.search import Slo
+
+    assert frun.probe_attainment([], [], Slo(ttft_ms=1, itl_ms=1))["attainment"] is None
+
+
 def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
     """A trace shape: each probe is the same window's start at time_scale kept_per_s / rate,
     probe_s long, cut from the trace CSV; the density comes from the shape's schedule stats."""

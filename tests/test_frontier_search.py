@@ -14,9 +14,7 @@ from filledfirst.frontier.search import (
     CapacitySearch,
     ProbeOutcome,
     SearchBounds,
-    Slo,
     StopReason,
-    attainment,
     probe_bound,
 )
 
@@ -211,23 +209,6 @@ def test_outcome_has_an_attainment_or_an_error():
         ProbeOutcome(1.0, 0.5, "both")
     with pytest.raises(ValueError):
         ProbeOutcome(1.0, 1.5)
-
-
-def test_attainment_counts_failed_requests_as_missed():
-    slo = Slo(ttft_ms=1000, itl_ms=200)
-    requests = [
-        (True, 500.0, 50.0),    # met
-        (True, 500.0, None),    # met: one token, no gap
-        (True, 1000.0, 200.0),  # met: at the limits
-        (True, 1001.0, 50.0),   # TTFT missed
-        (True, 500.0, 250.0),   # a stall
-        (False, 100.0, 10.0),   # failed: missed whatever its timings
-        (True, None, None),     # no first token: missed
-        (False, None, None),
-    ]
-    assert attainment(requests, slo) == 3 / 8
-    with pytest.raises(ValueError, match="no request"):
-        attainment([], slo)
 
 
 # Property: a noiseless monotone curve, any knee, any bounds.

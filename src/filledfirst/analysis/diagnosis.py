@@ -39,6 +39,7 @@ from typing import Mapping
 import duckdb
 import polars as pl
 
+from filledfirst import request_metrics
 from filledfirst.analysis import request_path, signals
 from filledfirst.contracts import runmeta
 from filledfirst.contracts.runmeta import RunMeta
@@ -149,8 +150,9 @@ _PREEMPTIONS = signals.preemptions_sql(f"""
 
 _REQUESTS = f"""
 WITH r AS (
-    SELECT r.*, w.start, w.stop, i.max_gap_ms, {signals.ttft_ms('r')} AS ttft
-    FROM requests r JOIN {_WIN} w USING (run_id) LEFT JOIN ({signals.REQUEST_STALL}) i USING (run_id, request_id)
+    SELECT r.*, w.start, w.stop, i.max_gap_ms, {request_metrics.ttft_ms('r')} AS ttft
+    FROM requests r JOIN {_WIN} w USING (run_id)
+    LEFT JOIN ({request_metrics.REQUEST_STALL}) i USING (run_id, request_id)
 )
 SELECT run_id,
        count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND t_sent IS NOT NULL) AS arrivals,
@@ -158,9 +160,7 @@ SELECT run_id,
        -- is; one never answered stays until the window's end; one never sent never arrived)
        sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
            FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
-       -- a single chunk has no gap, so cannot miss the ITL objective
-       count(*) FILTER (WHERE ttft <= $slo_ttft
-                        AND coalesce(max_gap_ms, 0) <= $slo_itl) AS met,
+       count(*) FILTER (WHERE {request_metrics.slo_met("ttft")}) AS met,
        any_value(o.n_sent) AS n, any_value(o.offered_rps) AS offered_rps,
        avg(prompt_tokens + output_tokens) AS mean_tokens
 FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
@@ -261,7 +261,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
 _SPANS = f"""
 WITH r AS (
     SELECT run_id, min(t_scheduled) AS first, max(t_scheduled) AS last, max(t_done) AS done
-    FROM requests WHERE status <> '{signals.NOT_SENT}' GROUP BY run_id
+    FROM requests WHERE status <> '{request_metrics.NOT_SENT}' GROUP BY run_id
 ),
 running AS (SELECT * FROM samples WHERE metric IN ({sql_list(RUNNING)})),
 scrapes AS (SELECT DISTINCT run_id, t FROM running),

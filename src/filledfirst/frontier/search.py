@@ -246,17 +246,3 @@ def probe_bound(bounds: SearchBounds) -> int:
 class Slo:
     ttft_ms: float  # time to first token
     itl_ms: float  # the longest gap between two tokens of a request
-
-
-def attainment(requests: Iterable[tuple[bool, float | None, float | None]], slo: Slo) -> float:
-    """Share of requests that met the SLO. Each request is (ok, ttft_ms, max_gap_ms): a
-    request that failed, or has no TTFT, missed it; no gap (a single token) meets the ITL
-    part. A probe with no request has no attainment: a ValueError."""
-    met = total = 0
-    for ok, ttft_ms, max_gap_ms in requests:
-        total += 1
-        met += bool(ok and ttft_ms is not None and ttft_ms <= slo.ttft_ms
-                    and (max_gap_ms is None or max_gap_ms <= slo.itl_ms))
-    if total == 0:
-        raise ValueError("no request in the probe: attainment undefined")
-    return met / total
