@@ -3,6 +3,7 @@ the charts drawn by a real headless browser with no network."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pytest
+import yaml
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
@@ -155,6 +157,36 @@ def test_auto_uses_quarto_when_on_path(db, tmp_path, monkeypatch):
     out = tmp_path / "out" / "report.html"
     render.render_report(QMD, db, out)
     assert out.read_text() == f"<html><p>db={db.resolve()} py={sys.executable}</p></html>"
+
+
+def test_the_configs_title_replaces_the_documents_own(db, tmp_path, monkeypatch):
+    """report.title (`filledfirst report --title`): in the fallback's page and heading, and
+    handed to Quarto as metadata that stays one YAML string whatever the title holds."""
+    import sys
+
+    src = tmp_path / "t.qmd"
+    src.write_text("---\ntitle: The document's own\n---\n\nsome text\n")
+    title = 'What filled: first? (CPU "study")'
+    out = tmp_path / "fallback.html"
+    render.render_report(src, db, out, engine="fallback", title=title)
+    html = out.read_text()
+    assert "The document's own" not in html
+    assert html.count(f"<title>{title}</title>") == 1 and f">{title}<" in html.split("<body", 1)[1]
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "quarto"
+    fake.write_text(f"#!{sys.executable}\n" + """import json, pathlib, sys
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--output-dir") + 1]) / (pathlib.Path(args[1]).stem + ".html")
+out.write_text(json.dumps(args[args.index("--metadata") + 1]))
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    render.render_report(src, db, tmp_path / "quarto.html", title=title)
+    metadata = json.loads((tmp_path / "quarto.html").read_text())
+    key, _, value = metadata.partition(":")
+    assert key == "title" and yaml.safe_load(value) == title
 
 
 def test_remote_references():

@@ -481,13 +481,14 @@ def _add_report(sub) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--source", type=Path, default=Path("reports/report.qmd"))
     p.add_argument("--engine", choices=["auto", "quarto", "fallback"], default="auto")
+    p.add_argument("--title", help="the report's title (the config's report.title); default: the .qmd's own")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args) -> int:
     from filledfirst.report.render import render_report
 
-    render_report(args.source, args.db, args.out, engine=args.engine)
+    render_report(args.source, args.db, args.out, engine=args.engine, title=args.title)
     return 0
 
 
