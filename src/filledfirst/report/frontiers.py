@@ -45,7 +45,7 @@ def probe_points(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         for p in probes:
             missed = p.get("missed") or {}
             n_failed = missed.get("failed") or 0
-            # as the search reads a probe (frontier.run): no verdict or an error is a failed probe
+            # as the search reads a probe (run.search): no verdict or an error is a failed probe
             outright = p.get("attainment") is None or bool(p.get("error"))
             out.append({
                 "frontier": name, "setting": setting, "probe": p["probe"], "rate": p["rate"],
