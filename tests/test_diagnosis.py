@@ -13,12 +13,14 @@ import pytest
 import yaml
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, stored_rules, write_diagnosis
+from filledfirst.analysis.diagnosis import diagnose, write_diagnosis
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.cli import main
 from filledfirst.config import SCHEMA_PATH
 from filledfirst.errors import UserError
 from filledfirst.model.kv import kv_record
 from filledfirst.store.ingest import DDL
+from filledfirst.study import DiagnosisRules
 
 RUNNING, WAITING, KV = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
 

@@ -14,10 +14,11 @@ import pyarrow as pa
 import pytest
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.config import load_study
 from filledfirst.contracts.records import SAMPLE_SCHEMA
 from filledfirst.report import render, tables
+from filledfirst.study import DiagnosisRules
 
 from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
 

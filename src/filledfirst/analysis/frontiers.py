@@ -37,9 +37,10 @@ import msgspec
 import polars as pl
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
+from filledfirst.study import DiagnosisRules
 
 SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,

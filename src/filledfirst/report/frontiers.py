@@ -19,11 +19,11 @@ import altair as alt
 import duckdb
 import polars as pl
 
-from filledfirst.analysis.diagnosis import DiagnosisRules
 from filledfirst.analysis.frontiers import _has_table, _probes
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
 from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
+from filledfirst.study import DiagnosisRules
 
 # --- data ------------------------------------------------------------------------------------
 

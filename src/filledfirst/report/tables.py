@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from filledfirst.analysis.diagnosis import DiagnosisRules
+    from filledfirst.study import DiagnosisRules
 
 DASH = "—"  # a signal that was not measured (failed run, no ok request, no scrape)
 # A per-request server timing the server did not send (other servers, older vLLM, vLLM
