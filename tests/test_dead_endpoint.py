@@ -20,13 +20,14 @@ import pytest
 
 from filledfirst import cli
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.config import load_config, validate_config
 from filledfirst.contracts.records import SCHEDULE_SCHEMA, RequestRecord
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.report import tables
 from filledfirst.run.runner import Job, every_request_failed, run_experiments
 from filledfirst.store.ingest import ingest
+from filledfirst.study import DiagnosisRules
 
 from conftest import REPO
 from helpers.stream_double import Answer, StreamDouble

@@ -13,12 +13,14 @@ import pytest
 import yaml
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, diagnose, stored_rules, write_diagnosis
+from filledfirst.analysis.diagnosis import diagnose, write_diagnosis
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.cli import main
 from filledfirst.config import SCHEMA_PATH
 from filledfirst.errors import UserError
 from filledfirst.model.kv import kv_record
 from filledfirst.store.ingest import DDL
+from filledfirst.study import DiagnosisRules
 
 RUNNING, WAITING, KV = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
 
@@ -610,7 +612,7 @@ def test_first_token_timeouts_stand_beside_the_ttft_percentiles(tmp_path):
 
 
 def test_the_report_states_the_thresholds_the_diagnosis_used(tmp_path):
-    from filledfirst.report import tables
+    from filledfirst.report import patterns
 
     rules = DiagnosisRules(kv_full_pct=80, warmup_frac=0.25, cap_frac=0.75)
     db = make_db(tmp_path / "th.duckdb", [reference_run()])
@@ -619,6 +621,6 @@ def test_the_report_states_the_thresholds_the_diagnosis_used(tmp_path):
         stored = stored_rules(con)
         rows = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
     assert stored == rules
-    html = tables.evidence_table(rows, stored) + tables.evidence_intro(stored)
+    html = patterns.evidence_table(rows, stored) + patterns.evidence_intro(stored)
     assert "KV &gt;= 80 %" in html and "25 % warm-up" in html and "&gt;= 75 % of max_num_seqs" in html
     assert "90 %" not in html and "10 %" not in html

@@ -11,9 +11,10 @@ from test_diagnosis import every, gauges, make_db, queue
 from test_search_record import search_record
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import frontier_table, write_frontiers
 from filledfirst.cli import main
+from filledfirst.study import DiagnosisRules
 
 SLO = {"ttft_ms": 500.0, "itl_ms": 100.0}
 

@@ -185,7 +185,8 @@ def test_an_experiment_against_an_endpoint_the_study_does_not_start(server, tmp_
 def test_two_worker_processes_give_what_one_gives_on_the_real_engine(server, tmp_path):
     """The same schedule with one load-generator process and with two: the same requests,
     each answered in full with vLLM's timings, and the same diagnosis."""
-    from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+    from filledfirst.analysis.diagnosis import write_diagnosis
+    from filledfirst.study import DiagnosisRules
 
     runs = {}
     for workers in ("1", "2"):

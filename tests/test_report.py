@@ -16,10 +16,11 @@ import pytest
 import yaml
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.config import load_study
 from filledfirst.contracts.records import SAMPLE_SCHEMA
-from filledfirst.report import render, tables
+from filledfirst.report import markup, render, tables
+from filledfirst.study import DiagnosisRules
 
 from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
 
@@ -216,7 +217,7 @@ def test_report_html(report):
     # the diagnosis: a label per run and the evidence table
     assert "what filled first" in html and "first crossings" in html and "KV ledger" in html
     # the failed run's error, escaped; no data string became markup
-    assert tables.esc(FAILED_RUN_ERROR) in html
+    assert markup.esc(FAILED_RUN_ERROR) in html
     assert "<script>alert(1)" not in html and "<b>connection reset" not in html
     assert html.count('class="ff-chart"') == 4  # two runs (the failed one has none) + goodput + RUN_A's TTFT parts
     # the request path: RUN_A's server timings, the legacy run's none

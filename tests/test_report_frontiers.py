@@ -13,9 +13,10 @@ from test_diagnosis import every, gauges, make_db, queue, reference_run
 from test_frontier_table import SEQ8_SEARCH, SLO, cap_probes
 from test_report import QMD, _ChartDivs, _chromium_run, chromium  # noqa: F401 (a fixture)
 
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.report import charts, frontiers, render
+from filledfirst.study import DiagnosisRules
 
 PROBE_ERROR = "server exited with code -9 <b>boom</b>"
 

@@ -8,7 +8,7 @@ import re
 import duckdb
 import pytest
 
-from filledfirst.report import sections, tables
+from filledfirst.report import markup, sections
 from filledfirst.report.data import load
 from filledfirst.store.ingest import ingest
 
@@ -28,7 +28,7 @@ from helpers.report_runs import (
 
 PROBE = "cap-default-p01-0"
 PROBE_EXPERIMENT = "cap/default/p01"  # the diagnosis' tables name runs by experiment
-NO_DIAGNOSIS = tables.para("No diagnosis in this database: run `filledfirst diagnose --db FILE`.")
+NO_DIAGNOSIS = markup.para("No diagnosis in this database: run `filledfirst diagnose --db FILE`.")
 
 
 def probe_run(root):
@@ -64,12 +64,12 @@ def test_load_tells_the_probes_from_the_experiments(data):
 
 def test_runs_folds_the_probes_away_and_says_why_a_run_is_not_ok(data):
     blocks = sections.runs(data)
-    assert blocks[0] == tables.para("4 runs: 2 complete, 1 cut short, 1 failed.")
+    assert blocks[0] == markup.para("4 runs: 2 complete, 1 cut short, 1 failed.")
     experiments, probes = blocks[1], blocks[2]
     assert all(run in experiments for run in (RUN_A, RUN_LEGACY, RUN_FAILED)) and PROBE not in experiments
     assert probes.startswith("<details><summary>") and "probes (1 runs)" in probes and PROBE in probes
-    assert blocks[3:] == [tables.para(f"{RUN_LEGACY} was cut short: server exited with code -9"),
-                          tables.para(f"{RUN_FAILED} failed: {FAILED_RUN_ERROR}")]
+    assert blocks[3:] == [markup.para(f"{RUN_LEGACY} was cut short: server exited with code -9"),
+                          markup.para(f"{RUN_FAILED} failed: {FAILED_RUN_ERROR}")]
     assert "<script>" not in "".join(blocks)  # the error is text
 
 
@@ -101,9 +101,9 @@ def test_each_run_has_a_section_per_experiment_and_none_per_probe(data):
     blocks = sections.each_run(data)
     assert "1 probe runs are listed under Runs" in blocks[0]
     assert [b for b in blocks if b.startswith("<h3>")] == [
-        tables.heading(f"{RUN_A} (interference)"), tables.heading(f"{RUN_LEGACY} (decode-legacy)"),
-        tables.heading(f"{RUN_FAILED} (kv-pressure)")]
-    assert tables.para(f"Nothing was measured. Status failed: {FAILED_RUN_ERROR}") in blocks
+        markup.heading(f"{RUN_A} (interference)"), markup.heading(f"{RUN_LEGACY} (decode-legacy)"),
+        markup.heading(f"{RUN_FAILED} (kv-pressure)")]
+    assert markup.para(f"Nothing was measured. Status failed: {FAILED_RUN_ERROR}") in blocks
     # RUN_A: its TTFT parts and its signals; the legacy run (no server timings): its signals
     assert sum('class="ff-chart"' in b for b in blocks) == 3
 

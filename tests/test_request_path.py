@@ -17,7 +17,7 @@ from test_diagnosis import (
 )
 
 from filledfirst.analysis import request_path
-from filledfirst.analysis.diagnosis import DiagnosisRules
+from filledfirst.study import DiagnosisRules
 
 FRONT_S = 0.002  # HTTP and the API server, both ways
 

@@ -24,7 +24,7 @@ import pytest
 from test_report import QMD
 
 from filledfirst import cli, interrupts, redact
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.config import load_config, search_fingerprint, validate_config
 from filledfirst.contracts.gauges import Gauges
 from filledfirst.contracts.records import SCHEDULE_SCHEMA
@@ -38,7 +38,7 @@ from filledfirst.run import runner
 from filledfirst.run import search as frun
 from filledfirst.run.runner import Job, run_experiments
 from filledfirst.store.ingest import ingest
-from filledfirst.study import Study
+from filledfirst.study import DiagnosisRules, Study
 
 from conftest import REPO
 from helpers.popen import record_popen

@@ -16,13 +16,14 @@ import yaml
 from test_report import QMD, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst import config as config_module
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.contracts.records import SampleRecord
 from filledfirst.engine import server as server_module
 from filledfirst.engine import shared
 from filledfirst.engine.server import VllmServer, log_excerpt
 from filledfirst.report import render
 from filledfirst.store.ingest import ingest
+from filledfirst.study import DiagnosisRules
 
 from helpers.popen import record_popen
 from helpers.report_runs import make_request, run_meta, series, write_run

@@ -422,8 +422,8 @@ def _add_diagnose(sub) -> None:
 
 
 def _cmd_diagnose(args) -> int:
-    from filledfirst.analysis.diagnosis import DiagnosisRules
     from filledfirst.config import load_study
+    from filledfirst.study import DiagnosisRules
 
     if args.configs:
         study = load_study(args.configs)

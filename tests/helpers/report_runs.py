@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from filledfirst import atomic
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.config import load_study
 from filledfirst.contracts.records import (
     REQUEST_SCHEMA,
@@ -19,6 +19,7 @@ from filledfirst.contracts.records import (
 )
 from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
+from filledfirst.study import DiagnosisRules
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,6 +30,7 @@ Columns:
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 
 import duckdb
@@ -37,10 +38,12 @@ import msgspec
 import polars as pl
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
 from filledfirst.store.tables import table_exists
+from filledfirst.study import DiagnosisRules
 
 SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,
@@ -55,7 +58,13 @@ SCHEMA = {
     "ttft_p95_from_rps": pl.Float64,
 }
 
-NO_QUEUE_LABELS = {"ITL-bound", "compute-bound"}
+
+
+class NoQueueLabel(StrEnum):
+    """A knee's own label where the diagnosis found no queue and nothing full."""
+
+    ITL_BOUND = "ITL-bound"
+    COMPUTE_BOUND = "compute-bound"
 
 
 def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dict]]:
@@ -75,14 +84,14 @@ def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[dic
 def _knee_label(d: dict, probe: dict, rules: DiagnosisRules) -> tuple[str | None, str | None]:
     label, clue = d.get("label"), d.get("clue")
     ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
-    if label not in ("reference", "unclassified") or ws is None or ws >= rules.waiting_min_share:
+    if label not in (Label.REFERENCE, Label.UNCLASSIFIED) or ws is None or ws >= rules.waiting_min_share:
         return label, clue
     if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
             or (kvf is not None and kvf >= rules.kv_full_min_share)):
         return label, clue
     missed = probe.get("missed") or {}
     itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
-    own = "ITL-bound" if itl > ttft else "compute-bound"
+    own = NoQueueLabel.ITL_BOUND if itl > ttft else NoQueueLabel.COMPUTE_BOUND
     return own, (f"SLO broken with no queue (waiting {ws:.0%} of the time) and no full resource "
                  f"(running at cap {'unknown' if cap is None else f'{cap:.0%}'}, KV full "
                  f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.get('requests')} requests "

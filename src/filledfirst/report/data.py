@@ -9,12 +9,12 @@ from typing import Any
 import duckdb
 
 from filledfirst.analysis import request_path, signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers
 from filledfirst.store.study_parts import stored_parts
 from filledfirst.store.tables import table_exists
-from filledfirst.study import Part
+from filledfirst.study import DiagnosisRules, Part
 
 
 @dataclass(frozen=True)
