@@ -12,7 +12,7 @@ from filledfirst.cluster import gpus_per_job, job_request, last_arrival_s, runti
 from filledfirst.config import SCHEMA_PATH, experiment_spec, load_config, validate_config
 from filledfirst.schedule import write_schedule
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def schedule(path: Path, offsets: list[float]) -> Path:
@@ -24,7 +24,7 @@ def schedule(path: Path, offsets: list[float]) -> Path:
 
 @pytest.fixture
 def cfg() -> dict:
-    base = load_config([ROOT / "tests" / "configs" / "e2e.yaml"])
+    base = load_config([REPO / "tests" / "configs" / "e2e.yaml"])
     base["experiments"] = {
         "a": {"workload": "light"},
         "b": {"workload": "heavy"},
@@ -45,7 +45,7 @@ def test_gpu_default_follows_the_launcher(cfg):
 
 
 def test_gpu_study_asks_for_one_gpu_and_its_model():
-    cfg = load_config([ROOT / "config" / "config.yaml"])
+    cfg = load_config([REPO / "config" / "config.yaml"])
     assert job_request(cfg) == {"engine": 1, "gpu": 1, "cpus_per_task": 8, "mem_mb": 65536}
     cfg["cluster"]["gpu_model"] = "a100"
     assert job_request(cfg)["gpu_model"] == "a100"

@@ -3,7 +3,7 @@
 1. What the GPU study (config/config.yaml) would submit: the real plugin against stand-in
    SLURM commands that record every sbatch call (no cluster, no GPU needed).
 2. A small CPU study through a real one-node SLURM cluster started on this machine
-   (tests/slurm_cluster.py): experiment jobs through sbatch, the rest local, the report built.
+   (tests/helpers/slurm_cluster.py): experiment jobs through sbatch, the rest local, the report built.
 """
 
 import json
@@ -22,7 +22,7 @@ from filledfirst.cluster import runtime_minutes
 from filledfirst.config import load_config, server_groups
 
 from conftest import REPO
-from slurm_cluster import SlurmCluster, missing_requirements
+from helpers.slurm_cluster import SlurmCluster, missing_requirements
 
 PROFILE = REPO / "profiles" / "slurm"
 

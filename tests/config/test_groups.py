@@ -2,7 +2,6 @@
 
 import copy
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.shared import ServerNotIdle, SharedServer
 from filledfirst.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
-E2E = ROOT / "tests" / "configs" / "e2e.yaml"
+from conftest import REPO
+
+E2E = REPO / "tests" / "configs" / "e2e.yaml"
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_isolate_must_be_a_boolean(cfg):
 
 def test_every_experiment_in_exactly_one_group_of_the_shipped_configs():
     for name in ("config.yaml", "cpu.yaml"):
-        c = load_config([ROOT / "config" / name])
+        c = load_config([REPO / "config" / name])
         members = [e for group in server_groups(c).values() for e in group]
         assert sorted(members) == sorted(c["experiments"])
 

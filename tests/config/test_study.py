@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -12,7 +11,8 @@ import yaml
 from filledfirst import study
 from filledfirst.config import SCHEMA_PATH, load_config, load_study
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
 
 # schema object -> the type that reads it

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-from pathlib import Path
 
 import duckdb
 import pytest
@@ -15,9 +14,9 @@ import pytest
 from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.cli import build_parser
 
+from conftest import REPO
 from helpers.report_runs import report_db, report_runs
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 
 FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1", re.S | re.M)

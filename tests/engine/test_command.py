@@ -1,6 +1,5 @@
 """The exact vLLM command lines the configs produce (the GPU config cannot run here)."""
 
-from pathlib import Path
 
 import pytest
 
@@ -8,11 +7,11 @@ from filledfirst.config import experiment_spec, load_config
 from filledfirst.engine.command import build_command
 from filledfirst.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def command_for(config: str, experiment: str):
-    cfg = load_config([ROOT / "config" / config])
+    cfg = load_config([REPO / "config" / config])
     spec = experiment_spec(cfg, experiment)
     return build_command(
         launcher=spec.engine.launcher, model=spec.model, settings=spec.server,
@@ -46,7 +45,7 @@ def test_cpu_config_uses_the_module_launcher_and_kv_space():
 
 
 def test_dummy_load_format_is_passed(tmp_path):
-    cfg_text = (ROOT / "config" / "config.yaml").read_text().replace("load_format: auto", "load_format: dummy")
+    cfg_text = (REPO / "config" / "config.yaml").read_text().replace("load_format: auto", "load_format: dummy")
     (tmp_path / "c.yaml").write_text(cfg_text)
     cfg = load_config([tmp_path / "c.yaml"])
     spec = experiment_spec(cfg, "decode_low")
@@ -71,13 +70,13 @@ def test_config_values_never_pass_through_a_shell():
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
-    (tmp_path / "c.yaml").write_text(mutate((ROOT / "config" / "cpu.yaml").read_text()))
+    (tmp_path / "c.yaml").write_text(mutate((REPO / "config" / "cpu.yaml").read_text()))
     with pytest.raises(UserError, match=message):
         load_config([tmp_path / "c.yaml"])
 
 
 def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
-    cfg = load_config([ROOT / "config" / "config.yaml"])
+    cfg = load_config([REPO / "config" / "config.yaml"])
     parts = {exp.get("part") for exp in cfg["experiments"].values()}
     assert parts == {"interference", "decode_load", "sequence_limit", "kv_capacity", "azure", "concurrency_sweep"}
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
@@ -90,7 +89,7 @@ def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
 
 @pytest.mark.parametrize("config", ["config.yaml", "cpu.yaml"])
 def test_every_synthetic_request_fits_the_model_length(config):
-    cfg = load_config([ROOT / "config" / config])
+    cfg = load_config([REPO / "config" / config])
     limit = cfg["model"]["max_model_len"]
     for name, wl in cfg["workloads"].items():
         for phase in wl.get("phases", []):
@@ -114,7 +113,7 @@ def test_first_error_finds_the_root_cause_not_the_last_line(tmp_path):
 
 
 def _argv(per_request_metrics=None, extra_args=()):
-    cfg = load_config([ROOT / "config" / "cpu.yaml"])
+    cfg = load_config([REPO / "config" / "cpu.yaml"])
     spec = experiment_spec(cfg, "decode_low")
     settings = spec.server | {"extra_args": list(extra_args)}
     return build_command(launcher="cpu", model=spec.model, settings=settings, host="h", port=1, seed=0,

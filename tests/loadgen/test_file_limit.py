@@ -26,8 +26,9 @@ import pytest
 
 from filledfirst.contracts.records import SCHEDULE_SCHEMA
 
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
+from conftest import REPO
+
+SRC = REPO / "src"
 _, HARD = resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
@@ -45,7 +46,7 @@ class Double:
     def __init__(self, tmp: Path, *args: str):
         self.counts_path = tmp / "double-counts.json"
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "helpers" / "stream_double.py"), "--port", "0", "--emit-log",
+            [sys.executable, str(REPO / "tests" / "helpers" / "stream_double.py"), "--port", "0", "--emit-log",
              str(tmp / "emit.json"), "--counts", str(self.counts_path), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"

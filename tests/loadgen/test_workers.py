@@ -21,6 +21,7 @@ from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.workers import TOKENS_PER_CORE_S, auto_workers, shard
 
+from conftest import REPO
 from helpers.stream_double import StreamDouble
 
 TOKENS = 8
@@ -199,14 +200,14 @@ def test_workers_die_with_a_killed_main_process(tmp_path):
     script = tmp_path / "main.py"
     script.write_text(
         "import asyncio, sys\n"
-        "sys.path.insert(0, sys.argv[1])\n"
+        "sys.path[:0] = sys.argv[1:]\n"
         "from helpers.stream_double import StreamDouble\n"
         "from test_workers import schedule, settings\n"
         "from filledfirst.loadgen.replay import Replay\n"
         "with StreamDouble(ttft_s=0.02, itl_s=0.01).serving_in_thread() as base:\n"
         "    asyncio.run(Replay(schedule(3000, 0.01), base, settings(workers=2), progress=False).run())\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script), os.path.dirname(__file__)])
+    proc = subprocess.Popen([sys.executable, str(script), str(REPO / "tests"), os.path.dirname(__file__)])
     try:
         deadline = time.monotonic() + 60
         kids: list[psutil.Process] = []

@@ -19,9 +19,9 @@ from filledfirst.config import load_study
 from filledfirst.contracts.records import SAMPLE_SCHEMA
 from filledfirst.report import render, tables
 
+from conftest import REPO
 from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
 
-REPO = Path(__file__).resolve().parents[1]
 QMD = REPO / "reports" / "report.qmd"
 CHROMIUM = Path("/usr/bin/chromium")
 

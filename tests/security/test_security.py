@@ -24,10 +24,9 @@ from filledfirst.engine.server import VllmServer, log_excerpt
 from filledfirst.report import render
 from filledfirst.store.ingest import ingest
 
+from conftest import REPO
 from helpers.popen import record_popen
 from helpers.report_runs import make_request, run_meta, series, write_run
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # --- the report escapes every data string ------------------------------------------------------
 
@@ -223,8 +222,8 @@ def test_the_shell_scan_finds_what_it_looks_for():
 
 def test_no_shell_anywhere_in_the_package():
     bad, seen = [], []
-    for path in sorted((ROOT / "src").rglob("*.py")):
-        b, s = _shell_uses(path.read_text(), str(path.relative_to(ROOT)))
+    for path in sorted((REPO / "src").rglob("*.py")):
+        b, s = _shell_uses(path.read_text(), str(path.relative_to(REPO)))
         bad += b
         seen += s
     assert bad == []
@@ -243,7 +242,7 @@ HOSTILE = {
 
 
 def _config_with(tmp_path: Path, edit) -> Path:
-    cfg = yaml.safe_load((ROOT / "config" / "cpu.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "config" / "cpu.yaml").read_text())
     edit(cfg)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -312,7 +311,7 @@ def _host(argv: list[str]) -> str:
     ("cpu.yaml", lambda c: c["engine"].update(host="0.0.0.0"), "0.0.0.0"),  # said otherwise
 ])
 def test_servers_listen_on_loopback_unless_the_config_says_otherwise(tmp_path, monkeypatch, configfile, edit, expected):
-    path = ROOT / "config" / configfile
+    path = REPO / "config" / configfile
     if edit:
         cfg = yaml.safe_load(path.read_text())
         edit(cfg)
@@ -356,7 +355,7 @@ def test_config_values_reach_snakemake_shell_lines_only_single_quoted(tmp_path):
 
     configfile = _config_with(tmp_path, edit)
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
          "-n", "-p", "all", "--configfile", str(configfile)],
         capture_output=True, text=True, timeout=300,
     )

@@ -24,7 +24,6 @@ from filledfirst.schedule import stats_path
 from filledfirst.trace.fetch import MIRROR_ENV, fetch_trace
 from filledfirst.trace.subsample import subsample, subsample_to_parquet
 
-REPO = Path(__file__).resolve().parents[1]
 CONV = "AzureLLMInferenceTrace_conv.csv"
 # From FACTS.md (and config/cpu.yaml's catalog).
 CONV_SHA256 = "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"

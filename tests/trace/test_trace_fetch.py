@@ -7,12 +7,13 @@ import http.server
 import re
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from filledfirst.errors import UserError
 from filledfirst.trace.fetch import MIRROR_ENV, fetch_trace
+
+from conftest import REPO
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 SHA = hashlib.sha256(PAYLOAD).hexdigest()
@@ -122,9 +123,8 @@ def test_unchecked_entry_downloads(server, tmp_path):
 def test_catalogs_name_the_known_traces():
     from filledfirst.config import load_config
 
-    repo = Path(__file__).resolve().parents[1]
     for name in ("config.yaml", "cpu.yaml"):
-        traces = load_config([repo / "config" / name])["traces"]
+        traces = load_config([REPO / "config" / name])["traces"]
         assert traces["azure2023_conv"]["size"] == 719_188
         assert traces["azure2023_code"]["sha256"].startswith("54e9a6d2")
         for key in ("azure2024_conv_1week", "azure2024_code_1week"):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import REPO, build_test_model, with_engine_overlay
-from procs import find_server, group_members, kill_leftovers, start_run, wait_for_finished_requests
+from helpers.procs import find_server, group_members, kill_leftovers, start_run, wait_for_finished_requests
 
 pytestmark = pytest.mark.engine
 

@@ -9,7 +9,14 @@ import time
 import pytest
 
 from conftest import REPO, build_test_model, snakemake_argv
-from procs import find_server, group_members, guardians_of, kill_leftovers, start_run, wait_for_finished_requests
+from helpers.procs import (
+    find_server,
+    group_members,
+    guardians_of,
+    kill_leftovers,
+    start_run,
+    wait_for_finished_requests,
+)
 
 pytestmark = pytest.mark.engine
 

@@ -15,7 +15,7 @@ from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.schedule import stats_path
 from filledfirst.workloads.synthetic import synthetic_schedule, write_synthetic_schedule
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 SPEC = {
     "kind": "synthetic",
