@@ -1,4 +1,4 @@
-"""Table `frontiers` from synthetic probe runs in DuckDB (the diagnosis' test helpers make
+"""Table `frontiers` from synthetic probe runs in DuckDB (helpers/synthetic_db.py makes
 runs whose requests and gauges agree): the bracket, the knee's label, first crossings."""
 
 from __future__ import annotations
@@ -7,44 +7,14 @@ import json
 
 import duckdb
 import pytest
-from test_diagnosis import every, gauges, make_db, queue
-from test_search_record import search_record
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.analysis.frontiers import frontier_table, write_frontiers
 from filledfirst.cli import main
 
-SLO = {"ttft_ms": 500.0, "itl_ms": 100.0}
-
-
-def probe_run(frontier, setting, probe, rate, attainment, servers, service_s, cap=64, kv=lambda n: 0.5 * n,
-              missed=None, seconds=20):
-    reqs = queue(every(1 / rate, int(rate * seconds)), service_s, servers)
-    n = len(reqs)
-    block = {"name": frontier, "setting": setting, "probe": probe, "rate": rate, "probe_s": seconds, "slo": SLO,
-             "target": 0.95, "requests": n, "attainment": attainment, "held": attainment >= 0.95,
-             "missed": missed or {"failed": 0, "ttft": round((1 - attainment) * n), "itl": 0}, "error": None}
-    return {"run_id": f"{frontier}/{setting}/p{probe:02d}-x", "cap": cap, "requests": reqs,
-            "samples": gauges(reqs, seconds + 3 * service_s + 60, kv),
-            "meta": {"workload": "light", "frontier": block, "scrape": {"interval_s": 0.25}}}
-
-
-def cap_probes() -> list[dict]:
-    """Two searches of frontier `cap`, and seq8's search.json (its bracket)."""
-    return [
-        # cap 8, 1.2 s a request: holds 2 and 4 req/s, breaks at 8 (a queue at the cap)
-        probe_run("cap", "seq8", 1, 2.0, 1.0, 8, 1.2, cap=8),
-        probe_run("cap", "seq8", 2, 4.0, 1.0, 8, 1.2, cap=8),
-        probe_run("cap", "seq8", 3, 8.0, 0.3, 8, 1.2, cap=8),
-        probe_run("cap", "seq8", 4, 5.657, 0.97, 8, 1.2, cap=8),
-        # no queue anywhere, yet 2 req/s breaks: its requests stall between tokens
-        probe_run("cap", "slow", 1, 1.0, 1.0, 64, 0.5),
-        probe_run("cap", "slow", 2, 2.0, 0.25, 64, 0.5, missed={"failed": 1, "ttft": 2, "itl": 27}),
-    ]
-
-
-SEQ8_SEARCH = search_record("cap", "seq8", lo=5.657, hi=8.0, reason="budget").to_doc()
+from helpers.searches import SEQ8_SEARCH, cap_probes, probe_run
+from helpers.synthetic_db import make_db
 
 
 @pytest.fixture
@@ -108,7 +78,7 @@ def test_diagnose_writes_the_frontiers_table(db, capsys):
 
 
 def test_a_study_without_searches_gets_an_empty_table(tmp_path):
-    from test_diagnosis import reference_run
+    from helpers.synthetic_db import reference_run
 
     path = make_db(tmp_path / "r.duckdb", [reference_run()])
     write_diagnosis(path, DiagnosisRules())

@@ -1,30 +1,22 @@
 """The request path: TTFT split by vLLM's per-request timings, and the diagnosis rules with
-and without them (synthetic runs of test_diagnosis)."""
+and without them (the synthetic runs of helpers/synthetic_db.py)."""
 
 from __future__ import annotations
 
 import duckdb
 import pytest
-from test_diagnosis import (
-    every,
-    gauges,
-    interference_run,
-    kv_pressure_run,
-    make_db,
-    queue,
-    request,
-    run_of,
-)
 
 from filledfirst.analysis import request_path
 from filledfirst.analysis.diagnosis import DiagnosisRules
+
+from helpers.synthetic_db import every, gauges, interference_run, kv_pressure_run, make_db, queue, request, run_of
 
 FRONT_S = 0.002  # HTTP and the API server, both ways
 
 
 def timed(row, queue_s=None, front_s=FRONT_S):
     """The row with the timings vLLM would send: its queue from when the engine took it in
-    (a front end after the send) to its service start (test_diagnosis.queue's `_start`), or
+    (a front end after the send) to its service start (synthetic_db.queue's `_start`), or
     `queue_s`; the prefill is what is left of its TTFT from send."""
     from_send = row["t_first_token"] - row["t_sent"]
     if queue_s is None:

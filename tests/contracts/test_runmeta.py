@@ -5,13 +5,14 @@ import json
 
 import duckdb
 import pytest
-from test_ingest import make_run
 
 from filledfirst import atomic
 from filledfirst.analysis import signals
 from filledfirst.contracts import runmeta
 from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
+
+from helpers.run_folder import make_run, write_run
 
 PROBE = {"name": "decode", "setting": "seq8", "probe": 3, "rate": 4.0, "probe_s": 10.0,
          "slo": {"ttft_ms": 2000.0, "itl_ms": 1000.0}, "target": 0.95, "fingerprint": "ab", "requests": 40,
@@ -102,23 +103,18 @@ def test_a_stored_run_json_that_no_longer_decodes_is_known_by_its_id(tmp_path, c
 
 def lagging_run(path, run_id, *, cpu_s, replay_s, lag_per_request=0.0, closed=False, peak_s=None):
     """20 requests scheduled every 0.1 s, sent `lag_per_request` x i late, 10 tokens each."""
-    from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, RequestRecord, to_table
+    from filledfirst.contracts.records import RequestRecord
 
-    path.mkdir()
     reqs = []
     for i in range(20):
         sent = 0.1 * i + lag_per_request * i
         reqs.append(RequestRecord(i, "decode", 10, 10, 0.1 * i, sent, sent + 0.02, sent + 0.02, sent + 0.2,
                                   sent + 0.2, 10, 10, 10))
-    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / folder.REQUESTS)
-    atomic.write_parquet(to_table([], TOKEN_SCHEMA), path / folder.TOKENS)
-    atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / folder.SAMPLES)
-    atomic.write_json({"run_id": run_id, "experiment": run_id, "status": "ok",
-                       "spec": {"loadgen": {"mode": "closed" if closed else "open"}},
-                       "timings": {"replay_s": replay_s, "client_cpu_s": cpu_s,
-                                   **({"client_cpu_peak_s": peak_s, "client_workers": 2} if peak_s else {})}},
-                      path / folder.RUN_JSON)
-    return path
+    return write_run(path, {"run_id": run_id, "experiment": run_id, "status": "ok",
+                            "spec": {"loadgen": {"mode": "closed" if closed else "open"}},
+                            "timings": {"replay_s": replay_s, "client_cpu_s": cpu_s,
+                                        **({"client_cpu_peak_s": peak_s, "client_workers": 2} if peak_s else {})}},
+                     reqs)
 
 
 def test_every_run_checks_its_client(tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from filledfirst.contracts.search import ResultRecord, SearchRecord
+from filledfirst.contracts.search import SearchRecord
 from filledfirst.errors import UserError
-from filledfirst.frontier.search import SearchBounds, Slo, StopReason
+from filledfirst.frontier.search import StopReason
 
 # A search.json as `filledfirst frontier run` writes it (a real one, two of its probes kept).
 WRITTEN = {
@@ -36,16 +36,6 @@ WRITTEN = {
     "slo": {"itl_ms": 2000.0, "ttft_ms": 4000.0},
     "workload": "azure_conv",
 }
-
-
-def search_record(frontier="knee", setting="default", lo=4.0, hi=4.4, reason="converged", error=None,
-                  start=1.0) -> SearchRecord:
-    """A search without probes, ended with the bracket [lo, hi) for `reason`."""
-    return SearchRecord(
-        frontier=frontier, setting=setting, workload="paced", fingerprint="x", slo=Slo(ttft_ms=500.0, itl_ms=100.0),
-        probe_s=10.0, probe_lifetimes=4.0, probe_max_s=120.0, bounds=SearchBounds(start=start, maximum=16.0),
-        probes=[], result=ResultRecord(lo=lo, hi=hi, ratio=None if lo is None or hi is None else hi / lo,
-                                       reason=StopReason(reason), error=error))
 
 
 def test_a_search_json_as_written_today_round_trips(tmp_path):

@@ -11,7 +11,6 @@ from pathlib import Path
 import msgspec
 import polars as pl
 import pytest
-from test_search_record import search_record
 
 from filledfirst.cli import main
 from filledfirst.config import deep_merge, load_config, load_study, validate_config
@@ -30,6 +29,7 @@ from filledfirst.trace.subsample import subsample_to_parquet
 from filledfirst.workloads.synthetic import synthetic_schedule
 
 from conftest import REPO
+from helpers.searches import search_record
 
 CONFIGS = [REPO / "tests" / "configs" / f for f in ("e2e.yaml", "frontier.yaml", "relative.yaml")]
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
-from test_stream import scripted
-
 from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.deadline import run_deadline_s
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
 
+from helpers.stream_client import scripted
 from helpers.stream_double import StreamDouble
 
 HUNG = scripted([b"data: [DONE]\n\n"], first_delay=3600)  # stream headers, then nothing for an hour

@@ -5,7 +5,6 @@ answer without framing, bytes that are not HTTP, a server that closes idle conne
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
@@ -13,15 +12,10 @@ from filledfirst.contracts.records import RequestRecord
 from filledfirst.loadgen.http1 import Pool, Target
 from filledfirst.loadgen.stream import send_streamed
 
-from helpers.stream_double import StreamDouble
-
-
-def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
+from helpers.stream_client import DONE
+from helpers.stream_double import StreamDouble, sse
 
 TOKEN = sse({"choices": [{"index": 0, "text": "w"}], "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
-DONE = b"data: [DONE]\n\n"
 TOKENS: dict[int, list] = {}
 
 

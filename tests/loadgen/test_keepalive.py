@@ -3,23 +3,15 @@ test is our client): a keep-alive connection the server closed is never a failed
 and nothing else is ever sent twice."""
 
 import asyncio
-import json
 
 from filledfirst.contracts.records import RequestRecord, ScheduledRequest
 from filledfirst.loadgen.http1 import Pool, Target
-from filledfirst.loadgen.replay import Replay
-from filledfirst.loadgen.settings import ReplaySettings
 from filledfirst.loadgen.stream import send_streamed
 
+from helpers.stream_client import DONE, USAGE, replay_against, token
 from helpers.stream_double import Answer, Request, StreamDouble
 
-
-def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-BODY = (sse({"choices": [{"index": 0, "text": "w"}], "usage": None}) * 3
-        + sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}) + b"data: [DONE]\n\n")
+BODY = token() * 3 + USAGE + DONE
 # "ok" answers in full (one write), "close" closes the connection without an answer,
 # "headers" sends the status and headers and then closes, "die" stops listening and then closes.
 ACTIONS = {"ok": Answer(pieces=[BODY]), "close": Answer(fault="close"), "headers": Answer(fault="headers"),
@@ -64,17 +56,8 @@ def test_closed_keepalive_connection_is_retried_once_on_a_fresh_one():
 
 def test_open_loop_replay_has_no_failed_rows_when_the_server_closes_idle_connections():
     double = acting(one_request_per_connection)
-    settings = ReplaySettings(model="m", token_low=10, token_high=20, request_timeout_s=5, drain_timeout_s=5,
-                              scrape_interval_s=0.5)
     sched = [ScheduledRequest(i, 0.01 * i, 5, 3, "x") for i in range(40)]
-
-    async def go():
-        async with double.serving() as base:
-            replay = Replay(sched, base, settings, progress=False)
-            await replay.run()
-        return replay
-
-    replay = asyncio.run(go())
+    replay = asyncio.run(replay_against(double, sched, request_timeout_s=5, drain_timeout_s=5))
     assert [r.status for r in replay.requests] == ["ok"] * 40, [r.error for r in replay.requests if r.error]
     retried = [r for r in replay.requests if r.retries]
     assert retried and all(r.retries == 1 for r in retried)
@@ -117,7 +100,7 @@ def test_connection_refused_is_a_disconnect_without_retry():
         return rec
 
     rec = asyncio.run(go())
-    assert rec.status == "disconnected" and "could not connect" in rec.error and rec.retries == 0
+    assert rec.status == "disconnected" and "could not connect to 127.0.0.1:9" in rec.error and rec.retries == 0
 
 
 def test_slow_first_token_on_a_retried_request_still_times_out_from_the_first_send():

@@ -5,55 +5,10 @@ import json
 
 import pytest
 
-from filledfirst.contracts.records import RequestRecord, ScheduledRequest
-from filledfirst.loadgen.http1 import Pool, Target
-from filledfirst.loadgen.replay import Replay
-from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.loadgen.stream import send_streamed
+from filledfirst.contracts.records import ScheduledRequest
 
-from helpers.stream_double import Answer, StreamDouble
-
-
-def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def token(text="w") -> bytes:
-    return sse({"choices": [{"index": 0, "text": text}], "usage": None})
-
-
-USAGE = sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
-DONE = b"data: [DONE]\n\n"
-
-
-def scripted(pieces, *, status=200, error_body=b"overloaded", delay=0.0, first_delay=0.0) -> Answer:
-    """`status` and `error_body`, or 200 and the `pieces` of a stream written one by one
-    (so events split across reads), `first_delay` before the first and `delay` after each."""
-    return Answer(status=status, body=error_body if error_body is not None else b"", pieces=list(pieces),
-                  first_delay=first_delay, delay=delay)
-
-
-async def run_against(pieces, *, status=200, delay=0.0, total_timeout=5.0, first_delay=0.0, first_token_timeout=None,
-                      error_body=b"overloaded"):
-    """Serve `pieces` (see `scripted`) and record the request."""
-    double = StreamDouble(scripted(pieces, status=status, error_body=error_body, delay=delay,
-                                   first_delay=first_delay))
-    rec = RequestRecord(0, "probe", 5, 3, 0.0)
-    tokens = []
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    async with double.serving() as base, Pool(Target.parse(f"{base}/v1/completions"), connect_timeout_s=2) as pool:
-        await send_streamed(pool, b"{}", rec, tokens, lambda: loop.time() - t0, total_timeout, first_token_timeout)
-    return rec, tokens
-
-
-async def replay_against(double: StreamDouble, schedule, **settings) -> Replay:
-    """Replay `schedule` against `double`; `settings` on top of ReplaySettings' defaults."""
-    settings = ReplaySettings(**{"model": "m", "token_low": 10, "token_high": 20, "scrape_interval_s": 0.5, **settings})
-    async with double.serving() as base:
-        replay = Replay(schedule, base, settings, progress=False)
-        await replay.run()
-    return replay
+from helpers.stream_client import DONE, USAGE, replay_against, run_against, scripted, token
+from helpers.stream_double import StreamDouble, sse
 
 
 def test_complete_stream_split_across_reads():
@@ -104,17 +59,6 @@ def test_first_token_timeout():
     rec, tokens = asyncio.run(run_against([token()] * 5 + [USAGE, DONE], delay=0.1, first_token_timeout=0.3))
     assert rec.status == "ok", rec.error
     assert len(tokens) == 5
-
-
-def test_unreachable_server_is_a_disconnect():
-    async def go():
-        rec = RequestRecord(0, "probe", 5, 3, 0.0)
-        async with Pool(Target.parse("http://127.0.0.1:9/v1/completions"), connect_timeout_s=2) as pool:
-            await send_streamed(pool, b"{}", rec, [], lambda: 0.0, 2)
-        return rec
-
-    rec = asyncio.run(go())
-    assert rec.status == "disconnected" and "could not connect to 127.0.0.1:9" in rec.error
 
 
 def test_closed_loop_workers_against_a_test_double():

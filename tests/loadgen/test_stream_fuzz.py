@@ -15,12 +15,12 @@ from typing import NamedTuple
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_stream import DONE, replay_against, run_against, scripted
 
 from filledfirst.contracts.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.loadgen.stream import MAX_LINE_BYTES, UNREADABLE, SSEData
 from filledfirst.metrics import PER_REQUEST
 
+from helpers.stream_client import DONE, replay_against, run_against, scripted
 from helpers.stream_double import StreamDouble
 
 FUZZ = dict(derandomize=True, database=None, deadline=None,

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_stream import DONE, USAGE, run_against, token
 
 from filledfirst.contracts.records import RequestRecord
 from filledfirst.loadgen.http1 import MAX_HEAD_BYTES, InvalidAnswer, Pool, Target
 from filledfirst.loadgen.stream import MAX_LINE_BYTES, SSEData, send_streamed
+
+from helpers.stream_client import DONE, USAGE, run_against, token
 
 KIB = 1024
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-from html.parser import HTMLParser
 from pathlib import Path
 
 import duckdb
@@ -20,10 +18,8 @@ from filledfirst.contracts.records import SAMPLE_SCHEMA
 from filledfirst.report import render, tables
 
 from conftest import REPO
-from helpers.report_runs import FAILED_RUN_ERROR, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
-
-QMD = REPO / "reports" / "report.qmd"
-CHROMIUM = Path("/usr/bin/chromium")
+from helpers.chromium import ChartDivs, chromium_run, screenshot
+from helpers.report_runs import FAILED_RUN_ERROR, QMD, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
 
 
 @pytest.fixture(scope="module")
@@ -236,68 +232,10 @@ def test_non_finite_samples_are_null_counted_and_the_report_renders(tmp_path):
 # --- the browser -----------------------------------------------------------------------------
 
 
-def _chromium(*args: str, profile: Path, timeout: int = 120) -> str:
-    return _chromium_run(*args, profile=profile, timeout=timeout).stdout
-
-
-def _chromium_run(*args: str, profile: Path, timeout: int = 120) -> subprocess.CompletedProcess:
-    argv = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        # No network: every request goes to a proxy that does not exist.
-        "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-        # The page's console messages reach stderr as INFO:CONSOLE lines.
-        "--enable-logging=stderr", "--v=0",
-        f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
-
-
-def screenshot(html: Path, png: Path, profile: Path, height: int = 5000) -> Path:
-    """A full-page PNG of the report, for a human to look at (never committed)."""
-    png.parent.mkdir(parents=True, exist_ok=True)
-    _chromium(f"--screenshot={png}", f"--window-size=1100,{height}", html.as_uri(), profile=profile)
-    return png
-
-
-class _ChartDivs(HTMLParser):
-    """For each `ff-chart` div: did an <svg> appear inside it? (Chromium's DOM dump has
-    balanced div tags, so a stack of open divs is enough.)"""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.charts: dict[str, bool] = {}
-        self._open: list[str | None] = []  # chart id for chart divs, else None
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "div":
-            is_chart = "ff-chart" in (a.get("class") or "").split()
-            if is_chart:
-                self.charts.setdefault(a["id"], False)
-            self._open.append(a["id"] if is_chart else None)
-        elif tag == "svg":
-            for cid in filter(None, self._open):
-                self.charts[cid] = True
-
-    def handle_endtag(self, tag):
-        if tag == "div" and self._open:
-            self._open.pop()
-
-
-@pytest.fixture
-def chromium():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} missing in CI: apt-get install chromium")
-        pytest.skip(f"{CHROMIUM} not installed")
-    return CHROMIUM
-
-
 @pytest.mark.browser
 def test_charts_draw_offline(report, chromium, tmp_path):
-    run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
-    parser = _ChartDivs()
+    run = chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    parser = ChartDivs()
     parser.feed(run.stdout)
     assert len(parser.charts) == 4, parser.charts
     assert all(parser.charts.values()), f"charts without an <svg>: {parser.charts}"

@@ -1,5 +1,5 @@
 """The report's capacity-search part and its summary, on synthetic probe runs in DuckDB
-(test_frontier_table's probes, test_diagnosis' designed runs), and the rendered report
+(helpers/searches.py's probes, helpers/synthetic_db.py's designed runs), and the rendered report
 with the frontier chart drawn in headless Chromium."""
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ import json
 import duckdb
 import pytest
 import vl_convert
-from test_diagnosis import every, gauges, make_db, queue, reference_run
-from test_frontier_table import SEQ8_SEARCH, SLO, cap_probes
-from test_report import QMD, _ChartDivs, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.report import charts, frontiers, render
+
+from helpers.chromium import ChartDivs, chromium_run
+from helpers.report_runs import QMD
+from helpers.searches import SEQ8_SEARCH, SLO, cap_probes
+from helpers.synthetic_db import every, gauges, make_db, queue, reference_run
 
 PROBE_ERROR = "server exited with code -9 <b>boom</b>"
 
@@ -168,8 +170,8 @@ def test_report_shows_the_frontier_and_the_summary(report):
 @pytest.mark.browser
 @pytest.mark.usefixtures("chromium")  # skips (or fails in CI) without Chromium
 def test_frontier_chart_draws_offline(report, tmp_path):
-    run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
-    parser = _ChartDivs()
+    run = chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    parser = ChartDivs()
     parser.feed(run.stdout)
     assert len(parser.charts) == 4 and all(parser.charts.values()), parser.charts
     assert "Attainment against offered rate: cap" in run.stdout

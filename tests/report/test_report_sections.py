@@ -14,7 +14,7 @@ from filledfirst.store.ingest import ingest
 
 from helpers.report_runs import (
     FAILED_RUN_ERROR,
-    REPO,
+    QMD,
     RUN_A,
     RUN_FAILED,
     RUN_LEGACY,
@@ -23,8 +23,8 @@ from helpers.report_runs import (
     report_runs,
     run_meta,
     series,
-    write_run,
 )
+from helpers.run_folder import write_run
 
 PROBE = "cap-default-p01-0"
 PROBE_EXPERIMENT = "cap/default/p01"  # the diagnosis' tables name runs by experiment
@@ -41,7 +41,8 @@ def probe_run(root):
     meta = run_meta(PROBE, PROBE_EXPERIMENT, "ok", 8, started=4)
     meta["frontier"] = {"name": "cap", "setting": "default", "probe": 1, "rate": 2.0}
     meta["versions"] = {**meta["versions"], "vllm": "0.33.0"}
-    return write_run(root, meta, [r for r, _ in built], [t for _, toks in built for t in toks], samples)
+    return write_run(root / meta["run_id"], meta, [r for r, _ in built], [t for _, toks in built for t in toks],
+                     samples)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_a_database_not_yet_diagnosed_says_how_to_diagnose_it(tmp_path):
 
 def test_the_report_shows_every_section():
     """report.qmd is layout only: each section function is displayed once, in a loop."""
-    qmd = (REPO / "reports" / "report.qmd").read_text()
+    qmd = QMD.read_text()
     shown = re.findall(r"^for block in sections\.(\w+)\((?:data)?\):\n    display\(HTML\(block\)\)$", qmd, re.M)
     public = ["page_head", "at_a_glance", "runs", "what_filled_first", "part_by_part", "capacity_search", "setup",
               "side_by_side", "measurement_checks", "request_checks", "each_run"]

@@ -1,5 +1,5 @@
-"""`filledfirst frontier run` with a stand-in for vLLM and the replay (as in test_group_runs):
-each probe's requests meet the SLO in the share a simulated capacity curve gives at the
+"""`filledfirst frontier run` with stand-ins for vLLM (helpers/fake_server.py) and the
+replay, as in test_group_runs: each probe's requests meet the SLO in the share a simulated capacity curve gives at the
 probe's rate. The probes must land as ordinary run folders with their frontier block, the
 search as search.json; an interrupted search resumes from its finished probes."""
 
@@ -10,7 +10,6 @@ import json
 import math
 
 import pytest
-from test_group_runs import FakeShared
 
 from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config, search_fingerprint
@@ -24,6 +23,7 @@ from filledfirst.store.ingest import ingest
 from filledfirst.study import Study
 
 from conftest import REPO
+from helpers.fake_server import FakeShared
 
 CAPACITY = 9.0  # req/s: at or below it every request meets the SLO
 SLO_TTFT_MS, SLO_ITL_MS = 500.0, 100.0
@@ -302,9 +302,9 @@ def test_probe_attainment_counts_gaps_between_token_chunks():
 def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
     """A trace shape: each probe is the same window's start at time_scale kept_per_s / rate,
     probe_s long, cut from the trace CSV; the density comes from the shape's schedule stats."""
-    from test_trace import ts2024, write_csv
-
     from filledfirst.trace.subsample import subsample_to_parquet
+
+    from helpers.trace_files import ts2024, write_csv
 
     cfg, out, state = study
     # a request every 0.5 s for 20 minutes; every 2nd kept: one per second of trace time

@@ -8,51 +8,14 @@ import pytest
 
 from filledfirst import cli, config, interrupts
 from filledfirst.config import load_config
-from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.command import ServerCommand
-from filledfirst.engine.server import ServerStartError
-from filledfirst.engine.shared import SharedServer
 from filledfirst.loadgen.replay import Replay
 from filledfirst.run import runner
 from filledfirst.run.runner import Job, run_experiments
 from filledfirst.workloads.synthetic import write_synthetic_schedule
 
 from conftest import REPO
-
-
-class _Proc:
-    def __init__(self):
-        self.running = True
-
-    def alive(self):
-        return self.running
-
-    def stop(self):
-        self.running = False
-
-    def scheduler_load(self):
-        return Gauges(running=0.0, waiting=0.0, kv_pct=0.0)
-
-
-class FakeShared(SharedServer):
-    """A SharedServer whose starts write a start-up line to the log instead of starting vLLM."""
-
-    def __init__(self, log_path, failing_starts=()):
-        super().__init__({}, log_path)
-        self.failing_starts = failing_starts
-        self.extra_args: list[str] = []
-        self.starts: list[str] = []
-
-    def _start(self, experiment):
-        self.starts.append(experiment)
-        self.cmd, self.base_url = ServerCommand(["vllm", "serve", *self.extra_args]), "http://fake"
-        self.start_offset = self.log_offset()
-        with open(self.log_path, "a") as f:
-            f.write(f"start-up for {experiment}\n")
-        if experiment in self.failing_starts:
-            self.start_error = ServerStartError(f"vLLM exited with code 1 before it was healthy ({experiment})")
-            raise self.start_error
-        self.server, self.started_by, self.startup_s = _Proc(), experiment, 1.5
+from helpers.fake_server import FakeShared
 
 
 @pytest.fixture

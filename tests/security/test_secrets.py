@@ -21,17 +21,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_report import QMD
 
 from filledfirst import cli, interrupts, redact
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_config, search_fingerprint, validate_config
-from filledfirst.contracts.gauges import Gauges
 from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.engine import server as server_module
 from filledfirst.engine import shared as shared_module
 from filledfirst.engine.command import ServerCommand
-from filledfirst.engine.server import ServerStartError, VllmServer, log_excerpt
+from filledfirst.engine.server import VllmServer
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.report import render
 from filledfirst.run import runner
@@ -41,7 +39,9 @@ from filledfirst.store.ingest import ingest
 from filledfirst.study import Study
 
 from conftest import REPO
+from helpers.fake_server import FakeVllm
 from helpers.popen import record_popen
+from helpers.report_runs import QMD
 from helpers.stream_double import Answer, StreamDouble
 
 URL_USER = "planteduser-7c1e"
@@ -102,46 +102,15 @@ def vllm_start_lines(cmd: ServerCommand) -> str:
             f"'hf_token': {ENV['HF_TOKEN']!r}}}\n")
 
 
-class DoubleAsVllm:
-    """Stands in for VllmServer: logs what vLLM may log at start, then the loopback double
-    answers on the host and port the runner chose (or the start fails, log excerpt and
-    all, as VllmServer's does; or it is seen alive `lives` times, then dead)."""
+class DoubleAsVllm(FakeVllm):
+    """The fake vLLM, logging at start what vLLM may log (the planted secrets among it),
+    then the loopback double answers on the host and port the runner chose."""
 
-    fail = False
-    lives: int | None = None
-    commands: list[ServerCommand] = []
+    serve = True
+    startup_s = 0.5
 
-    def __init__(self, cmd, *, host, port, log_path, startup_timeout_s, nice=0):
-        self.cmd, self.host, self.port, self.log_path = cmd, host, port, log_path
-        self.startup_s = 0.5
-        self._serving = None
-
-    def __enter__(self):
-        DoubleAsVllm.commands.append(self.cmd)
-        with open(self.log_path, "a") as f:
-            f.write(vllm_start_lines(self.cmd))
-        if self.fail:
-            raise ServerStartError("vLLM exited with code 1 before it was healthy. " + log_excerpt(self.log_path))
-        self._serving = StreamDouble(ttft_s=0.01, itl_s=0.005).serving_in_thread(self.host, self.port)
-        self._serving.__enter__()
-        return self
-
-    def alive(self) -> bool:
-        if self.lives is not None:
-            self.lives -= 1
-            return self.lives >= 0
-        return self._serving is not None
-
-    def version(self) -> str:
-        return "double"
-
-    def scheduler_load(self) -> Gauges:
-        return Gauges(running=0.0, waiting=0.0, kv_pct=0.0)
-
-    def stop(self) -> None:
-        if self._serving is not None:
-            self._serving.__exit__(None, None, None)
-            self._serving = None
+    def start_log(self) -> str:
+        return vllm_start_lines(self.cmd)
 
 
 def planted_config() -> dict:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_report import QMD, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst import config as config_module
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
@@ -25,8 +24,11 @@ from filledfirst.report import render
 from filledfirst.store.ingest import ingest
 
 from conftest import REPO
+from helpers.chromium import chromium_run
+from helpers.fake_server import FakeVllm
 from helpers.popen import record_popen
-from helpers.report_runs import make_request, run_meta, series, write_run
+from helpers.report_runs import QMD, make_request, run_meta, series
+from helpers.run_folder import write_run
 
 # --- the report escapes every data string ------------------------------------------------------
 
@@ -67,7 +69,8 @@ def _hostile_run(root: Path) -> Path:
                + series("vllm:num_requests_waiting", [[0, 0, 0]], ts)
                + series("vllm:kv_cache_usage_perc", [[0.0, 0.1, 0.05]], ts)
                + [SampleRecord(0.0, "vllm:num_preemptions_total", f"model_name={SCRIPT}", 0.0)])
-    return write_run(root, meta, [r for r, _ in built], [t for _, toks in built for t in toks], samples)
+    return write_run(root / meta["run_id"], meta, [r for r, _ in built], [t for _, toks in built for t in toks],
+                     samples)
 
 
 def _failed_run(root: Path) -> Path:
@@ -75,7 +78,7 @@ def _failed_run(root: Path) -> Path:
     log = root / "server.log"
     log.write_text(f"INFO starting\n(EngineCore pid=2) ERROR 11-29 [core.py:1] ValueError: {SCRIPT}\n{IMG}\n{ATTR}\n")
     error = "vLLM exited with code 1 before it was healthy. " + log_excerpt(log)
-    return write_run(root, run_meta(RUN_FAILED, f"failed {IMG}", "failed", 64, started=2, error=error))
+    return write_run(root / RUN_FAILED, run_meta(RUN_FAILED, f"failed {IMG}", "failed", 64, started=2, error=error))
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +161,9 @@ def test_every_planted_string_is_escaped_in_the_report(hostile_report):
 
 
 @pytest.mark.browser
-def test_planted_strings_stay_text_in_the_browser(hostile_report, chromium, tmp_path):  # noqa: F811
+def test_planted_strings_stay_text_in_the_browser(hostile_report, chromium, tmp_path):
     """After Vega drew the charts (roles in legends, errors in the data): still only text."""
-    dom = _chromium_run("--dump-dom", hostile_report.as_uri(), profile=tmp_path / "profile").stdout
+    dom = chromium_run("--dump-dom", hostile_report.as_uri(), profile=tmp_path / "profile").stdout
     assert "ff-chart" in dom and "<svg" in dom  # the charts did draw
     drawn = "".join(assert_no_planted_markup(dom).svg_text)
     assert SCRIPT in drawn and IMG in drawn  # the roles, in the TTFT chart's legend, as text
@@ -255,24 +258,9 @@ def _hostile(cfg: dict) -> None:
     cfg["engine"]["env"] = {"FF_HOSTILE": HOSTILE["env"]}
 
 
-class _NoServer:
-    """Stands in for VllmServer: keeps what the runner would start, starts nothing."""
-
-    startup_s = 0.0
-
-    def __init__(self, cmd, **kw):
-        self.cmd = cmd
-
-    def __enter__(self):
-        return self
-
-    def version(self) -> str:
-        return "test"
-
-
 def _server_command(configfile: Path, monkeypatch, tmp_path: Path, experiment="decode_low"):
     """The command the runner builds for `experiment` of `configfile`, and the base URL."""
-    monkeypatch.setattr(shared, "VllmServer", _NoServer)
+    monkeypatch.setattr(shared, "VllmServer", FakeVllm)
     spec = config_module.experiment_spec(config_module.load_config([configfile]), experiment)
     server = shared.SharedServer(spec.server_spec, tmp_path / "server.log")
     server.ready(experiment)

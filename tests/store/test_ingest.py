@@ -6,26 +6,13 @@ import pytest
 from filledfirst import atomic
 from filledfirst.contracts.records import (
     REQUEST_SCHEMA,
-    SAMPLE_SCHEMA,
-    TOKEN_SCHEMA,
     RequestRecord,
-    TokenRecord,
     to_table,
 )
 from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
 
-
-def make_run(path, run_id, status="ok"):
-    path.mkdir()
-    reqs = [RequestRecord(i, "decode", 10, 4, 0.1 * i, 0.1 * i, 0.1 * i + 0.05, 0.1 * i + 0.08, 0.1 * i + 0.09,
-                          10, 4, 3)
-            for i in range(5)]
-    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / folder.REQUESTS)
-    atomic.write_parquet(to_table([TokenRecord(0, 0, 0.05, 1)], TOKEN_SCHEMA), path / folder.TOKENS)
-    atomic.write_parquet(to_table([], SAMPLE_SCHEMA), path / folder.SAMPLES)
-    atomic.write_json({"run_id": run_id, "experiment": run_id.split("-")[0], "status": status}, path / folder.RUN_JSON)
-    return path
+from helpers.run_folder import make_run, write_run
 
 
 def counts(db):
@@ -61,10 +48,8 @@ def test_half_written_folder_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_failed_run_without_measurements_is_ingested(tmp_path):
-    failed = tmp_path / "failed"
-    failed.mkdir()
-    atomic.write_json({"run_id": "bad-1", "experiment": "bad", "status": "failed", "error": "vLLM exited"},
-                      failed / folder.RUN_JSON)
+    failed = write_run(tmp_path / "failed",
+                       {"run_id": "bad-1", "experiment": "bad", "status": "failed", "error": "vLLM exited"})
     db = tmp_path / "f.duckdb"
     ingest([failed], db)
     con = duckdb.connect(str(db), read_only=True)
@@ -87,23 +72,14 @@ def test_the_servers_request_timings_are_stored_and_old_folders_load_without(tmp
     assert rows == [("new-1", 1.5, 40.0, 39.0, 13.0), ("old-1", None, None, None, None)]
 
 
-def make_sized_run(path, run_id, n):
-    """A run folder with `n` requests, so whose rows were loaded shows in the count."""
-    make_run(path, run_id)
-    reqs = [RequestRecord(i, "decode", 10, 4, 0.1 * i, 0.1 * i, 0.1 * i + 0.05, 0.1 * i + 0.08, 0.1 * i + 0.09,
-                          10, 4, 3) for i in range(n)]
-    atomic.write_parquet(to_table(reqs, REQUEST_SCHEMA), path / folder.REQUESTS)
-    return path
-
-
 @pytest.mark.parametrize("name", ["r[1]", "r?", "r*", "r[!x]"])
 def test_a_folder_named_like_a_glob_pattern_loads_its_own_files(tmp_path, name):
     """`g/r[1]/requests.parquet` read as a pattern is `g/r1/requests.parquet`: another
     run's rows under this run's id. The file is read, not a pattern."""
     group = tmp_path / "g"
     group.mkdir()
-    make_sized_run(group / "r1", "other-1", 3)
-    odd = make_sized_run(group / name, "odd-1", 7)
+    make_run(group / "r1", "other-1", n=3)
+    odd = make_run(group / name, "odd-1", n=7)
     db = tmp_path / "f.duckdb"
     ingest([odd], db)
     with duckdb.connect(str(db), read_only=True) as con:

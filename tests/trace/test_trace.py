@@ -9,7 +9,7 @@ import json
 import math
 import random
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -24,12 +24,12 @@ from filledfirst.schedule import stats_path
 from filledfirst.trace.fetch import MIRROR_ENV, fetch_trace
 from filledfirst.trace.subsample import subsample, subsample_to_parquet
 
+from helpers.trace_files import DAY0, HEADER, ts2024, write_csv
+
 CONV = "AzureLLMInferenceTrace_conv.csv"
 # From FACTS.md (and config/cpu.yaml's catalog).
 CONV_SHA256 = "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"
 CONV_SIZE = 719_188
-HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-DAY0 = datetime(2024, 5, 12, tzinfo=timezone.utc)
 
 
 def oracle_ns(ts: str) -> int:
@@ -38,18 +38,6 @@ def oracle_ns(ts: str) -> int:
     assert m, ts
     dt = datetime.fromisoformat(m[1] + (m[3] or "+00:00"))
     return calendar.timegm(dt.utctimetuple()) * 10**9 + int((m[2] or "").ljust(9, "0"))
-
-
-def ts2024(offset_us: int) -> str:
-    """The 2024 trace's format: microseconds, and no fraction at all on whole seconds."""
-    t = DAY0 + timedelta(microseconds=offset_us)
-    frac = f".{t.microsecond:06d}" if t.microsecond else ""
-    return t.strftime("%Y-%m-%d %H:%M:%S") + frac + "+00:00"
-
-
-def write_csv(path: Path, rows: list[tuple]) -> Path:
-    path.write_text(HEADER + "".join(f"{t},{p},{o}\n" for t, p, o in rows))
-    return path
 
 
 # --- the real 2023 trace ------------------------------------------------------------

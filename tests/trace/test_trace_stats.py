@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_trace import HEADER, ts2024, write_csv
 
 from filledfirst.errors import UserError
 from filledfirst.trace.stats import summary_text, trace_stats
 from filledfirst.trace.subsample import read_trace
+
+from helpers.trace_files import HEADER, ts2024, write_csv
 
 
 def test_real_trace_figures(conv_trace, tmp_path):

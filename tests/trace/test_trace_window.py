@@ -10,11 +10,12 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_trace import HEADER, ts2024, write_csv
 
 from filledfirst.errors import UserError
 from filledfirst.trace.subsample import _subsample, subsample
 from filledfirst.trace.timestamps import _regex_ns, fast_ns, parse_ns
+
+from helpers.trace_files import HEADER, ts2024, write_csv
 
 # Fields that differ by design: the bisect reads only the window, so it cannot count rows.
 _BY_DESIGN = {"read", "trace_requests"}

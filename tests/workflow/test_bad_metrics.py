@@ -13,12 +13,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_report import QMD, _ChartDivs, _chromium_run, chromium  # noqa: F401 (a fixture)
 
 from filledfirst import cli
 from filledfirst.analysis import signals
 from filledfirst.contracts.records import SCHEDULE_SCHEMA
 
+from helpers.chromium import ChartDivs, chromium_run
+from helpers.report_runs import QMD
 from helpers.stream_double import StreamDouble
 
 GAUGES = (
@@ -55,7 +56,7 @@ def schedule(path, n=24, gap=0.05):
 
 
 @pytest.mark.browser
-def test_damaged_and_nan_metrics_leave_the_run_ok_counted_and_the_report_drawn(chromium, tmp_path):  # noqa: F811
+def test_damaged_and_nan_metrics_leave_the_run_ok_counted_and_the_report_drawn(chromium, tmp_path):
     pages = Pages()
     double = StreamDouble(ttft_s=0.01, itl_s=0.01, metrics_text=pages)
     out = tmp_path / "run"
@@ -79,8 +80,8 @@ def test_damaged_and_nan_metrics_leave_the_run_ok_counted_and_the_report_drawn(c
     assert summary["scrape_errors"] == pages.bad and summary["nonfinite_samples"] == pages.nonfinite
     assert summary["running_max"] == 1 and summary["kv_max_pct"] == pytest.approx(25.0)
 
-    run = _chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
-    charts = _ChartDivs()
+    run = chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    charts = ChartDivs()
     charts.feed(run.stdout)
     assert charts.charts and all(charts.charts.values()), f"charts without an <svg>: {charts.charts}"
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]

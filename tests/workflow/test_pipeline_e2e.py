@@ -192,14 +192,14 @@ def check_shared_server(workdir):
 def check_report_in_browser(workdir, tmp_path):
     """The pipeline's own report, offline in headless Chromium: every chart drew, the page
     logged nothing to its console, and it stays small."""
-    from test_report import CHROMIUM, _ChartDivs, _chromium_run
+    from helpers.chromium import CHROMIUM, ChartDivs, chromium_run
 
     html = workdir / "reports" / "report.html"
     assert html.stat().st_size < 5_000_000
     if not CHROMIUM.exists():
-        return  # test_report's browser test fails in CI when chromium is missing
-    run = _chromium_run("--dump-dom", html.as_uri(), profile=tmp_path / "chromium")
-    charts = _ChartDivs()
+        return  # the `chromium` fixture fails the browser tests in CI when chromium is missing
+    run = chromium_run("--dump-dom", html.as_uri(), profile=tmp_path / "chromium")
+    charts = ChartDivs()
     charts.feed(run.stdout)
     # a chart per run, the goodput chart, and a TTFT-parts chart per run (vLLM timed them all)
     assert len(charts.charts) == 3 + 1 + 3 and all(charts.charts.values()), charts.charts

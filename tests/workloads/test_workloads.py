@@ -72,11 +72,11 @@ def test_write_is_deterministic_and_typed(tmp_path):
 def test_config_workloads_write(tmp_path):
     """Every synthetic workload in the shipped CPU config, through config validation; those
     placed relative to a knee at a made-up knee of 10 req/s for every search."""
-    from test_search_record import search_record
-
     from filledfirst.config import load_study
     from filledfirst.frontier.relative import KneeFile, resolve_synthetic
     from filledfirst.study import SyntheticWorkload
+
+    from helpers.searches import search_record
 
     study = load_study([REPO / "config" / "cpu.yaml"])
     knees = {f"{f}/{s}": KneeFile(Path("search.json"), search_record(f, s, lo=10.0, hi=11.0))
