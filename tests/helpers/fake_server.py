@@ -5,6 +5,7 @@ the search builds one)."""
 
 from __future__ import annotations
 
+from filledfirst import interrupts
 from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.command import ServerCommand
 from filledfirst.engine.server import ServerStartError, log_excerpt
@@ -100,3 +101,17 @@ class FakeShared(SharedServer):
             self.start_error = ServerStartError(f"vLLM exited with code 1 before it was healthy ({experiment})")
             raise self.start_error
         self.server, self.started_by, self.startup_s = _Proc(), experiment, 1.5
+
+    def replayed(self, replay, name: str, what: str | None) -> bool:
+        """What a stand-in replay of `name` leaves: a line in the server log, and with `what`
+        the server dead ("server dies") or an interrupt noted ("interrupt") meanwhile, which
+        ends the replay (True)."""
+        with open(self.log_path, "a") as f:
+            f.write(f"requests of {name}\n")
+        if what == "server dies":
+            self.server.running = False
+            replay.server_died = True
+        elif what == "interrupt":
+            interrupts.note_interrupt("received SIGINT")
+            replay.interrupted = "received SIGINT"
+        return what is not None

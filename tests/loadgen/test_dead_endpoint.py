@@ -14,21 +14,20 @@ import socket
 import time
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from filledfirst import cli
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_config, validate_config
-from filledfirst.contracts.records import SCHEDULE_SCHEMA, RequestRecord
+from filledfirst.contracts.records import RequestRecord
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.report import tables
 from filledfirst.run.runner import Job, every_request_failed, run_experiments
 from filledfirst.store.ingest import ingest
 
 from conftest import REPO
+from helpers.schedules import probe_schedule
 from helpers.stream_double import Answer, StreamDouble
 
 KEY = "sk-planted-dead-endpoint-81c3"  # must never reach a message or a file
@@ -41,16 +40,8 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def schedule(path, n=8, gap=0.05):
-    pq.write_table(pa.table({
-        "request_id": list(range(n)), "t_offset_s": [gap * i for i in range(n)],
-        "prompt_tokens": [8] * n, "output_tokens": [4] * n, "role": ["probe"] * n,
-    }, schema=SCHEDULE_SCHEMA), path)
-    return path
-
-
 def replay(capsys, url, tmp_path, *extra) -> tuple[int, str, float]:
-    argv = ["replay", "--url", url, "--schedule", str(schedule(tmp_path / "s.parquet")),
+    argv = ["replay", "--url", url, "--schedule", str(probe_schedule(tmp_path / "s.parquet", n=8)),
             "--out", str(tmp_path / "out"), "--model", "double", "--token-ids", "10", "20", "--no-progress",
             "--scrape-interval", "0.2", *extra]
     t0 = time.monotonic()
@@ -151,7 +142,7 @@ def external(tmp_path):
     cfg = copy.deepcopy(load_config([REPO / "tests" / "configs" / "e2e.yaml"]))
     cfg["model"]["name"] = "double"
     cfg["experiments"] = {"deployed": {"workload": "light", "server": {"url": "http://127.0.0.1:1"}}}
-    job = Job("deployed", schedule(tmp_path / "s.parquet"), tmp_path / "runs" / "deployed")
+    job = Job("deployed", probe_schedule(tmp_path / "s.parquet", n=8), tmp_path / "runs" / "deployed")
     return cfg, job
 
 

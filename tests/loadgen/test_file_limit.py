@@ -20,24 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filledfirst.contracts.records import SCHEDULE_SCHEMA
-
 from conftest import REPO
+from helpers.schedules import probe_schedule
 
 SRC = REPO / "src"
 _, HARD = resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def schedule(path: Path, n: int, within_s: float) -> Path:
-    pq.write_table(pa.table({
-        "request_id": list(range(n)), "t_offset_s": [within_s * i / n for i in range(n)],
-        "prompt_tokens": [4] * n, "output_tokens": [2] * n, "role": ["probe"] * n,
-    }, schema=SCHEDULE_SCHEMA), path)
-    return path
 
 
 class Double:
@@ -93,8 +83,8 @@ def test_1500_requests_held_open_at_once_with_a_soft_limit_of_1024_are_all_ok(tm
                                                                               workers):
     n = 1500
     double = double_factory("--hold-until", str(n), "--ttft-ms", "1", "--itl-ms", "1")
-    proc = replay(double.url, schedule(tmp_path / "s.parquet", n, within_s=1.0), tmp_path / "out", soft, HARD,
-                  "--workers", workers)
+    sched = probe_schedule(tmp_path / "s.parquet", n, gap_s=1.0 / n, prompt=4, output=2)
+    proc = replay(double.url, sched, tmp_path / "out", soft, HARD, "--workers", workers)
     counts = double.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((tmp_path / "out" / "run.json").read_text())
@@ -107,7 +97,8 @@ def test_a_hard_limit_too_low_fails_the_run_as_the_clients_fault(tmp_path, doubl
     """soft = hard = 64, 100 requests in flight: the client cannot open them all."""
     n, limit = 100, 64
     double = double_factory("--ttft-ms", "2000", "--itl-ms", "1")  # each answer lasts 2 s: all overlap
-    proc = replay(double.url, schedule(tmp_path / "s.parquet", n, within_s=0.2), tmp_path / "out", limit, limit)
+    sched = probe_schedule(tmp_path / "s.parquet", n, gap_s=0.2 / n, prompt=4, output=2)
+    proc = replay(double.url, sched, tmp_path / "out", limit, limit)
     double.stop()
     assert proc.returncode == 1, proc.stderr[-3000:]
     out = tmp_path / "out"

@@ -6,17 +6,16 @@ import subprocess
 import sys
 
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.engine.command import build_command
 from filledfirst.engine.server import VllmServer, free_port
 from filledfirst.store.ingest import ingest
 from filledfirst.study import Model, TokenIds
 
 from conftest import build_test_model, engine_overlay
+from helpers.schedules import probe_schedule
 
 pytestmark = pytest.mark.engine
 
@@ -41,11 +40,7 @@ def server(tmp_path_factory):
 
 
 def schedule(path, n=12):
-    pq.write_table(pa.table({
-        "request_id": list(range(n)), "t_offset_s": [0.2 * i for i in range(n)],
-        "prompt_tokens": [50] * n, "output_tokens": [16] * n, "role": ["probe"] * n,
-    }, schema=SCHEDULE_SCHEMA), path)
-    return path
+    return probe_schedule(path, n, gap_s=0.2, prompt=50, output=16)
 
 
 def replay(server, tmp_path, name, env_extra, prompt_args=("--token-ids", "10", "2050")):

@@ -61,16 +61,7 @@ def study(tmp_path, monkeypatch):
         probe = len(state["rates"])
         rate = state["rates"][-1]
         replay.t_end, replay.client_cpu_s = 4.0, 0.1
-        with open(state["shared"].log_path, "a") as f:
-            f.write(f"requests of probe {probe}\n")
-        what = state["during"].get(probe)
-        if what == "server dies":
-            state["shared"].server.running = False
-            replay.server_died = True
-            return
-        if what == "interrupt":
-            interrupts.note_interrupt("received SIGINT")
-            replay.interrupted = "received SIGINT"
+        if state["shared"].replayed(replay, f"probe {probe}", state["during"].get(probe)):
             return
         met = round(curve(rate) * len(replay.requests))
         for i, r in enumerate(replay.requests):

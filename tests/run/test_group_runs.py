@@ -35,15 +35,7 @@ def group(tmp_path, monkeypatch):
         experiment = state["current"] = next(j.experiment for j in jobs if not j.out.exists())
         state.setdefault("keys", []).append(replay.settings.api_key)
         replay.t_end, replay.client_cpu_s = 1.0, 0.1
-        with open(state["shared"].log_path, "a") as f:
-            f.write(f"requests of {experiment}\n")
-        what = state["during"].get(experiment)
-        if what == "server dies":
-            state["shared"].server.running = False
-            replay.server_died = True
-        elif what == "interrupt":
-            interrupts.note_interrupt("received SIGINT")
-            replay.interrupted = "received SIGINT"
+        state["shared"].replayed(replay, experiment, state["during"].get(experiment))
 
     monkeypatch.setattr(runner, "SharedServer", make_shared)
     monkeypatch.setattr(Replay, "run", fake_run)

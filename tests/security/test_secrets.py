@@ -15,17 +15,13 @@ import contextlib
 import copy
 import io
 import logging
-from pathlib import Path
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from filledfirst import cli, interrupts, redact
 from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
 from filledfirst.config import load_config, search_fingerprint, validate_config
-from filledfirst.contracts.records import SCHEDULE_SCHEMA
 from filledfirst.engine import server as server_module
 from filledfirst.engine import shared as shared_module
 from filledfirst.engine.command import ServerCommand
@@ -42,6 +38,7 @@ from conftest import REPO
 from helpers.fake_server import FakeVllm
 from helpers.popen import record_popen
 from helpers.report_runs import QMD
+from helpers.schedules import probe_schedule
 from helpers.stream_double import Answer, StreamDouble
 
 URL_USER = "planteduser-7c1e"
@@ -58,14 +55,6 @@ SECRETS = (URL_USER, URL_PASSWORD, API_KEY, *ENV.values(), FLAG_KEY, EQ_KEY)
 def leaks(text: str | bytes, where: str) -> list[str]:
     data = text.encode() if isinstance(text, str) else text
     return [f"{s} in {where}" for s in SECRETS if s.encode() in data]
-
-
-def schedule(path: Path, n: int = 6) -> Path:
-    pq.write_table(pa.table({
-        "request_id": list(range(n)), "t_offset_s": [0.05 * i for i in range(n)],
-        "prompt_tokens": [8] * n, "output_tokens": [4] * n, "role": ["probe"] * n,
-    }, schema=SCHEDULE_SCHEMA), path)
-    return path
 
 
 def echo_first(request) -> Answer | None:
@@ -142,9 +131,10 @@ def outputs(tmp_path_factory):
         with captured() as printed:
             # filledfirst replay, with the endpoint's user and password in the URL and the key
             double = StreamDouble(echo_first, ttft_s=0.01, itl_s=0.005, api_key=API_KEY)
+            sched = probe_schedule(root / "s.parquet", n=6)
             with double.serving_in_thread() as base:
                 url = base.replace("http://", f"http://{URL_USER}:{URL_PASSWORD}@")
-                code = cli.main(["replay", "--url", url, "--schedule", str(schedule(root / "s.parquet")),
+                code = cli.main(["replay", "--url", url, "--schedule", str(sched),
                                  "--out", str(runs / "replayed"), "--model", "double", "--token-ids", "10", "20",
                                  "--scrape-interval", "0.1", "--api-key-env", KEY_ENV, "--name", "replayed",
                                  "--no-progress"])
@@ -157,7 +147,7 @@ def outputs(tmp_path_factory):
                                  "--no-progress"]) == 2
             # filledfirst run: a server the study starts, with engine.env and --api-key
             cfg = planted_config()
-            light = schedule(root / "light.parquet")
+            light = probe_schedule(root / "light.parquet", n=6)
             assert run_experiments(cfg, [Job("planted", light, runs / "started")], progress=False) == ["ok"]
             DoubleAsVllm.lives = 1  # alive when the runner records it, dead once the replay looks
             assert run_experiments(cfg, [Job("planted", light, runs / "died")], progress=False) == ["partial"]

@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from filledfirst import cli
 from filledfirst.analysis import signals
-from filledfirst.contracts.records import SCHEDULE_SCHEMA
 
 from helpers.chromium import ChartDivs, chromium_run
 from helpers.report_runs import QMD
+from helpers.schedules import probe_schedule
 from helpers.stream_double import StreamDouble
 
 GAUGES = (
@@ -47,21 +45,14 @@ class Pages:
         return GAUGES.format(running=running, kv=kv, help="").encode()
 
 
-def schedule(path, n=24, gap=0.05):
-    pq.write_table(pa.table({
-        "request_id": list(range(n)), "t_offset_s": [gap * i for i in range(n)],
-        "prompt_tokens": [8] * n, "output_tokens": [6] * n, "role": ["probe"] * n,
-    }, schema=SCHEDULE_SCHEMA), path)
-    return path
-
-
 @pytest.mark.browser
 def test_damaged_and_nan_metrics_leave_the_run_ok_counted_and_the_report_drawn(chromium, tmp_path):
     pages = Pages()
     double = StreamDouble(ttft_s=0.01, itl_s=0.01, metrics_text=pages)
     out = tmp_path / "run"
+    sched = probe_schedule(tmp_path / "s.parquet", n=24, output=6)
     with double.serving_in_thread() as base:
-        code = cli.main(["replay", "--url", base, "--schedule", str(schedule(tmp_path / "s.parquet")),
+        code = cli.main(["replay", "--url", base, "--schedule", str(sched),
                          "--out", str(out), "--model", "double", "--token-ids", "10", "20", "--no-progress",
                          "--scrape-interval", "0.05", "--name", "badmetrics"])
     assert code == 0
