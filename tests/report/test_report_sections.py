@@ -1,5 +1,6 @@
-"""The report's sections (filledfirst.report.sections) on a real DuckDB: test_report's
-runs (ok, cut short, failed) and one capacity-search probe, ingested and diagnosed."""
+"""The report's sections (filledfirst.report.sections) on a real DuckDB: the report's
+runs of helpers/report_runs.py (ok, cut short, failed) and one capacity-search probe,
+ingested and diagnosed."""
 
 from __future__ import annotations
 

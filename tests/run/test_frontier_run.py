@@ -1,7 +1,8 @@
 """`filledfirst frontier run` with stand-ins for vLLM (helpers/fake_server.py) and the
-replay, as in test_group_runs: each probe's requests meet the SLO in the share a simulated capacity curve gives at the
-probe's rate. The probes must land as ordinary run folders with their frontier block, the
-search as search.json; an interrupted search resumes from its finished probes."""
+replay, as in test_group_runs: each probe's requests meet the SLO in the share a
+simulated capacity curve gives at the probe's rate. The probes must land as ordinary run
+folders with their frontier block, the search as search.json; an interrupted search
+resumes from its finished probes."""
 
 from __future__ import annotations
 
