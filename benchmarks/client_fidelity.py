@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.loadgen.replay import Replay
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.workloads.arrivals import arrival_times
 
 HERE = Path(__file__).resolve().parent
@@ -82,7 +82,7 @@ def measure(rate: float, seconds: float, tokens: int, ttft_ms: float, itl_ms: fl
     emitted = {rid: (t_recv, t) for rid, t_recv, t in json.loads(emit_log.read_text())}
     emit_log.unlink()
 
-    t0 = replay._t0  # the replay's clock zero, on the same CLOCK_MONOTONIC as the double
+    t0 = replay.sender.t0  # the replay's clock zero, on the same CLOCK_MONOTONIC as the double
     lag = np.array([r.t_sent - r.t_scheduled for r in replay.requests if r.t_sent is not None]) * 1e3
     got: dict[int, list[float]] = {}
     for k in replay.tokens:

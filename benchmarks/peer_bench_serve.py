@@ -87,9 +87,9 @@ def vllm_delays(n: int, rate: float, seed: int | None = None, state=None) -> np.
 def worker_ours(a) -> None:
     import asyncio
 
+    from filledfirst.contracts.records import ScheduledRequest
     from filledfirst.loadgen.replay import Replay
     from filledfirst.loadgen.settings import ReplaySettings
-    from filledfirst.contracts.records import ScheduledRequest
 
     if a.fresh:
         # Diagnostic only, not what our client does: the client as it was before connection
@@ -110,7 +110,7 @@ def worker_ours(a) -> None:
     else:
         asyncio.run(replay.run())
     cpu = time.process_time() - cpu0
-    t0 = replay._t0  # the replay's clock zero, on CLOCK_MONOTONIC like the double's
+    t0 = replay.sender.t0  # the replay's clock zero, on CLOCK_MONOTONIC like the double's
     got: dict[int, list[float]] = {}
     for k in replay.tokens:
         got.setdefault(k.request_id, []).append(t0 + k.t)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from filledfirst.config import load_config, search_fingerprint
 from filledfirst.frontier.plan import search_plan
-from filledfirst.run.search import Prober, probe_outcome
 from filledfirst.frontier.search import CapacitySearch
 from filledfirst.interrupts import install_interrupt_handlers, watch_owners
+from filledfirst.run.search import Prober, probe_outcome
 from filledfirst.study import Study, SyntheticWorkload
 
 REPO = Path(__file__).resolve().parent.parent

@@ -70,6 +70,18 @@ def conv_trace() -> Path:
 
 
 @pytest.fixture
+def chromium() -> Path:
+    """Headless Chromium for the browser tests (helpers/chromium.py runs it)."""
+    from helpers.chromium import CHROMIUM
+
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} missing in CI: apt-get install chromium")
+        pytest.skip(f"{CHROMIUM} not installed")
+    return CHROMIUM
+
+
+@pytest.fixture
 def pipeline_env() -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

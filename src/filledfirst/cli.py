@@ -149,10 +149,10 @@ def _cmd_trace_subsample(args) -> int:
 
         relative = None
         if args.knees:
-            from filledfirst.frontier.relative import load_knees
+            from filledfirst.frontier.relative import load_knees, trace_scale_resolver
 
             knees = load_knees(args.knees)
-            relative = (next(iter(knees)), args.times, knees)
+            relative = trace_scale_resolver(next(iter(knees)), args.times, knees)
         spec = dict(start_offset_s=given(args.start_offset, "start_offset_s"), start=args.start, minutes=args.minutes,
                     keep_every=given(args.keep_every, "keep_every"), phase=given(args.phase, "phase"),
                     max_model_len=args.max_model_len, skip_bad=args.skip_bad, relative=relative,
@@ -168,7 +168,7 @@ def _trace_workload_spec(args) -> dict:
     """subsample_to_parquet's window from a trace workload of the config: the config is the
     one place its settings come from, so no window flag may be given beside it."""
     from filledfirst.config import load_study
-    from filledfirst.frontier.relative import is_relative, load_knees
+    from filledfirst.frontier.relative import is_relative, load_knees, trace_scale_resolver
     from filledfirst.trace.subsample import window_of
 
     given = [f"--{f.replace('_', '-')}" for f in _WINDOW_FLAGS if getattr(args, f) is not None]
@@ -183,7 +183,7 @@ def _trace_workload_spec(args) -> dict:
     if not isinstance(wl, TraceWorkload):
         raise UserError(f"workloads.{args.workload} is synthetic: use `filledfirst workload synth`")
     if is_relative(wl.time_scale):
-        relative = (wl.time_scale.of, wl.time_scale.times, load_knees(args.knees))
+        relative = trace_scale_resolver(wl.time_scale.of, wl.time_scale.times, load_knees(args.knees))
         time_scale = default_of(TraceWorkload, "time_scale")  # unused: the knee decides it
     else:
         if args.knees:
@@ -423,8 +423,8 @@ def _add_diagnose(sub) -> None:
 
 
 def _cmd_diagnose(args) -> int:
-    from filledfirst.analysis.diagnosis import DiagnosisRules
     from filledfirst.config import load_study
+    from filledfirst.study import DiagnosisRules
 
     if args.configs:
         study = load_study(args.configs)
@@ -482,13 +482,14 @@ def _add_report(sub) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--source", type=Path, default=Path("reports/report.qmd"))
     p.add_argument("--engine", choices=["auto", "quarto", "fallback"], default="auto")
+    p.add_argument("--title", help="the report's title (the config's report.title); default: the .qmd's own")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args) -> int:
     from filledfirst.report.render import render_report
 
-    render_report(args.source, args.db, args.out, engine=args.engine)
+    render_report(args.source, args.db, args.out, engine=args.engine, title=args.title)
     return 0
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import yaml
 
 from filledfirst.errors import UserError
-from filledfirst.paths import REPO_ROOT, SCHEMA_PATH
+from filledfirst.paths import PARTS_DIR, SCHEMA_PATH
 from filledfirst.study import ExperimentSpec, Study
 
-__all__ = ["REPO_ROOT", "SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
+__all__ = ["SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -45,9 +45,9 @@ def load_config(paths: list[Path]) -> dict:
 
 def _parts_file(name: str, named_in: Path) -> dict:
     """The `parts:` of the file a config's `parts` names: relative to that config, else
-    to the repository's config/ (where the shipped studies' parts live, so a copy of a
-    shipped config elsewhere still finds them)."""
-    candidates = [named_in.parent / name, REPO_ROOT / "config" / name]
+    one the package ships by that name (the seed study's: a copy of a shipped config
+    anywhere still finds them)."""
+    candidates = [named_in.parent / name, PARTS_DIR / name]
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
         raise UserError(f"{named_in}: parts: {name} is in none of {', '.join(str(p.parent) for p in candidates)}")

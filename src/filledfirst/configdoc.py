@@ -1,6 +1,6 @@
 """config/README.md, written from the config schema: every section and key, its type,
 default and meaning. `python -m filledfirst.configdoc > config/README.md` regenerates it;
-tests/test_study.py fails while the file and the schema disagree."""
+tests/config/test_study.py fails while the file and the schema disagree."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Where the package finds the workflow's files (an editable install in the repository)."""
+"""The files the package ships beside its code (package data), wherever it is installed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"  # package data
+_HERE = Path(__file__).resolve().parent
+SCHEMA_PATH = _HERE / "schemas" / "config.schema.yaml"
+PARTS_DIR = _HERE / "parts"  # the shipped studies' parts files (`parts: seed-study.yaml`)

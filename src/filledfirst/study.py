@@ -9,7 +9,7 @@ Defaults live in exactly one place each:
 - a key the schema cannot give a default (the workload kinds are a `oneOf`, whose
   branches must not fill defaults) has it here, on its field, and the schema only
   describes it.
-tests/test_study.py checks that every schema default is a field default here and that
+tests/config/test_study.py checks that every schema default is a field default here and that
 no other field default hides a second one.
 
 `Study.from_dict` is the one conversion; `filledfirst.config.load_study` loads, merges,

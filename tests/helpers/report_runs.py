@@ -5,22 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from filledfirst import atomic
-from filledfirst.analysis.diagnosis import DiagnosisRules, write_diagnosis
+from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.config import load_study
 from filledfirst.contracts.records import (
-    REQUEST_SCHEMA,
-    SAMPLE_SCHEMA,
-    TOKEN_SCHEMA,
     RequestRecord,
     SampleRecord,
     TokenRecord,
-    to_table,
 )
-from filledfirst.run import folder
 from filledfirst.store.ingest import ingest
+from filledfirst.study import DiagnosisRules
+
+from helpers.run_folder import write_run
 
 REPO = Path(__file__).resolve().parents[2]
+QMD = REPO / "reports" / "report.qmd"  # the report's source
 
 RUN_A = "interference-0"
 RUN_LEGACY = "decode-legacy-0"
@@ -48,17 +46,6 @@ def run_meta(run_id: str, experiment: str, status: str, max_num_seqs: int, start
         "schedule": {"n_requests": 7, "span_s": 1.75},
         "part": part, "expect": None, "spec": {"loadgen": {}},
     }
-
-
-def write_run(root: Path, meta: dict, requests=None, chunks=None, samples=None) -> Path:
-    d = root / meta["run_id"]
-    d.mkdir(parents=True)
-    if requests is not None:
-        atomic.write_parquet(to_table(requests, REQUEST_SCHEMA), d / folder.REQUESTS)
-        atomic.write_parquet(to_table(chunks, TOKEN_SCHEMA), d / folder.TOKENS)
-        atomic.write_parquet(to_table(samples, SAMPLE_SCHEMA), d / folder.SAMPLES)
-    atomic.write_json(meta, d / folder.RUN_JSON)
-    return d
 
 
 def make_request(rid: int, role: str, t0: float, chunk_ts: list[tuple[float, int]], status: str = "ok",
@@ -113,7 +100,8 @@ def run_a(root: Path) -> Path:
         + [SampleRecord(t, "filledfirst:scrape_seconds", "", 0.004) for t in ts]
     )
     meta = run_meta(RUN_A, "interference", "ok", 8, started=1, part="interference")
-    return write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
+    return write_run(root / meta["run_id"], meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_],
+                     samples)
 
 
 def run_legacy(root: Path) -> Path:
@@ -129,12 +117,14 @@ def run_legacy(root: Path) -> Path:
     )
     meta = run_meta(RUN_LEGACY, "decode-legacy", "partial", 64, started=2, error="server exited with code -9",
                  part="decode_load")
-    return write_run(root, meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_], samples)
+    return write_run(root / meta["run_id"], meta, [r for r, _ in built], [t for _, ts_ in built for t in ts_],
+                     samples)
 
 
 def failed_run(root: Path) -> Path:
     """A run whose server never started: nothing measured, an error with markup in it."""
-    return write_run(root, run_meta(RUN_FAILED, "kv-pressure", "failed", 64, started=3, error=FAILED_RUN_ERROR))
+    return write_run(root / RUN_FAILED,
+                     run_meta(RUN_FAILED, "kv-pressure", "failed", 64, started=3, error=FAILED_RUN_ERROR))
 
 
 def report_runs(root: Path) -> list[Path]:

@@ -30,16 +30,20 @@ Columns:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from filledfirst.analysis import signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
 from filledfirst.contracts.search import ResultRecord, SearchRecord
 from filledfirst.errors import UserError
+from filledfirst.store.tables import table_exists
+from filledfirst.study import DiagnosisRules
 
 SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,
@@ -54,12 +58,13 @@ SCHEMA = {
     "ttft_p95_from_rps": pl.Float64,
 }
 
-NO_QUEUE_LABELS = {"ITL-bound", "compute-bound"}
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-                            ).fetchall()[0][0])
+class NoQueueLabel(StrEnum):
+    """A knee's own label where the diagnosis found no queue and nothing full."""
+
+    ITL_BOUND = "ITL-bound"
+    COMPUTE_BOUND = "compute-bound"
 
 
 @dataclass(frozen=True)
@@ -88,14 +93,14 @@ def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[Pro
 def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[str | None, str | None]:
     label, clue = d.get("label"), d.get("clue")
     ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
-    if label not in ("reference", "unclassified") or ws is None or ws >= rules.waiting_min_share:
+    if label not in (Label.REFERENCE, Label.UNCLASSIFIED) or ws is None or ws >= rules.waiting_min_share:
         return label, clue
     if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
             or (kvf is not None and kvf >= rules.kv_full_min_share)):
         return label, clue
     missed = probe.missed or {}
     itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
-    own = "ITL-bound" if itl > ttft else "compute-bound"
+    own = NoQueueLabel.ITL_BOUND if itl > ttft else NoQueueLabel.COMPUTE_BOUND
     return own, (f"SLO broken with no queue (waiting {ws:.0%} of the time) and no full resource "
                  f"(running at cap {'unknown' if cap is None else f'{cap:.0%}'}, KV full "
                  f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.requests} requests "
@@ -103,7 +108,7 @@ def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[s
 
 
 def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    if not _has_table(con, "diagnosis"):
+    if not table_exists(con, "diagnosis"):
         raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
     rules = stored_rules(con)
     groups = probe_runs(con)
@@ -112,7 +117,7 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
     results: dict[tuple[str, str], ResultRecord] = {}  # each ingested search's bracket and stop reason
-    if _has_table(con, "frontier_searches"):
+    if table_exists(con, "frontier_searches"):
         results = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}").result
                    for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = []

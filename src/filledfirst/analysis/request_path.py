@@ -11,7 +11,7 @@ Per request that succeeded (ms; NULL where the server reported no timings):
 - server prefill = vLLM's time_to_first_token_ms: scheduled to the first token (a
   preemption before it counts here, vLLM keeps the first scheduling);
 - decode = vLLM's generation_time_ms: first token to last.
-The first four add up to TTFT (signals.ttft_ms, from the scheduled arrival) exactly: the
+The first four add up to TTFT (request_metrics.ttft_ms, from the scheduled arrival) exactly: the
 front end is what is left. The server's durations are on its clock, ours on ours; only
 durations are compared, never instants, except that a request's prefill interval is placed
 on our clock by its first token (`t_prefill_start`), which reaches us a transport later
@@ -23,6 +23,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
+from filledfirst import request_metrics
 from filledfirst.analysis import signals
 
 # (column, name) in path order; decode comes after the first token and is not part of TTFT.
@@ -38,14 +39,14 @@ QUANTILES = (0.5, 0.9)
 # each part's own p50 would not.
 BAND = 0.05
 
-_OK = f"status = '{signals.OK}'"
+_OK = f"status = '{request_metrics.OK}'"
 
 # Every requests column, and the parts.
 REQUEST_PARTS = f"""
 SELECT *,
-       {signals.ttft_ms()} AS ttft_ms,
+       {request_metrics.ttft_ms()} AS ttft_ms,
        CASE WHEN {_OK} THEN (t_sent - t_scheduled) * 1000 END AS dispatch_ms,
-       {signals.ok_ms("t_first_token", "t_sent")} - server_queue_ms - server_prefill_ms AS front_end_ms,
+       {request_metrics.ok_ms("t_first_token", "t_sent")} - server_queue_ms - server_prefill_ms AS front_end_ms,
        CASE WHEN {_OK} THEN server_queue_ms END AS queue_ms,
        CASE WHEN {_OK} THEN server_prefill_ms END AS prefill_ms,
        CASE WHEN {_OK} THEN server_decode_ms END AS decode_ms,

@@ -5,7 +5,9 @@ definition (what TTFT is measured from, how ITL treats multi-token chunks) chang
 place; which Prometheus names count as which signal is `filledfirst.metrics`. Every
 column here is over the whole run; the diagnosis's loaded-window ones are `window_*`. TTFT
 split along the request path by the server's own per-request timings is
-`filledfirst.analysis.request_path`.
+`filledfirst.analysis.request_path`. The per-request ones (TTFT, the ITL gaps, a request's
+stall, the SLO test) are `filledfirst.request_metrics`, which the capacity search judges
+its probes with too.
 
 Definitions (times are seconds on the run's one monotonic clock):
 - TTFT = t_first_token - t_scheduled. The load generator is open loop, so TTFT counts
@@ -56,67 +58,9 @@ from filledfirst.contracts import runmeta
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.metrics import PREEMPTIONS, SCRAPE_ERROR, TTFT_HISTOGRAM, sql_list
 from filledfirst.rates import arrival_rate_sql
+from filledfirst.request_metrics import FAILED, ITL_GAPS, NOT_SENT, OK, REQUEST_TTFT, ttft_ms
 
 log = logging.getLogger(__name__)
-
-OK = "ok"
-NOT_SENT = "not_sent"
-# A request the server saw and did not answer in full.
-FAILED = f"status NOT IN ('{OK}', '{NOT_SENT}')"
-
-
-def ok_ms(t_end: str, t_start: str = "t_scheduled", alias: str = "") -> str:
-    """`t_end - t_start` of a `requests` row in ms, NULL unless the request succeeded
-    (`alias`: the table's alias in the query, if it needs one)."""
-    a = f"{alias}." if alias else ""
-    return f"CASE WHEN {a}status = '{OK}' THEN ({a}{t_end} - {a}{t_start}) * 1000 END"
-
-
-def ttft_ms(alias: str = "") -> str:
-    """TTFT in ms, the one definition: from arrival (t_scheduled) to the first token, NULL
-    unless the request succeeded."""
-    return ok_ms("t_first_token", alias=alias)
-
-
-# Per-request TTFT in ms, NULL unless the request succeeded and produced a first token.
-REQUEST_TTFT = f"""
-SELECT run_id, request_id, role, status, error, t_scheduled,
-       {ttft_ms()} AS ttft_ms,
-       t_first_token IS NULL AS ttft_missing,
-       -- dispatch lag: how late the client sent; large values mean the client, not the
-       -- server, was the limit (open loop; ~0 by construction in a closed loop)
-       (t_sent - t_scheduled) * 1000 AS lag_ms,
-       -- from the moment the request left: what the server's own TTFT histogram can see
-       {ok_ms("t_first_token", "t_sent")} AS ttft_from_send_ms,
-       -- first content token: later than the first token when a model reasons first
-       {ok_ms("t_first_content")} AS ttft_content_ms,
-       reasoning_tokens,
-       -- usage against what was asked: token-id prompts must match exactly
-       status = '{OK}' AND (prompt_tokens_received IS DISTINCT FROM prompt_tokens
-                            OR output_tokens_received IS DISTINCT FROM output_tokens) AS usage_mismatch
-FROM requests
-"""
-
-# One row per inter-chunk gap of an ok request. Chunks with n = 0 (e.g. the final usage
-# chunk) carry no token, so they are dropped before the gaps are taken.
-ITL_GAPS = f"""
-WITH chunks AS (
-    SELECT k.run_id, k.request_id, r.role, k.t, sum(k.n) AS n
-    FROM tokens k
-    JOIN requests r USING (run_id, request_id)
-    WHERE r.status = '{OK}' AND k.n > 0
-    GROUP BY k.run_id, k.request_id, r.role, k.t
-),
-gaps AS (
-    SELECT run_id, request_id, role, n,
-           (t - lag(t) OVER (PARTITION BY run_id, request_id ORDER BY t)) * 1000 AS gap_ms
-    FROM chunks
-)
-SELECT run_id, request_id, role, gap_ms / n AS itl_ms, gap_ms AS itl_chunk_ms FROM gaps WHERE gap_ms IS NOT NULL
-"""
-
-# Per request: its longest wait for a token once the first one came.
-REQUEST_STALL = f"SELECT run_id, request_id, max(itl_chunk_ms) AS max_gap_ms FROM ({ITL_GAPS}) GROUP BY ALL"
 
 # Offered load: the rate of the sent requests' arrivals (filledfirst.rates: NULL for one).
 # Goodput is this rate times the share that met the objective, so a run where every

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import msgspec
 
 from filledfirst.contracts.search import SearchRecord, StopReason
-from filledfirst.contracts.stats import Placement
+from filledfirst.contracts.stats import Placement, ScheduleStats
 from filledfirst.errors import UserError
+from filledfirst.frontier.probes import trace_kept_rate, trace_time_scale
 from filledfirst.study import RelativeRate, Study, SyntheticWorkload, TraceWorkload, Workload
 
 
@@ -133,12 +134,25 @@ def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, KneeFile]
     return msgspec.structs.replace(workload, phases=phases), resolved
 
 
+def trace_scale_resolver(of: str, times: float,
+                         knees: dict[str, KneeFile]) -> Callable[[int, float], tuple[float, Placement]]:
+    """For a trace window (filledfirst.trace.subsample): (requests kept, trace seconds they
+    span) -> the time scale at which it offers times x the knee of `of`, and what was
+    resolved. The window's density is read as the search reads a trace shape's."""
+    def resolve(kept: int, trace_s: float) -> tuple[float, Placement]:
+        try:
+            kept_per_s = trace_kept_rate(ScheduleStats(requests=kept, duration_s=trace_s, time_scale=1.0))
+        except ValueError as exc:
+            raise ValueError(f"a time scale relative to {of}: {exc}") from None
+        return resolve_time_scale(of, times, knees, kept_per_s)
+
+    return resolve
+
+
 def resolve_time_scale(of: str, times: float, knees: dict[str, KneeFile], kept_per_s: float
                        ) -> tuple[float, Placement]:
     """The time scale at which a trace window keeping `kept_per_s` requests per trace
     second offers times x the knee of `of`, and what was resolved."""
-    from filledfirst.frontier.probes import trace_time_scale
-
     k = knee(of, knees)
     rate = float(times) * k["knee_rps"]
     scale = trace_time_scale(kept_per_s, rate)

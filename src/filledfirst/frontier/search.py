@@ -41,7 +41,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from filledfirst.contracts.search import ResultRecord, SearchBounds, Slo, StopReason
+from filledfirst.contracts.search import ResultRecord, SearchBounds, StopReason
 
 # Relative tolerance for "the same rate": a rate read back from a probe's run.json, or
 # a grown rate a rounding error below `maximum`.
@@ -205,17 +205,3 @@ def probe_bound(bounds: SearchBounds) -> int:
     g = math.ceil(math.log(bounds.maximum / bounds.start) / math.log(bounds.growth) - _REL_TOL)
     b = max(0, math.ceil(math.log2(math.log(bounds.growth) / math.log(bounds.precision)) - _REL_TOL))
     return g + 1 + b + bounds.repeats
-
-
-def attainment(requests: Iterable[tuple[bool, float | None, float | None]], slo: Slo) -> float:
-    """Share of requests that met the SLO. Each request is (ok, ttft_ms, max_gap_ms): a
-    request that failed, or has no TTFT, missed it; no gap (a single token) meets the ITL
-    part. A probe with no request has no attainment: a ValueError."""
-    met = total = 0
-    for ok, ttft_ms, max_gap_ms in requests:
-        total += 1
-        met += bool(ok and ttft_ms is not None and ttft_ms <= slo.ttft_ms
-                    and (max_gap_ms is None or max_gap_ms <= slo.itl_ms))
-    if total == 0:
-        raise ValueError("no request in the probe: attainment undefined")
-    return met / total

@@ -1,6 +1,7 @@
 """Replay a schedule: open loop (each request leaves at its scheduled time, whatever the
 server does) or closed loop (N workers, each sends the next request when its last ends),
-in this process or split across worker processes (filledfirst.loadgen.workers)."""
+in this process or split across worker processes (filledfirst.loadgen.workers), with the
+/metrics scraper beside it. The sending itself is filledfirst.loadgen.sender's."""
 
 from __future__ import annotations
 
@@ -9,26 +10,36 @@ import contextlib
 import logging
 import signal
 import time
-from multiprocessing.connection import Connection
-from typing import Any, AsyncIterator, Callable, Coroutine
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 
-from filledfirst.contracts.records import RecordColumns, RequestRecord, ScheduledRequest, TokenRecord
-from filledfirst.deadline import run_deadline_s
+from filledfirst.contracts.records import ScheduledRequest
 from filledfirst.interrupts import note_interrupt, signal_reason
 from filledfirst.loadgen.fdlimit import raise_open_file_limit
-from filledfirst.loadgen.http1 import Pool, Target
+from filledfirst.loadgen.http1 import Pool
 from filledfirst.loadgen.progress import show_progress
-from filledfirst.loadgen.prompts import completion_body, endpoint
 from filledfirst.loadgen.scrape import Scraper
+from filledfirst.loadgen.sender import Sender
 from filledfirst.loadgen.settings import ReplaySettings
-from filledfirst.loadgen.stream import DEADLINE_PASSED, send_streamed
-from filledfirst.loadgen.workers import WorkerPool, progress_counts, report_progress, resolve_workers, shard, watch
+from filledfirst.loadgen.workers import WorkerPool, progress_counts, resolve_workers, shard
 
 log = logging.getLogger(__name__)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _OfSender:
+    """An attribute of the replay that is its sender's."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, replay: Replay, owner: type | None = None) -> Any:
+        return getattr(replay.sender, self.name)
+
+    def __set__(self, replay: Replay, value: Any) -> None:
+        setattr(replay.sender, self.name, value)
 
 
 class Replay:
@@ -43,50 +54,26 @@ class Replay:
         progress: bool = True,
         server_alive: Callable[[], bool] | None = None,
     ):
-        if settings.mode not in ("open", "closed") or (settings.mode == "closed" and not settings.concurrency):
-            raise ValueError(f"mode {settings.mode!r} (closed needs a concurrency), got {settings.concurrency!r}")
-        self.mode = settings.mode
-        self.concurrency = settings.concurrency
-        self.schedule = sorted(schedule, key=lambda r: (r.t_offset_s, r.request_id))
-        self.base_url, self.settings = base_url, settings
-        self.workers = resolve_workers(settings.workers, self.schedule, self.mode)
-        self.url = base_url + endpoint(settings.api)
-        # Bodies are built before the clock starts so building them never delays a send.
-        # With worker processes, each builds its own shard's.
-        self.bodies = {
-            r.request_id: completion_body(
-                r, model=settings.model, low=settings.token_low, high=settings.token_high, seed=settings.seed,
-                api=settings.api, prompt=settings.prompt,
-            )
-            for r in self.schedule
-        } if self.workers == 1 else {}
-        self.requests = [
-            RequestRecord(r.request_id, r.role, r.prompt_tokens, r.output_tokens, r.t_offset_s, status="not_sent")
-            for r in self.schedule
-        ]
-        self.tokens = RecordColumns(TokenRecord)  # one row per streamed chunk: compact
-        self.target = Target.parse(self.url)  # a malformed URL fails here, before anything starts
-        self.first_token_timeout_s = settings.first_token_timeout_s
-        # The one deadline of the run, on its clock (filledfirst.deadline); a
-        # worker process's is its shard's, never later than the whole run's.
-        self.deadline_s = run_deadline_s(
-            self.mode, len(self.schedule), self.concurrency, self.schedule[-1].t_offset_s if self.schedule else 0.0,
-            settings.request_timeout_s, settings.drain_timeout_s)
-        self._t0 = 0.0
-        self._scrapes: aiohttp.ClientSession | None = None  # set while running
+        self.workers = resolve_workers(settings.workers, schedule, settings.mode)
+        self.sender = Sender(schedule, base_url, settings, bodies=self.workers == 1)
+        self.settings = settings
+        self.requests, self.tokens = self.sender.requests, self.sender.tokens
         self.scraper = Scraper(base_url + "/metrics", settings.scrape_interval_s, self.clock)
         self.progress = progress
         self.server_alive = server_alive
-        self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self.interrupted: str | None = None
         self.server_died = False
-        self.t_end: float | None = None
-        self.client_cpu_s: float | None = None  # to tell a starved client from a slow server
         self.client_cpu_peak_s: float | None = None  # the busiest process's share of it
+        self._scrapes: aiohttp.ClientSession | None = None  # set while running
         self._pool: WorkerPool | None = None
 
+    # What ended the run, its end and the client's CPU: the sender's, whichever process sent.
+    interrupted = _OfSender()
+    t_end = _OfSender()
+    client_cpu_s = _OfSender()
+    deadline_s = _OfSender()
+
     def clock(self) -> float:
-        return time.perf_counter() - self._t0
+        return self.sender.clock()
 
     def status_line(self) -> str:
         pool = self._pool
@@ -127,31 +114,28 @@ class Replay:
         # server closed meanwhile is sent once more on a fresh one (filledfirst.loadgen.http1).
         # The scraper: aiohttp, a fresh connection per scrape.
         async with (
-            self._requests_pool() as pool,
+            self.sender.requests_pool() as pool,
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                                  headers=self._headers) as scrapes,
+                                  headers=self.sender.headers) as scrapes,
         ):
             self._scrapes = scrapes
             yield pool
-
-    def _requests_pool(self) -> Pool:
-        return Pool(self.target, self._headers, connect_timeout_s=self.settings.connect_timeout_s)
 
     async def _run(self, stop: asyncio.Event) -> None:
         async with self._sessions() as conns:
             pool = None
             if self.workers > 1:
-                pool = self._pool = WorkerPool(shard(self.schedule, self.workers, self.mode, self.concurrency),
-                                               self.base_url, self.settings)
+                shards = shard(self.sender.schedule, self.workers, self.settings.mode, self.settings.concurrency)
+                pool = self._pool = WorkerPool(shards, self.sender.base_url, self.settings)
             try:
                 if pool is not None and not await pool.start(stop):
                     self.interrupted = self.interrupted or "; ".join(pool.lost) or "stopped"
                     pool.stop(self.interrupted)
                     return
-                self._t0 = time.perf_counter()
+                self.sender.t0 = time.perf_counter()
                 cpu0 = time.process_time()
                 if pool is not None:
-                    pool.go(self._t0)
+                    pool.go(self.sender.t0)
                 scrape_stop = asyncio.Event()
                 assert self._scrapes is not None
                 background = [asyncio.create_task(self.scraper.run(self._scrapes, scrape_stop))]
@@ -160,14 +144,14 @@ class Replay:
                 if self.server_alive is not None:
                     background.append(asyncio.create_task(self._watch_server(stop, scrape_stop)))
                 if pool is None:
-                    await self._send_all(conns, stop)
+                    await self.sender.send_all(conns, stop)
                 else:
                     await pool.wait(stop, lambda: self.interrupted or "stopped")
                     self._merge(pool)
-                self.t_end = self.clock()
+                self.sender.t_end = self.clock()
                 own = time.process_time() - cpu0
                 workers = [c for c in (pool.cpu() if pool is not None else []) if c is not None]
-                self.client_cpu_s = own + sum(workers)
+                self.sender.client_cpu_s = own + sum(workers)
                 self.client_cpu_peak_s = max([own, *workers])
                 scrape_stop.set()
                 for result in await asyncio.gather(*background, return_exceptions=True):
@@ -176,23 +160,6 @@ class Replay:
             finally:
                 if pool is not None:
                     pool.close()
-
-    async def _send_all(self, conns: Pool, stop: asyncio.Event) -> None:
-        """Send the schedule (open or closed loop) until it is done, a stop or the deadline;
-        cancel what is still open."""
-        if self.mode == "open":
-            tasks = await self._dispatch(conns, stop)
-        else:
-            tasks = self._closed_loop(conns, stop)
-        await self._until_deadline(tasks, stop)
-        still = [t for t in tasks if not t.done()]
-        for t in still:
-            t.cancel(self.interrupted or DEADLINE_PASSED)
-        await asyncio.gather(*still, return_exceptions=True)
-        if not self.interrupted:
-            for rec in self.requests:
-                if rec.status == "not_sent" and rec.error is None:
-                    rec.error = f"not sent: {DEADLINE_PASSED} ({self.deadline_s:g} s after the start)"
 
     def _merge(self, pool: WorkerPool) -> None:
         """The workers' records in place of this process's (all `not_sent` until now)."""
@@ -209,37 +176,6 @@ class Replay:
         if pool.lost:
             self.interrupted = self.interrupted or "; ".join(pool.lost)
 
-    async def run_shard(self, t0: float, conn: Connection, index: int) -> None:
-        """A worker process's part (filledfirst.loadgen.workers): send this replay's
-        schedule on the main process's clock until its end or a stop from the main process."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-
-        def on_message() -> None:
-            try:
-                _, reason = conn.recv()
-            except (EOFError, OSError):
-                reason = "the replay's main process went away"
-            loop.remove_reader(conn.fileno())
-            self.interrupted = self.interrupted or reason
-            stop.set()
-
-        watch(loop, conn, on_message)
-        try:
-            async with self._requests_pool() as conns:  # the main process scrapes
-                self._t0 = t0
-                cpu0 = time.process_time()
-                finished = asyncio.Event()
-                reporter = asyncio.create_task(report_progress(conn, index, self.requests, finished))
-                await self._send_all(conns, stop)
-                self.t_end = self.clock()
-                self.client_cpu_s = time.process_time() - cpu0
-                finished.set()
-                await reporter
-        finally:
-            if not stop.is_set():
-                loop.remove_reader(conn.fileno())
-
     async def _watch_server(self, stop: asyncio.Event, done: asyncio.Event) -> None:
         """A dead server ends the run at once instead of after the whole schedule."""
         while not done.is_set():
@@ -253,51 +189,3 @@ class Replay:
             except asyncio.TimeoutError:
                 pass
 
-    async def _until_deadline(self, tasks: list[asyncio.Task], stop: asyncio.Event) -> None:
-        """Wait for the tasks until all end, a stop signal, or the run's deadline."""
-        waiter = asyncio.create_task(stop.wait())
-        pending = {t for t in tasks if not t.done()}
-        while pending and not stop.is_set() and (left := self.deadline_s - self.clock()) > 0:
-            _, pending = await asyncio.wait(pending | {waiter}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            pending.discard(waiter)
-        waiter.cancel()
-
-    def _send(self, conns: Pool, rec: RequestRecord) -> Coroutine[Any, Any, None]:
-        """One request, sent and streamed into its record (open and closed loop alike)."""
-        return send_streamed(conns, self.bodies[rec.request_id], rec, self.tokens, self.clock,
-                             self.settings.request_timeout_s, self.first_token_timeout_s)
-
-    def _closed_loop(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
-        """Workers share one iterator over the schedule; a request's `t_scheduled` becomes
-        the moment a worker took it, as a closed loop has no arrival times of its own."""
-        pending = iter(self.requests)
-
-        async def worker() -> None:
-            for rec in pending:
-                if stop.is_set():
-                    return
-                rec.t_scheduled = self.clock()
-                rec.status = "ok"
-                await self._send(conns, rec)
-
-        return [asyncio.create_task(worker()) for _ in range(self.concurrency)]
-
-    async def _dispatch(self, conns: Pool, stop: asyncio.Event) -> list[asyncio.Task]:
-        tasks = []
-        # One waiter on `stop` for the whole schedule: a wait_for per request made a task
-        # per request, and its timeout took two more turns of the loop, each as long as the
-        # reads that share it; under load that was the dispatch lag's tail.
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            for sched, rec in zip(self.schedule, self.requests):
-                # A loop, not one wait: uvloop's timers tick in whole milliseconds and can
-                # wake a little early; a request never leaves before its scheduled time.
-                while (delay := sched.t_offset_s - self.clock()) > 0 and not stop.is_set():
-                    await asyncio.wait((stopped,), timeout=delay)
-                if stop.is_set():
-                    break
-                rec.status = "ok"
-                tasks.append(asyncio.create_task(self._send(conns, rec)))
-        finally:
-            stopped.cancel()
-        return tasks

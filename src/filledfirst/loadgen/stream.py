@@ -88,7 +88,7 @@ class SSEData:
         # Nearly every read is one whole event (`data: {...}` and its blank line: servers
         # write an event per HTTP chunk), nothing pending: its payload, without building
         # lines. Anything else takes the general path; both give the same payloads
-        # (tests/test_stream_fuzz.py).
+        # (tests/loadgen/test_stream_fuzz.py).
         if (not self._partial and chunk.startswith(b"data:") and chunk.endswith(b"\n\n")
                 and chunk.count(b"\n") == 2 and b"\r" not in chunk and len(chunk) <= MAX_LINE_BYTES):
             return [chunk[5:-2].strip()]
@@ -102,7 +102,7 @@ class SSEData:
         end = chunk.rfind(b"\n")
         # Only the new bytes are searched and the unfinished line grows in place: joining
         # and re-splitting it at every read made a long line quadratic (0.8 s for 1 MiB
-        # arriving in 1 KiB reads, 16 s for 4 MiB, found by tests/test_stream_fuzz.py),
+        # arriving in 1 KiB reads, 16 s for 4 MiB, found by tests/loadgen/test_stream_fuzz.py),
         # all of it with the event loop, and so every other request's clock, stalled.
         if end < 0:
             if len(self._partial) + len(chunk) > MAX_LINE_BYTES:
@@ -130,7 +130,7 @@ def _count(value: object) -> bool:
 def _well_formed(event: dict) -> bool:
     """The fields we read have the types we read them as. A server that sends
     `"usage": [1]`, `"choices": "abc"` or `"completion_tokens": "3"` made the client raise
-    (found by tests/test_stream_fuzz.py), which in a replay left the request marked ok and
+    (found by tests/loadgen/test_stream_fuzz.py), which in a replay left the request marked ok and
     ended a closed-loop worker; a count of "x" or 2**70 was stored as is and failed the
     Parquet write of the whole run, and 3.5 was silently stored as 3."""
     usage, choices = event.get("usage"), event.get("choices")
@@ -295,7 +295,7 @@ class _Answer:
         rec = self.rec
         if self.error_body is not None:
             # errors="replace": an error body that is not valid UTF-8 raised UnicodeDecodeError
-            # out of the client (found by tests/test_stream_fuzz.py). An empty one says nothing.
+            # out of the client (found by tests/loadgen/test_stream_fuzz.py). An empty one says nothing.
             text = self.error_body.decode(errors="replace")[:_ERROR_TEXT_MAX]
             rec.error = text if text.strip() else f"HTTP {rec.http_status}"
         elif not (self.done or self.stopped):

@@ -30,12 +30,14 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import time
 from multiprocessing.connection import Connection
 from typing import Callable
 
 from filledfirst.contracts.records import RequestRecord, ScheduledRequest
 from filledfirst.interrupts import set_parent_death_signal
 from filledfirst.loadgen.fdlimit import raise_open_file_limit
+from filledfirst.loadgen.sender import Sender
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +103,54 @@ def _die_with_parent(parent: int) -> None:
 
 def worker_main(conn: Connection, parent: int, one: Shard, base_url: str, settings) -> None:
     """A worker process: its shard, replayed from the start instant the main process sends."""
-    from filledfirst.loadgen.replay import Replay
-
     _die_with_parent(parent)
     raise_open_file_limit()  # this process sends: its own connections (filledfirst.loadgen.fdlimit)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     settings = dataclasses.replace(settings, workers=1, concurrency=one.concurrency)
-    replay = Replay(one.schedule, base_url, settings, progress=False)
+    sender = Sender(one.schedule, base_url, settings)
     conn.send(("ready", one.index))
     message = conn.recv()
     if message[0] != "start":
         return
     from filledfirst.loadgen import loop
 
-    loop.run(replay.run_shard(message[1], conn, one.index))
-    conn.send(("done", one.index, replay.requests, replay.tokens, replay.client_cpu_s))
+    loop.run(run_shard(sender, message[1], conn, one.index))
+    conn.send(("done", one.index, sender.requests, sender.tokens, sender.client_cpu_s))
     conn.close()
+
+
+
+async def run_shard(sender: Sender, t0: float, conn: Connection, index: int) -> None:
+    """A worker process's part: send its shard on the main process's clock until its end
+    or a stop from the main process."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_message() -> None:
+        try:
+            _, reason = conn.recv()
+        except (EOFError, OSError):
+            reason = "the replay's main process went away"
+        loop.remove_reader(conn.fileno())
+        sender.interrupted = sender.interrupted or reason
+        stop.set()
+
+    watch(loop, conn, on_message)
+    try:
+        async with sender.requests_pool() as conns:  # the main process scrapes
+            sender.t0 = t0
+            cpu0 = time.process_time()
+            finished = asyncio.Event()
+            reporter = asyncio.create_task(report_progress(conn, index, sender.requests, finished))
+            await sender.send_all(conns, stop)
+            sender.t_end = sender.clock()
+            sender.client_cpu_s = time.process_time() - cpu0
+            finished.set()
+            await reporter
+    finally:
+        if not stop.is_set():
+            loop.remove_reader(conn.fileno())
 
 
 @dataclasses.dataclass(slots=True)

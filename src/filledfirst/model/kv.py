@@ -23,13 +23,13 @@ _NOT_PER_TOKEN_KEYS = ("layers_block_type", "attn_type_list", "full_attention_in
                        "kv_sharing_target_layer_name", "mamba_d_state", "linear_attn_config")
 
 
-def model_config(path: str | Path | None, root: Path | None = None) -> dict | None:
-    """A model folder's config.json (relative paths also from `root`), None if there is none."""
+def model_config(path: str | Path | None) -> dict | None:
+    """A model folder's config.json, None if there is none. A relative path is the working
+    directory's, as it is for the vLLM started from it."""
     if not path:
         return None
-    candidates = [Path(path) / "config.json"] + ([root / path / "config.json"] if root is not None else [])
-    found = next((p for p in candidates if p.is_file()), None)
-    return json.loads(found.read_text()) if found is not None else None
+    found = Path(path) / "config.json"
+    return json.loads(found.read_text()) if found.is_file() else None
 
 
 def kv_shape(top: dict | None) -> dict[str, Any]:
@@ -55,10 +55,10 @@ def kv_shape(top: dict | None) -> dict[str, Any]:
         return out | {"why": f"config.json lacks {exc}"}
 
 
-def kv_record(model: dict[str, Any] | None, root: Path | None = None) -> dict[str, Any]:
+def kv_record(model: dict[str, Any] | None) -> dict[str, Any]:
     """run.json's `kv` for a run's model (its `path`, when local)."""
     try:
-        return kv_shape(model_config((model or {}).get("path"), root))
+        return kv_shape(model_config((model or {}).get("path")))
     except (OSError, ValueError) as exc:
         why = f"config.json unreadable: {type(exc).__name__}"
         return {"elements_per_token": None, "config_dtype": None, "why": why}

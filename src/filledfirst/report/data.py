@@ -9,11 +9,12 @@ from typing import Any
 import duckdb
 
 from filledfirst.analysis import request_path, signals
-from filledfirst.analysis.diagnosis import DiagnosisRules, stored_rules
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers
 from filledfirst.store.study_parts import stored_parts
-from filledfirst.study import Part
+from filledfirst.store.tables import table_exists
+from filledfirst.study import DiagnosisRules, Part
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,6 @@ class ReportData:
         return {run_id: m.part for run_id, m in self.metas.items()}
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-                       ).fetchall()[0][0] > 0
-
-
 def load(con: duckdb.DuckDBPyConnection) -> ReportData:
     metas = signals.run_metas(con)
     frontier_rows = frontiers.frontier_rows(con)
@@ -68,7 +64,7 @@ def load(con: duckdb.DuckDBPyConnection) -> ReportData:
         metas=metas,
         documents=signals.run_meta(con),
         # The diagnosis table exists once `filledfirst diagnose` has run on the database.
-        diagnosis=con.sql("SELECT * FROM diagnosis").pl().to_dicts() if _has_table(con, "diagnosis") else [],
+        diagnosis=con.sql("SELECT * FROM diagnosis").pl().to_dicts() if table_exists(con, "diagnosis") else [],
         rates={x["run_id"]: x for x in signals.run_rates(con).to_dicts()},
         queue_shares={x["run_id"]: x["queue_share"] for x in request_path.queue_shares(con).to_dicts()},
         frontier_rows=frontier_rows,

@@ -19,18 +19,22 @@ import altair as alt
 import duckdb
 import polars as pl
 
-from filledfirst.analysis.diagnosis import DiagnosisRules
-from filledfirst.analysis.frontiers import _has_table, probe_runs
+from filledfirst.analysis import numbers
+from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.frontiers import NoQueueLabel, probe_runs
+from filledfirst.analysis.numbers import DASH
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
-from filledfirst.report.tables import DASH, esc, fmt_count, fmt_share, html_table
+from filledfirst.report.markup import esc, html_table
+from filledfirst.store.tables import table_exists
+from filledfirst.study import DiagnosisRules
 
 # --- data ------------------------------------------------------------------------------------
 
 
 def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Table `frontiers` as dicts ([] when it is missing or empty: a study without searches)."""
-    if not _has_table(con, "frontiers"):
+    if not table_exists(con, "frontiers"):
         return []
     return pl.from_arrow(con.sql("SELECT * FROM frontiers ORDER BY frontier, setting").to_arrow_table()).to_dicts()
 
@@ -80,22 +84,22 @@ def leading_text(row: Mapping[str, Any]) -> str:
     lead = leading_signal(row)
     if not lead["signals"]:
         return "none crossed at any probed rate"
-    text = f"{' and '.join(lead['signals'])} from {_rps(lead['rps'])}"
+    text = f"{' and '.join(lead['signals'])} from {numbers.rps(lead['rps'])}"
     if lead["lead"] is None:
         return text + " (the SLO never broke)"
     if lead["lead"] > 1:
-        return text + f": {lead['lead']:.2g}x ahead of the break at {_rps(row['hi_rps'])}"
+        return text + f": {lead['lead']:.2g}x ahead of the break at {numbers.rps(row['hi_rps'])}"
     if lead["lead"] == 1:
         return text + ": at the break itself, no warning"
-    return text + f": only after the break at {_rps(row['hi_rps'])}"
+    return text + f": only after the break at {numbers.rps(row['hi_rps'])}"
 
 
 MOVE_THE_KNEE = {
-    "active-sequence limit": "more sequences (max_num_seqs): the cap is full while KV has headroom",
-    "KV-capacity pressure": "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype",
-    "prefill-decode interference": "a smaller prefill chunk budget (max_num_batched_tokens)",
-    "ITL-bound": "more compute or a smaller batch",
-    "compute-bound": "more compute or a smaller batch",
+    Label.SEQ_LIMIT: "more sequences (max_num_seqs): the cap is full while KV has headroom",
+    Label.KV_PRESSURE: "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype",
+    Label.INTERFERENCE: "a smaller prefill chunk budget (max_num_batched_tokens)",
+    NoQueueLabel.ITL_BOUND: "more compute or a smaller batch",
+    NoQueueLabel.COMPUTE_BOUND: "more compute or a smaller batch",
 }
 
 
@@ -106,20 +110,16 @@ def move_the_knee(row: Mapping[str, Any]) -> str:
     label = row.get("knee_label")
     if label in MOVE_THE_KNEE:
         return MOVE_THE_KNEE[label]
-    if label == "failed":
+    if label == Label.FAILED:
         return "the breaking probe failed outright: fix that first (see the stop reason)"
     return "no single limit named at the knee: read the clue"
-
-
-def _rps(v: float | None) -> str:
-    return DASH if v is None else f"{v:,.3g} req/s"
 
 
 def _held(r: Mapping[str, Any]) -> str:
     if r.get("lo_rps") is None:
         return DASH
     tok_s = r.get("lo_output_tok_s")
-    return _rps(r["lo_rps"]) + ("" if tok_s is None else f" ({fmt_count(round(tok_s))} output tok/s)")
+    return numbers.rps(r["lo_rps"]) + ("" if tok_s is None else f" ({numbers.count(round(tok_s))} output tok/s)")
 
 
 def frontier_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -130,7 +130,7 @@ def frontier_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
         if r.get("error"):
             stop += f": {r['error']}"
         body.append([
-            r["setting"], _held(r), _rps(r.get("hi_rps")), r.get("knee_label") or DASH, r.get("knee_clue") or "",
+            r["setting"], _held(r), numbers.rps(r.get("hi_rps")), r.get("knee_label") or DASH, r.get("knee_clue") or "",
             leading_text(r), move_the_knee(r), stop,
         ])
     return html_table(
@@ -233,22 +233,22 @@ def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
     """The one number that shows a run's label."""
     label = d.get("label")
     # where the server timed its requests, a limit's label also rests on its queue
-    queue = f", vLLM's queue {fmt_share(d.get('window_queue_share'))} of TTFT" if d.get("window_timed") else ""
-    if label == "active-sequence limit":
-        return f"running at the cap {fmt_share(d.get('running_at_cap_share'))} of the time{queue}"
-    if label == "KV-capacity pressure":
-        return f"KV >= {rules.kv_full_pct:g} % for {fmt_share(d.get('kv_full_share'))} of the time{queue}"
-    if label == "prefill-decode interference":
+    queue = f", vLLM's queue {numbers.share(d.get('window_queue_share'))} of TTFT" if d.get("window_timed") else ""
+    if label == Label.SEQ_LIMIT:
+        return f"running at the cap {numbers.share(d.get('running_at_cap_share'))} of the time{queue}"
+    if label == Label.KV_PRESSURE:
+        return f"KV >= {rules.kv_full_pct:g} % for {numbers.share(d.get('kv_full_share'))} of the time{queue}"
+    if label == Label.INTERFERENCE:
         ratio, unqueued = d.get("interference_ratio"), d.get("interference_prefill_ratio")
         outside = "" if unqueued is None else f" ({unqueued:.1f}x outside vLLM's queue)"
         return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt{outside}"
-    if label == "reference":
-        return f"waiting {fmt_share(d.get('waiting_share'))} of the time"
-    if label == "failed":
+    if label == Label.REFERENCE:
+        return f"waiting {numbers.share(d.get('waiting_share'))} of the time"
+    if label == Label.FAILED:
         return "nothing measured"
     cov = d.get("scrape_coverage")
     if cov is not None and cov < rules.min_scrape_coverage:
-        return f"scrapes cover {fmt_share(cov)} of the loaded window"
+        return f"scrapes cover {numbers.share(cov)} of the loaded window"
     return "no rule matched"
 
 
@@ -265,15 +265,15 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
     designed.sort(key=lambda d: order.get(part.get(d["run_id"]), len(order)))  # stable
     out = []
     for d in designed:
-        expect, label = d.get("expect"), d.get("label") or "unclassified"
+        expect, label = d.get("expect"), d.get("label") or Label.UNCLASSIFIED
         out.append({"part": part.get(d["run_id"]) or DASH, "what": d["experiment"],
                     "designed": expect or DASH, "found": label, "number": key_number(d, rules),
                     "mark": "" if not expect else ("as designed" if expect == label else "DIFFERS")})
     for r in frontiers:
         if r.get("hi_rps") is None:
-            number = f"held up to {_rps(r.get('lo_rps'))}, never broke"
+            number = f"held up to {numbers.rps(r.get('lo_rps'))}, never broke"
         else:
-            number = f"held {_rps(r.get('lo_rps'))}, broke at {_rps(r['hi_rps'])}"
+            number = f"held {numbers.rps(r.get('lo_rps'))}, broke at {numbers.rps(r['hi_rps'])}"
         out.append({"part": f"frontier {r['frontier']}", "what": r["setting"], "designed": DASH,
                     "found": r.get("knee_label") or DASH, "number": number, "mark": ""})
     return out

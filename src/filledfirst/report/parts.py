@@ -1,7 +1,7 @@
 """The study's parts in the report: one table per part (the config's `parts`, kept in the
 database by `filledfirst diagnose` as table `study_parts`), with the runs whose experiment
 names it as their `part` as columns, and another study's figures beside them (the seed's,
-config/seed-study.yaml). A run whose part the database does not describe still gets a
+src/filledfirst/parts/seed-study.yaml). A run whose part the database does not describe still gets a
 table of the general rows under its part's name: nothing measured is left out."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from filledfirst.report import tables
-from filledfirst.report.tables import cap_suffix, fmt_count, fmt_ms, fmt_pct, html_table, requests_cell
+from filledfirst.analysis import numbers
+from filledfirst.report import markup, tables
+from filledfirst.report.markup import html_table
+from filledfirst.report.tables import cap_suffix, requests_cell
 from filledfirst.study import Part
 
 _Row = tuple[str, Callable[[Mapping[str, Any]], str]]
@@ -19,21 +21,22 @@ _Row = tuple[str, Callable[[Mapping[str, Any]], str]]
 # config schema's `parts.*.rows` enum lists the same keys (a test holds them equal).
 ROWS: dict[str, _Row] = {
     "requests_failed": ("requests (failed)", lambda r: f"{requests_cell(r)} ({r['n_failed']:,})"),
-    "running_median": ("running (median)", lambda r: fmt_count(r["running_median"]) + cap_suffix(r)),
-    "running_max": ("running (max)", lambda r: fmt_count(r["running_max"]) + cap_suffix(r)),
+    "running_median": ("running (median)", lambda r: numbers.count(r["running_median"]) + cap_suffix(r)),
+    "running_max": ("running (max)", lambda r: numbers.count(r["running_max"]) + cap_suffix(r)),
     "running_median_max": ("running (median / max)", lambda r: (
-        f"{fmt_count(r['running_median'])} / {fmt_count(r['running_max'])}{cap_suffix(r)}")),
-    "waiting_median": ("waiting (median)", lambda r: fmt_count(r["waiting_median"])),
-    "waiting_max": ("waiting (max)", lambda r: fmt_count(r["waiting_max"])),
+        f"{numbers.count(r['running_median'])} / {numbers.count(r['running_max'])}{cap_suffix(r)}")),
+    "waiting_median": ("waiting (median)", lambda r: numbers.count(r["waiting_median"])),
+    "waiting_max": ("waiting (max)", lambda r: numbers.count(r["waiting_max"])),
     "waiting_median_max": ("waiting (median / max)",
-                           lambda r: f"{fmt_count(r['waiting_median'])} / {fmt_count(r['waiting_max'])}"),
-    "kv_median": ("KV (median)", lambda r: fmt_pct(r["kv_median_pct"])),
-    "kv_max": ("KV (max)", lambda r: fmt_pct(r["kv_max_pct"])),
-    "kv_median_max": ("KV (median / max)", lambda r: f"{fmt_pct(r['kv_median_pct'])} / {fmt_pct(r['kv_max_pct'])}"),
-    "preemptions": ("preemptions", lambda r: fmt_count(r["preemptions"])),
-    "ttft_p50": ("TTFT p50", lambda r: fmt_ms(r["ttft_p50_ms"])),
-    "ttft_p90": ("TTFT p90", lambda r: fmt_ms(r["ttft_p90_ms"])),
-    "itl_p50": ("ITL p50", lambda r: fmt_ms(r["itl_p50_ms"])),
+                           lambda r: f"{numbers.count(r['waiting_median'])} / {numbers.count(r['waiting_max'])}"),
+    "kv_median": ("KV (median)", lambda r: numbers.percent(r["kv_median_pct"])),
+    "kv_max": ("KV (max)", lambda r: numbers.percent(r["kv_max_pct"])),
+    "kv_median_max": ("KV (median / max)",
+                      lambda r: f"{numbers.percent(r['kv_median_pct'])} / {numbers.percent(r['kv_max_pct'])}"),
+    "preemptions": ("preemptions", lambda r: numbers.count(r["preemptions"])),
+    "ttft_p50": ("TTFT p50", lambda r: numbers.ms(r["ttft_p50_ms"])),
+    "ttft_p90": ("TTFT p90", lambda r: numbers.ms(r["ttft_p90_ms"])),
+    "itl_p50": ("ITL p50", lambda r: numbers.ms(r["itl_p50_ms"])),
 }
 # A part that names no rows, and a part the database does not describe.
 DEFAULT_ROWS = ["requests_failed", "running_median_max", "waiting_median_max", "kv_median_max", "preemptions",
@@ -58,7 +61,7 @@ def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequenc
     """The HTML of one part: heading, its table, and what goes with it."""
     from filledfirst.report import charts
 
-    out = [tables.heading(part.title)]
+    out = [markup.heading(part.title)]
     if part.table == "roles":
         out.append(tables.interference_table(roles, {r["run_id"]: r["experiment"] for r in rows}))
         if part.reference_roles:
@@ -79,7 +82,7 @@ def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequenc
         meta = metas.get(r["run_id"])
         sentence = tables.schedule_sentence(meta.schedule.stats) if meta is not None else ""
         if sentence:
-            out.append(tables.para(f"{r['experiment']}: {sentence}"))
+            out.append(markup.para(f"{r['experiment']}: {sentence}"))
     return out
 
 

@@ -40,7 +40,9 @@ class RenderError(UserError):
 # --- entry point ---------------------------------------------------------------------------
 
 
-def render_report(source: Path, db: Path, out: Path, engine: str = "auto") -> None:
+def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title: str | None = None) -> None:
+    """Render `source` against `db` into `out` (whole or not at all); `title` in place of
+    the document's own."""
     source, db, out = Path(source).resolve(), Path(db).resolve(), Path(out).resolve()
     if engine not in ENGINES:
         raise RenderError(f"unknown report engine {engine!r}; use one of {ENGINES}")
@@ -52,9 +54,9 @@ def render_report(source: Path, db: Path, out: Path, engine: str = "auto") -> No
     if engine == "quarto" and quarto is None:
         raise RenderError("--engine quarto but `quarto` is not on PATH (conda-forge has it)")
     if quarto is not None and engine in ("auto", "quarto"):
-        html = _render_quarto(quarto, source, db)
+        html = _render_quarto(quarto, source, db, title)
     else:
-        html = _render_fallback(source, db)
+        html = _render_fallback(source, db, title)
     remote = remote_references(html)
     if remote:
         raise RenderError(f"rendered report loads remote resources, refusing: {remote[:3]}")
@@ -65,11 +67,13 @@ def render_report(source: Path, db: Path, out: Path, engine: str = "auto") -> No
 # --- Quarto --------------------------------------------------------------------------------
 
 
-def _render_quarto(quarto: str, source: Path, db: Path) -> str:
+def _render_quarto(quarto: str, source: Path, db: Path, title: str | None) -> str:
     env = {**os.environ, DB_ENV: str(db), "QUARTO_PYTHON": sys.executable, **_absolute_pythonpath()}
     with tempfile.TemporaryDirectory(prefix="filledfirst-quarto-") as tmp:
         # --output-dir keeps Quarto's side files out of the source tree.
         argv = [quarto, "render", str(source), "--to", "html", "--output-dir", tmp]
+        if title:
+            argv += ["--metadata", f"title:{json.dumps(title)}"]  # a YAML string, whatever it holds
         proc = subprocess.run(argv, env=env, cwd=source.parent, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RenderError(f"quarto render failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -254,8 +258,10 @@ def export_html(nb) -> str:
     return _EMPTY_SCRIPT.sub("", body)
 
 
-def _render_fallback(source: Path, db: Path) -> str:
+def _render_fallback(source: Path, db: Path, title: str | None) -> str:
     front, cells = parse_qmd(source.read_text())
+    if title:
+        front = {**front, "title": title}
     nb = build_notebook(front, cells)
     execute_notebook(nb, source.parent, db)
     _apply_output_options(nb, front)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from filledfirst.analysis import request_path, signals
-from filledfirst.report import charts, frontiers, parts, tables
+from filledfirst.report import charts, frontiers, markup, parts, patterns, run_json, tables
 from filledfirst.report.data import ReportData
 
 # Usually the same for every run: shown once, and only what differs per run.
@@ -17,7 +17,7 @@ PER_RUN_SETUP = (("server.settings", "server settings"), ("schedule", "schedule"
 
 
 def _no_diagnosis() -> str:
-    return tables.para("No diagnosis in this database: run `filledfirst diagnose --db FILE`.")
+    return markup.para("No diagnosis in this database: run `filledfirst diagnose --db FILE`.")
 
 
 def _probes_summary(n: int) -> str:
@@ -26,7 +26,7 @@ def _probes_summary(n: int) -> str:
 
 def page_head() -> list[str]:
     """Once per page, before any chart: the offline Vega bundle and the table style."""
-    return [charts.vega_bundle_html() + tables.style_html()]
+    return [charts.vega_bundle_html() + markup.style_html()]
 
 
 def at_a_glance(data: ReportData) -> list[str]:
@@ -52,10 +52,10 @@ def not_ok_sentence(r: Mapping[str, Any]) -> str:
 def runs(data: ReportData) -> list[str]:
     """Every run; the capacity searches' probes are runs too, listed whole but folded
     away, so the study's own experiments come first."""
-    out = [tables.para(runs_sentence(data.summary)), tables.runs_table(data.experiments)]
+    out = [markup.para(runs_sentence(data.summary)), tables.runs_table(data.experiments)]
     if data.probes:
-        out.append(tables.details_html(_probes_summary(len(data.probes)), tables.runs_table(data.probes)))
-    out += [tables.para(not_ok_sentence(r)) for r in data.experiments if r["status"] != "ok"]
+        out.append(markup.details_html(_probes_summary(len(data.probes)), tables.runs_table(data.probes)))
+    out += [markup.para(not_ok_sentence(r)) for r in data.experiments if r["status"] != "ok"]
     return out
 
 
@@ -64,13 +64,13 @@ def what_filled_first(data: ReportData) -> list[str]:
         return [_no_diagnosis()]
     designed = [d for d in data.diagnosis if d["run_id"] not in data.is_probe]
     probed = [d for d in data.diagnosis if d["run_id"] in data.is_probe]
-    out = [tables.patterns_table(designed)]
+    out = [patterns.patterns_table(designed)]
     if probed:
-        out.append(tables.details_html(_probes_summary(len(probed)), tables.patterns_table(probed)))
-    out += [tables.evidence_intro(data.rules), tables.evidence_table(designed, data.rules)]
+        out.append(markup.details_html(_probes_summary(len(probed)), patterns.patterns_table(probed)))
+    out += [patterns.evidence_intro(data.rules), patterns.evidence_table(designed, data.rules)]
     if probed:
-        out.append(tables.details_html(f"evidence of the probes ({len(probed)} runs)",
-                                       tables.evidence_table(probed, data.rules)))
+        out.append(markup.details_html(f"evidence of the probes ({len(probed)} runs)",
+                                       patterns.evidence_table(probed, data.rules)))
     open_loop = [  # the probes have their own charts, under Capacity search
         {**data.rates[d["run_id"]], **d} for d in designed
         if d["run_id"] in data.rates and d.get("goodput_rps") is not None
@@ -91,15 +91,15 @@ def capacity_search(data: ReportData) -> list[str]:
     for a study without."""
     out: list[str] = []
     if data.frontier_rows:
-        out.append(tables.heading("Capacity search", 2))
-        out.append(tables.para(
+        out.append(markup.heading("Capacity search", 2))
+        out.append(markup.para(
             "Each probe replays the frontier's workload at one rate; attainment is the share of its "
             "requests that met the SLO. The leading signal is the scheduler signal that crossed at the "
             "lowest probed rate (a queue, running at the cap, KV full) and how far below the rate where "
             "the SLO broke."))
     for name, rows, points in frontiers.by_frontier(data.frontier_rows, data.probe_points):
-        out.append(tables.heading(f"Frontier {name}"))
-        out.append(tables.para(frontiers.frontier_intro(rows)))
+        out.append(markup.heading(f"Frontier {name}"))
+        out.append(markup.para(frontiers.frontier_intro(rows)))
         if points:
             out.append(charts.embed(frontiers.frontier_chart(rows, points)))
         out.append(frontiers.frontier_table_html(rows))
@@ -111,10 +111,10 @@ def shared_setup(documents: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, 
     """The SHARED_SETUP sections of each run.json flattened ("model.name", ...), what every
     run agrees on, and the keys that differ."""
     setup = {
-        run_id: {f"{s}.{k}": v for s in SHARED_SETUP for k, v in tables.section(m, s).items()}
+        run_id: {f"{s}.{k}": v for s in SHARED_SETUP for k, v in run_json.section(m, s).items()}
         for run_id, m in documents.items()
     }
-    common, differing = tables.split_common(setup)
+    common, differing = run_json.split_common(setup)
     return setup, common, differing
 
 
@@ -122,26 +122,26 @@ def setup(data: ReportData) -> list[str]:
     out = []
     by_run, common, differing = shared_setup(data.documents)
     if common:
-        out.append(tables.key_value_table(common, caption="shared by every run"))
+        out.append(run_json.key_value_table(common, caption="shared by every run"))
     if differing:
-        out.append(tables.details_html("what differs between runs (model, versions, hardware)",
-                                       tables.keys_by_run_table(by_run, differing)))
+        out.append(markup.details_html("what differs between runs (model, versions, hardware)",
+                                       run_json.keys_by_run_table(by_run, differing)))
     for path, caption in PER_RUN_SETUP:
-        per_run = {run_id: tables.section(m, path) for run_id, m in data.documents.items()}
+        per_run = {run_id: run_json.section(m, path) for run_id, m in data.documents.items()}
         keys = list(dict.fromkeys(k for v in per_run.values() for k in v))
         if keys:  # every key of every run (the schedule's stats too): folded away
-            out.append(tables.details_html(f"{caption}, per run ({len(keys)} keys)",
-                                           tables.keys_by_run_table(per_run, keys)))
+            out.append(markup.details_html(f"{caption}, per run ({len(keys)} keys)",
+                                           run_json.keys_by_run_table(per_run, keys)))
     for run_id, m in data.metas.items():
         argv = m.server.argv
         if argv and run_id not in data.is_probe:  # a search's probes share their server's command
-            out.append(tables.code_details(f"{run_id}: server command", tables.fmt_value(argv)))
+            out.append(markup.code_details(f"{run_id}: server command", run_json.fmt_value(argv)))
     return out
 
 
 def side_by_side(data: ReportData) -> list[str]:
     if not data.measured:
-        return [tables.para("No run measured any request.")]
+        return [markup.para("No run measured any request.")]
     return [tables.compare_table([r for r in data.measured if r["run_id"] not in data.is_probe])]
 
 
@@ -154,7 +154,7 @@ def measurement_checks(data: ReportData) -> list[str]:
     with_client = [{**r, **client.get(r["run_id"], {})} for r in data.measured]
     out = [tables.measurement_table([r for r in with_client if r["run_id"] not in data.is_probe], checks)]
     if data.probes:
-        out.append(tables.details_html(
+        out.append(markup.details_html(
             _probes_summary(len(data.probes)),
             tables.measurement_table([r for r in with_client if r["run_id"] in data.is_probe], checks)))
     return out
@@ -173,7 +173,7 @@ def each_run(data: ReportData) -> list[str]:
     """A section per experiment; the probes are drawn under Capacity search instead."""
     out = []
     if data.probes:
-        out.append(tables.para(
+        out.append(markup.para(
             f"The capacity searches' {len(data.probes)} probe runs are listed under Runs (folded away), and drawn "
             "under Capacity search once the database is diagnosed; their own sections are left out here "
             "(each run folder holds all it measured)."))
@@ -184,22 +184,22 @@ def each_run(data: ReportData) -> list[str]:
 
 def run_section(data: ReportData, r: Mapping[str, Any]) -> list[str]:
     run_id = r["run_id"]
-    out = [tables.heading(f"{run_id} ({r['experiment']})")]
+    out = [markup.heading(f"{run_id} ({r['experiment']})")]
     if r["description"]:
-        out.append(tables.para(r["description"]))
+        out.append(markup.para(r["description"]))
     if r["n_requests"] == 0:
-        out.append(tables.para(f"Nothing was measured. Status {r['status']}: {r['error'] or 'no error recorded'}"))
+        out.append(markup.para(f"Nothing was measured. Status {r['status']}: {r['error'] or 'no error recorded'}"))
         return out
-    out.append(tables.para(tables.run_sentence(r)))
+    out.append(markup.para(tables.run_sentence(r)))
     workload = tables.schedule_sentence(data.metas[run_id].schedule.stats if run_id in data.metas else None)
     if workload:
-        out.append(tables.para(workload))
+        out.append(markup.para(workload))
     out.append(tables.run_signal_table(r))
     run_roles = [x for x in data.roles if x["run_id"] == run_id]
     if len(run_roles) > 1:
         out.append(tables.role_table(run_roles))
     ttft_parts = request_path.ttft_parts(data.con, run_id).to_dicts()
-    out.append(tables.para(tables.ttft_parts_sentence(ttft_parts)))
+    out.append(markup.para(tables.ttft_parts_sentence(ttft_parts)))
     if any(x["n_timed"] for x in ttft_parts):
         out.append(charts.embed(charts.ttft_parts_chart(ttft_parts)))
     chart = charts.run_chart(

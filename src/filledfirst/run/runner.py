@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET
 
 from filledfirst import atomic, redact
-from filledfirst.config import REPO_ROOT, check_shareable, experiment_spec, external_server, fingerprint, spec_document
+from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint, spec_document
 from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.contracts.runmeta import KvShape, ModelInfo, RunMeta, ScheduleInfo, Scrape, ServerInfo
 from filledfirst.contracts.stats import ScheduleStats, stats_path
@@ -78,7 +78,7 @@ class _Run:
             **about,
         )
         # The model folder is at hand now: the diagnosis reads its KV shape from here.
-        self.meta.kv = KvShape(**kv_record(self.meta.model.to_doc(), REPO_ROOT))
+        self.meta.kv = KvShape(**kv_record(self.meta.model.to_doc()))
 
     def replay_against(
         self, base_url: str, settings: ReplaySettings, progress: bool,

@@ -27,14 +27,15 @@ import logging
 import math
 import re
 import shutil
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import msgspec
 
 from filledfirst.contracts import runmeta
+from filledfirst.contracts.records import REQUEST_SCHEMA, TOKEN_SCHEMA, to_table
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta, ServerInfo
 from filledfirst.contracts.search import SEARCH_JSON, ProbeRecord, SearchRecord, Slo
 from filledfirst.contracts.stats import ScheduleStats
@@ -42,8 +43,9 @@ from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
-from filledfirst.frontier.search import CapacitySearch, ProbeOutcome, attainment
+from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
+from filledfirst.request_metrics import SLO_ATTAINMENT
 from filledfirst.run import folder
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 
@@ -61,34 +63,27 @@ def probe_experiment(frontier: str, setting: str, probe: int) -> str:
 
 
 def probe_attainment(requests, tokens, slo: Slo) -> dict:
-    """A probe's verdict from its records, as `attainment` defines it (a request is
-    (ok, TTFT from its scheduled arrival, longest gap between token-carrying chunks)),
-    with why the others missed: failed (never ok), TTFT over, ITL over (both may count),
-    and the p90 lifetime of its ok requests (scheduled arrival to end), which sets the
-    length of the probes after it."""
-    times: dict[int, set[float]] = {}
-    for tok in tokens:
-        if tok.n > 0:
-            times.setdefault(tok.request_id, set()).add(tok.t)
-    rows, missed, lifetimes = [], {"failed": 0, "ttft": 0, "itl": 0}, []
-    for r in requests:
-        ok = r.status == "ok" and r.t_first_token is not None
-        ttft = (r.t_first_token - r.t_scheduled) * 1000 if ok else None
-        ts = sorted(times.get(r.request_id, ()))
-        gap = max((b - a for a, b in zip(ts, ts[1:])), default=None)
-        gap_ms = gap * 1000 if gap is not None else None
-        rows.append((ok, ttft, gap_ms))
-        if not ok:
-            missed["failed"] += 1
-            continue
-        if r.t_done is not None:
-            lifetimes.append(r.t_done - r.t_scheduled)
-        missed["ttft"] += ttft > slo.ttft_ms
-        missed["itl"] += gap_ms is not None and gap_ms > slo.itl_ms
-    lifetime = (statistics.quantiles(lifetimes, n=10, method="inclusive")[-1] if len(lifetimes) > 1
-                else lifetimes[0] if lifetimes else None)
-    return {"requests": len(rows), "attainment": attainment(rows, slo) if rows else None,
-            "lifetime_p90_s": lifetime, "missed": missed}
+    """A probe's verdict from its records: the share that met the SLO
+    (filledfirst.request_metrics.SLO_ATTAINMENT, the goodput's own test, run on the
+    records in memory), with why the others missed: failed (no first token), TTFT over,
+    ITL over (both may count), and the p90 lifetime of its ok requests (scheduled arrival
+    to end), which sets the length of the probes after it."""
+    con = duckdb.connect()
+    try:
+        con.register("probe_requests", to_table(requests, REQUEST_SCHEMA))
+        con.register("probe_tokens", to_table(tokens, TOKEN_SCHEMA))
+        # The records' tables as a run's (one run: the probe).
+        con.execute("CREATE VIEW requests AS SELECT 'probe' AS run_id, * FROM probe_requests")
+        con.execute("CREATE VIEW tokens AS SELECT 'probe' AS run_id, * FROM probe_tokens")
+        row = con.execute(SLO_ATTAINMENT, {"slo_ttft": slo.ttft_ms, "slo_itl": slo.itl_ms}).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        return {"requests": 0, "attainment": None, "lifetime_p90_s": None,
+                "missed": {"failed": 0, "ttft": 0, "itl": 0}}
+    _, n, met, failed, ttft_over, itl_over, lifetime = row
+    return {"requests": n, "attainment": met / n, "lifetime_p90_s": lifetime,
+            "missed": {"failed": failed, "ttft": ttft_over, "itl": itl_over}}
 
 
 def probe_outcome(meta: RunMeta) -> ProbeOutcome:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import duckdb
 import msgspec
 
+from filledfirst.store.tables import table_exists
 from filledfirst.study import Part
 
 _TABLE = "study_parts"
@@ -22,8 +23,7 @@ def store_parts(con: duckdb.DuckDBPyConnection, parts: Mapping[str, Part]) -> No
 
 def stored_parts(con: duckdb.DuckDBPyConnection) -> dict[str, Part]:
     """The parts the database was diagnosed with; none for a database without."""
-    if not con.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_name = '{_TABLE}'"
-                       ).fetchall()[0][0]:
+    if not table_exists(con, _TABLE):
         return {}
     rows = con.execute(f"SELECT parts FROM {_TABLE}").fetchall()
     return msgspec.convert(json.loads(rows[0][0]), dict[str, Part]) if rows else {}

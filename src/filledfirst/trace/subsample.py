@@ -17,7 +17,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
@@ -176,10 +176,12 @@ def _subsample(
     role: str = "trace",
     skip_bad: bool = False,
     scan: str = "auto",
-    relative: tuple[str, float, dict] | None = None,
+    relative: Callable[[int, float], tuple[float, dict]] | None = None,
 ) -> tuple[pl.DataFrame, dict]:
-    """`relative`: (of, times, knees) instead of `time_scale`: the time scale that makes
-    the window offer times x the knee of search `of` (filledfirst.frontier.relative)."""
+    """`relative` instead of `time_scale`: (requests kept, trace seconds they span) -> the
+    time scale and what it was resolved from (a time scale relative to a knee: the
+    caller's resolver, filledfirst.frontier.relative.trace_scale_resolver). A ValueError
+    it raises is the user's to fix, as is the window it was given."""
     _check_params(start_offset_s, start, minutes, keep_every, phase, 1.0 if relative else time_scale,
                   max_model_len)
     w = _read_window(source, _Spec(start_offset_s, start, minutes), skip_bad, scan)
@@ -196,16 +198,11 @@ def _subsample(
     kept, fit = _fit_sizes(kept, max_model_len)
     resolved = None
     if relative is not None:
-        from filledfirst.frontier.probes import trace_kept_rate
-        from filledfirst.frontier.relative import resolve_time_scale
-
-        # The window's density as the search reads a trace shape's (unscaled stats).
         trace_s = (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S
         try:
-            kept_per_s = trace_kept_rate(ScheduleStats(requests=kept.height, duration_s=trace_s, time_scale=1.0))
+            time_scale, resolved = relative(kept.height, trace_s)
         except ValueError as exc:
-            raise UserError(f"{name}: a time scale relative to {relative[0]}: {exc}") from None
-        time_scale, resolved = resolve_time_scale(relative[0], relative[1], relative[2], kept_per_s)
+            raise UserError(f"{name}: {exc}") from None
     schedule = as_schedule(
         kept.select(
             _offset_seconds(kept["t_ns"] - w.start_ns, time_scale),

@@ -1,0 +1,154 @@
+"""One run's features, as the rules judge them and table `diagnosis` stores them: the
+windowed SQL's row (filledfirst.analysis.diagnosis.sql) made typed, with what is derived
+from it in Python: Little's law, goodput, the KV ledger, the first crossings, and the
+interference ratios only where enough requests back them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from filledfirst.analysis.diagnosis.kv_ledger import kv_ledger
+from filledfirst.contracts.runmeta import RunMeta
+from filledfirst.study import DiagnosisRules
+
+
+@dataclass(frozen=True)
+class Features:
+    """A field per feature; a share is 0-1, a `*_pct` in percent, times in s or ms as named.
+    NULL (None) where it was not measured."""
+
+    run_id: str
+    experiment: str
+    status: str  # of the run: ok, partial, failed
+    error: str | None
+    n_requests: int  # scheduled, sent or not
+    n_not_sent: int
+    cap: int | None  # max_num_seqs per engine (filledfirst.analysis.diagnosis.window)
+    engines: int
+    window_start_s: float | None
+    window_end_s: float | None
+    # over the loaded window, time-weighted
+    running_at_cap_share: float | None  # None where the cap is not known
+    waiting_share: float | None  # waiting > 0
+    kv_full_share: float | None  # KV at or above kv_full_pct
+    scrape_coverage: float | None  # of the window, by scrapes' held values
+    # over the scrapes inside the window
+    window_scrapes: int | None
+    window_running_median: float | None
+    window_running_max: float | None
+    window_waiting_median: float | None
+    window_kv_median_pct: float | None
+    window_kv_max_pct: float | None
+    window_preemptions: float | None  # the counter's increase inside the window
+    # whole run (filledfirst.analysis.signals)
+    queue_time_p50_ms: float | None  # vLLM's queue-time histogram
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    ttft_timeouts: int | None
+    lag_p99_ms: float | None  # dispatch lag
+    failed_share: float | None  # of the requests sent
+    first_crossings: str | None  # when each limit was first touched, on the run's clock
+    # Little's law: the server's mean running + waiting against the client's lambda W
+    littles_L_server: float | None
+    littles_lambda_W: float | None
+    littles_ratio: float | None
+    littles_ok: bool  # true where not checked
+    goodput_rps: float | None
+    slo_met_share: float | None  # of the requests sent
+    # the KV ledger (filledfirst.analysis.diagnosis.kv_ledger)
+    kv_bytes_per_token: float | None
+    kv_capacity_tokens: float | None
+    kv_fit_concurrency: float | None
+    # requests arriving during long prefills against the others: TTFT p90 ratio, and
+    # that of the TTFT outside vLLM's queue (None without enough of them)
+    interference_ratio: float | None
+    interference_prefill_ratio: float | None
+    n_during: int | None
+    n_apart: int | None
+    # vLLM's queue over the TTFT of the requests arriving in the window, and how many had
+    # the server's per-request timings
+    window_queue_share: float | None
+    window_timed: int
+    # did the client keep up (signals.CLIENT)
+    client_cpu_share: float | None
+    client_cpu_ms_per_1k_tokens: float | None
+    arrival_ratio: float | None  # sent over scheduled arrival rate, open loop
+    notes: tuple[str, ...]  # what could not be checked and why
+
+
+def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules) -> Features:
+    """`row`: one of filledfirst.analysis.diagnosis.sql.measure's. Every field not derived
+    here is the SQL column of its name."""
+    notes: list[str] = []
+    n = row["n_requests"] - row["n_not_sent"]  # what the server saw
+    littles = _littles(row, meta, r, notes)
+    ledger, why = kv_ledger(row["cache_labels"], row["mean_tokens"], meta)
+    if ledger.bytes_per_token is None and row["n_requests"]:
+        notes.append(f"KV bytes per token not known ({why})")
+    if row["cap"] is None:
+        notes.append("max_num_seqs unknown: no at-cap signal")
+    derived: dict[str, Any] = dict(
+        window_start_s=row["start"], window_end_s=row["stop"],
+        running_at_cap_share=None if row["cap"] is None else row["running_at_cap_share"],
+        failed_share=row["n_failed"] / n if n else None,
+        first_crossings=_crossings(row, r) if n else None,
+        interference_ratio=row["interference_ratio"] if _enough_during(row, r) else None,
+        interference_prefill_ratio=(row["interference_prefill_ratio"]
+                                    if _enough_during(row, r, row["n_during_timed"]) else None),
+        window_timed=row["window_timed"] or 0,
+        **littles, **_goodput(row),
+        kv_bytes_per_token=ledger.bytes_per_token, kv_capacity_tokens=ledger.capacity_tokens,
+        kv_fit_concurrency=ledger.fit_concurrency,
+        notes=tuple(notes),
+    )
+    return Features(**{f.name: row[f.name] for f in fields(Features) if f.name not in derived}, **derived)
+
+
+def _enough_during(row: Mapping[str, Any], r: DiagnosisRules, timed: int | None = None) -> bool:
+    """One slow request behind one long prompt is an anecdote, not a pattern. `timed`: how
+    many of those requests had server timings, when that is what counts."""
+    during, apart = row["n_during"] or 0, row["n_apart"] or 0
+    return (apart > 0 and during >= r.interference_min_requests
+            and during >= r.interference_min_share * (during + apart)
+            and (timed is None or timed >= r.interference_min_requests))
+
+
+def _crossings(row: Mapping[str, Any], r: DiagnosisRules) -> str:
+    """When each limit was first touched, on the run's clock (whole run, not the window)."""
+    if row["window_running_median"] is None and row["t_first_waiting"] is None:
+        return "no scheduler samples"
+    events = [("waiting>0", row["t_first_waiting"]),
+              ("running at cap", row["t_first_cap"] if row["cap"] is not None else "unknown"),
+              (f"KV>={r.kv_full_pct:g} %", row["t_first_kv"])]
+    seen = sorted((t, name) for name, t in events if isinstance(t, float))
+    rest = [f"{name} never" if t is None else "cap unknown" for name, t in events if not isinstance(t, float)]
+    return "; ".join(x for x in (", ".join(f"{name} at {t:.1f} s" for t, name in seen), ", ".join(rest)) if x)
+
+
+def _littles(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, notes: list[str]) -> dict[str, Any]:
+    """L (what the server holds, running + waiting, time-averaged) against lambda W from the
+    client's records: a check that the gauges and the records describe the same requests.
+    lambda W is taken in its sample-path form, the time-average of the requests in flight
+    = (requests present in the window / its length) x (their mean time inside it): exact
+    for any window, where arrivals-in-window x mean sojourn assumes a steady state that
+    requests outlasting the window (the decoders of the interference runs) break."""
+    arrivals, lambda_w, big_l = row["arrivals"] or 0, row["lambda_w"], row["littles_L_server"]
+    skip = ("closed loop" if meta.closed_loop
+            else f"{arrivals} arrivals in the window" if arrivals < r.littles_min_arrivals
+            else "no scheduler samples" if big_l is None or not lambda_w else None)
+    if skip:
+        notes.append(f"Little's law not checked: {skip}")
+        return {"littles_L_server": None, "littles_lambda_W": None, "littles_ratio": None, "littles_ok": True}
+    ratio = big_l / lambda_w
+    return {"littles_L_server": big_l, "littles_lambda_W": lambda_w, "littles_ratio": ratio,
+            "littles_ok": r.littles_min_ratio <= ratio <= r.littles_max_ratio}
+
+
+def _goodput(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The offered load (signals.OFFERED) times the share of sent requests that met the SLO."""
+    met, n, offered = row["met"], row["n"], row["offered_rps"]
+    share = met / n if met is not None and n else None
+    return {"goodput_rps": offered * share if share is not None and offered is not None else None,
+            "slo_met_share": share}

@@ -1,0 +1,15 @@
+"""What filled first: the labels the diagnosis gives a run. String-valued, so the stored
+`diagnosis.label` and every comparison with a label read from the database are the text."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Label(StrEnum):
+    FAILED = "failed"
+    INTERFERENCE = "prefill-decode interference"
+    KV_PRESSURE = "KV-capacity pressure"
+    SEQ_LIMIT = "active-sequence limit"
+    REFERENCE = "reference"
+    UNCLASSIFIED = "unclassified"

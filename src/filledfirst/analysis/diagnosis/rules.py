@@ -1,0 +1,258 @@
+"""The rules: one per label, each with what it needs (`matches`) and the clue it leaves
+(`clue`), the thresholds in `DiagnosisRules` (the config's `diagnosis` section). The first
+rule that matches names the run; a run no rule matches is unclassified, with every
+pattern's unmet conditions as its clue.
+
+The two limits, where the server timed its requests, also need vLLM's queue to dominate
+the TTFT of the requests arriving in the loaded window (gauges alone cannot tell a queue
+of a few from the wait that made TTFT long); interference needs the TTFT outside that
+queue to be inflated as well. The clue says which evidence was used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from filledfirst.analysis.diagnosis.features import Features
+from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.numbers import NA, count, magnitude, share
+from filledfirst.study import DiagnosisRules
+
+Check = tuple[bool, str]  # a condition and what was measured for it
+
+
+class Rule(Protocol):
+    label: Label
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool: ...
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str: ...
+
+
+class Pattern(Rule, Protocol):
+    def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
+        """What kept the pattern from matching, for the clue of a run no rule names."""
+        ...
+
+
+class Failed:
+    """Nothing to judge: the run failed, recorded no request or sent none."""
+
+    label = Label.FAILED
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        return _nothing_recorded(f) or f.n_requests == f.n_not_sent
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        if _nothing_recorded(f):
+            return (f.error or "no requests recorded").strip().splitlines()[0]
+        return "no request was sent"
+
+
+class TooFewScrapes:
+    """Unclassified before any pattern: the scrapes do not describe the loaded window."""
+
+    label = Label.UNCLASSIFIED
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        return self._why(f, t) is not None
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        return self._why(f, t) or ""
+
+    @staticmethod
+    def _why(f: Features, t: DiagnosisRules) -> str | None:
+        if f.waiting_share is None:
+            return "no scheduler samples in the loaded window"
+        if _lt(f.scrape_coverage, t.min_scrape_coverage):
+            return (f"scrapes cover only {share(f.scrape_coverage)} of the loaded window "
+                    f"(needs >= {share(t.min_scrape_coverage)})")
+        scrapes = f.window_scrapes or 0
+        if scrapes < t.min_window_scrapes:
+            return (f"{scrapes} scrape{'s' if scrapes != 1 else ''} in the loaded window "
+                    f"(needs >= {t.min_window_scrapes})")
+        return None
+
+
+class Interference:
+    """Requests arriving during long prefills wait much longer for their first token
+    (TTFT p90 ratio); where the server timed them, outside vLLM's queue as well."""
+
+    label = Label.INTERFERENCE
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        unqueued = f.interference_prefill_ratio
+        return (_ge(f.interference_ratio, t.interference_min_ratio)
+                and (unqueued is None or unqueued >= t.interference_min_prefill_ratio))
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        head = f"{f.n_during} requests arriving during long prefills"
+        if f.interference_prefill_ratio is None:
+            return f"{head}: {_ttft(f)} (" + (
+                "TTFT alone: too few of them with per-request server timings)" if f.window_timed else
+                "gauges and client times: no per-request server timings, long prefills counted from their send)")
+        return (f"{head} (vLLM's prefill intervals): {_ttft(f)}; outside vLLM's queue "
+                f"{f.interference_prefill_ratio:.1f}x (its per-request timings)")
+
+    def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
+        # only a TTFT ratio that passed is worth explaining
+        unqueued = f.interference_prefill_ratio
+        if not _ge(f.interference_ratio, t.interference_min_ratio) or unqueued is None:
+            return []
+        return [f"{_ttft(f)} but outside vLLM's queue {unqueued:.1f}x (needs >= {t.interference_min_prefill_ratio:g}x)"]
+
+
+class _Conditions:
+    """A pattern that matches when all its conditions hold."""
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        raise NotImplementedError
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        return all(ok for ok, _ in self.conditions(f, t))
+
+    def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
+        return [", ".join(text for ok, text in self.conditions(f, t) if not ok)]
+
+
+class KvPressure(_Conditions):
+    """KV full (or at a peak with preemptions) and requests waiting, with sequence headroom."""
+
+    label = Label.KV_PRESSURE
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        kvf = f.kv_full_share
+        kv_full = (_ge(kvf, t.kv_full_min_share)
+                   or (_ge(f.window_kv_max_pct, t.kv_peak_pct) and (f.window_preemptions or 0) > 0))
+        return [
+            _check(kv_full, f"KV >= {t.kv_full_pct:g} % for {share(kvf)}",
+                   f"{share(t.kv_full_min_share)}, or a peak >= {t.kv_peak_pct:g} % with preemptions"),
+            _waiting(f, t),
+            # an unknown cap is no headroom: nothing says the cap was not reached
+            _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
+                   f"< {share(t.kv_pressure_max_cap_share)}"),
+            *_queue(f, t),
+        ]
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"KV at or above {t.kv_full_pct:g} % for {share(f.kv_full_share)} of the loaded time, "
+                f"{f.window_preemptions or 0:.0f} preemptions, "
+                f"running at most {count(f.window_running_max, NA, grouped=False)}{_of(f)}, "
+                f"waiting in {share(f.waiting_share)} of the time{_cap_note(f)}{_queue_evidence(f)}")
+
+
+class SeqLimit(_Conditions):
+    """Running at max_num_seqs and requests waiting while KV has room."""
+
+    label = Label.SEQ_LIMIT
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        preempted = f.window_preemptions or 0
+        return [
+            _check(_ge(f.running_at_cap_share, t.seq_limit_min_cap_share), _at_cap(f),
+                   f">= {share(t.seq_limit_min_cap_share)}"),
+            _waiting(f, t),
+            _check(_lt(f.window_kv_median_pct, t.kv_full_pct), f"KV median {magnitude(f.window_kv_median_pct)} %",
+                   f"< {t.kv_full_pct:g} %"),
+            _check(_lt(f.kv_full_share, t.seq_limit_max_kv_full_share) and preempted <= t.seq_limit_max_preemptions,
+                   f"KV full {share(f.kv_full_share)}, {count(preempted, NA, grouped=False)} preemptions",
+                   f"< {share(t.seq_limit_max_kv_full_share)} and "
+                   + ("none" if t.seq_limit_max_preemptions == 0 else f"<= {t.seq_limit_max_preemptions}")),
+            *_queue(f, t),
+        ]
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        assert f.cap is not None  # at the cap for a share of the time: the cap is known
+        return (f"running at >= {math.ceil(t.cap_frac * f.cap * f.engines)}{_of(f)} for "
+                f"{share(f.running_at_cap_share)} "
+                f"of the loaded time while KV median was {magnitude(f.window_kv_median_pct)} %{_queue_evidence(f)}")
+
+
+class Reference(_Conditions):
+    """Nothing filled: little waiting, running below the cap, KV rarely full."""
+
+    label = Label.REFERENCE
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        return [
+            _check(_lt(f.waiting_share, t.reference_max_waiting_share), f"waiting {share(f.waiting_share)}",
+                   f"< {share(t.reference_max_waiting_share)}"),
+            _check(_lt(f.running_at_cap_share, t.reference_max_cap_share), _at_cap(f),
+                   f"< {share(t.reference_max_cap_share)}"),
+            _check(_lt(f.kv_full_share, t.reference_max_kv_full_share), f"KV full {share(f.kv_full_share)}",
+                   f"< {share(t.reference_max_kv_full_share)}"),
+        ]
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"waiting {share(f.waiting_share)} of the time, "
+                f"running median {count(f.window_running_median, NA, grouped=False)}{_of(f)}, "
+                f"KV median {magnitude(f.window_kv_median_pct)} %{_cap_note(f)}")
+
+
+GATES: tuple[Rule, ...] = (Failed(), TooFewScrapes())
+PATTERNS: tuple[Pattern, ...] = (Interference(), KvPressure(), SeqLimit(), Reference())  # in the order they win
+
+
+def judge(f: Features, t: DiagnosisRules) -> tuple[Label, str]:
+    """The run's label and its clue."""
+    for rule in (*GATES, *PATTERNS):
+        if rule.matches(f, t):
+            return rule.label, rule.clue(f, t)
+    return Label.UNCLASSIFIED, "fits no pattern: " + "; ".join(
+        f"{rule.label}: {why}" for rule in PATTERNS for why in rule.unmet(f, t))
+
+
+def _nothing_recorded(f: Features) -> bool:
+    return f.status == "failed" or not f.n_requests
+
+
+def _check(ok: bool, measured: str, needs: str) -> Check:
+    return ok, f"{measured} (needs {needs})"
+
+
+def _ge(a: float | None, b: float) -> bool:
+    return a is not None and a >= b
+
+
+def _lt(a: float | None, b: float) -> bool:
+    return a is not None and a < b
+
+
+def _ttft(f: Features) -> str:
+    return f"TTFT p90 {f.interference_ratio:.1f}x that of the other {f.n_apart}"
+
+
+def _waiting(f: Features, t: DiagnosisRules) -> Check:
+    return _check(_ge(f.waiting_share, t.waiting_min_share), f"waiting {share(f.waiting_share)}",
+                  f">= {share(t.waiting_min_share)}")
+
+
+def _queue(f: Features, t: DiagnosisRules) -> list[Check]:
+    """vLLM's queue share of TTFT, where the server timed its requests (no condition without)."""
+    if not f.window_timed:
+        return []
+    return [_check(_ge(f.window_queue_share, t.queue_min_ttft_share),
+                   f"vLLM's queue {share(f.window_queue_share)} of TTFT", f">= {share(t.queue_min_ttft_share)}")]
+
+
+def _at_cap(f: Features) -> str:
+    cap_share = f.running_at_cap_share
+    return f"running at cap {share(cap_share) if cap_share is not None else 'unknown (no max_num_seqs)'}"
+
+
+def _of(f: Features) -> str:
+    cap, engines = f.cap, f.engines
+    return "" if cap is None else f" of {cap}" if engines == 1 else f" of {engines} x {cap}"
+
+
+def _cap_note(f: Features) -> str:
+    return "" if f.cap is not None else "; max_num_seqs unknown: no at-cap signal"
+
+
+def _queue_evidence(f: Features) -> str:
+    """What a limit's label rests on beyond the gauges, for its clue."""
+    if not f.window_timed:
+        return "; gauges only: the server reported no per-request timings"
+    return (f"; vLLM's queue was {share(f.window_queue_share)} of the TTFT of the {f.window_timed} "
+            "requests arriving in the loaded window (its per-request timings)")

@@ -1,0 +1,84 @@
+"""The diagnosis in the report: the seed's patterns table with our runs, and the evidence
+behind each label with the thresholds it was made with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from filledfirst.analysis import numbers
+from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.report.markup import html_table, para
+from filledfirst.report.tables import NOT_REPORTED, reported_share
+from filledfirst.study import DiagnosisRules
+
+SEED_PATTERNS = {  # the seed's side-by-side table: case -> (what is happening, main clue)
+    Label.REFERENCE: ("same workload at lower offered load",
+                  "TTFT low, KV low, model execution well below limit"),
+    Label.INTERFERENCE: ("long prefill affects request classes differently",
+                                    "new-arrival TTFT spikes; requests already decoding much less affected"),
+    Label.SEQ_LIMIT: ("requests in model execution approaches max_num_seqs",
+                              "model execution near limit while KV has room"),
+    Label.KV_PRESSURE: ("request state fills available KV cache",
+                             "KV near full and waiting grows despite sequence headroom"),
+}
+
+
+def patterns_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
+    """The seed's patterns table with our runs: designed-for pattern, measured label, clue."""
+    body = []
+    for d in diagnosis:
+        expect = d.get("expect") or ""
+        what = SEED_PATTERNS.get(d["label"], ("", ""))[0]
+        verdict = "" if not expect else ("as designed" if expect == d["label"] else f"designed for {expect}")
+        body.append([d["experiment"], d["label"], verdict, what, d.get("clue") or "", d.get("warnings") or ""])
+    return html_table(["run", "what filled first", "", "what is happening (seed)", "measured clue", "warnings"], body)
+
+
+def evidence_intro(rules: DiagnosisRules) -> str:
+    """What the evidence table's columns are, with the thresholds the labels were made with."""
+    return para(
+        f"The evidence: the loaded window (arrivals of sent requests after a {numbers.share(rules.warmup_frac)} "
+        f"warm-up, drain excluded, ending at the last scrape) and how much of it the scrapes cover (a "
+        f"value stands for at most {rules.scrape_hold_factor:g}x the scrape interval; no label below "
+        f"{numbers.share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
+        f"{numbers.share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
+        f"{rules.kv_full_pct:g} %; where the server reports per-request timings, its queue's share of the "
+        f"TTFT of the requests arriving in the window (either limit needs >= "
+        f"{numbers.share(rules.queue_min_ttft_share)}); when each limit first crossed; Little's law (the server's mean "
+        "running + waiting over the client's mean requests in flight); goodput (requests meeting "
+        f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
+        "second: the offered load times the share that met them; failed ones never); and the KV "
+        "ledger (bytes per token from vLLM's KV memory and tokens, else from the model's config; the "
+        "capacity vLLM reported, and how many requests of this workload's mean length fit).")
+
+
+def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> str:
+    """The numbers behind each label: loaded window, scrape coverage, shares, first
+    crossings, Little's law, goodput and the KV ledger (seed 004)."""
+    body = []
+    for d in diagnosis:
+        ratio = d.get("littles_ratio")
+        little = "n/a" if ratio is None else f"{ratio:.2f}" + ("" if d.get("littles_ok") else " (mismatch)")
+        fit = d.get("kv_fit_concurrency")
+        ledger = (
+            f"{numbers.count(d.get('kv_bytes_per_token'))} B/token, "
+            f"{numbers.count(d.get('kv_capacity_tokens'))} tokens, "
+            f"fits {fit:,.0f} at this workload's mean length" if fit is not None else "n/a"
+        )
+        goodput = d.get("goodput_rps")
+        body.append([
+            d["experiment"], f"{numbers.seconds(d.get('window_start_s'))} to {numbers.seconds(d.get('window_end_s'))}",
+            numbers.share(d.get("scrape_coverage")), numbers.share(d.get("running_at_cap_share")),
+            numbers.share(d.get("waiting_share")), numbers.share(d.get("kv_full_share")),
+            reported_share(d.get("window_queue_share")) if d.get("window_timed") else NOT_REPORTED,
+            d.get("first_crossings") or "", little,
+            "n/a" if goodput is None else f"{goodput:.2f} req/s ({numbers.share(d.get('slo_met_share'))} met the SLO)",
+            ledger,
+        ])
+    return html_table(
+        ["run", "loaded window", "scrape coverage", "at the cap", "waiting", f"KV >= {rules.kv_full_pct:g} %",
+         "vLLM's queue share of TTFT", "first crossings",
+         "Little's law L / λW", "goodput", "KV ledger"],
+        body,
+    )

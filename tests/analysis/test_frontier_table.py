@@ -1,0 +1,88 @@
+"""Table `frontiers` from synthetic probe runs in DuckDB (helpers/synthetic_db.py makes
+runs whose requests and gauges agree): the bracket, the knee's label, first crossings."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+
+from filledfirst.analysis import signals
+from filledfirst.analysis.diagnosis import write_diagnosis
+from filledfirst.analysis.frontiers import frontier_table, write_frontiers
+from filledfirst.cli import main
+from filledfirst.study import DiagnosisRules
+
+from helpers.searches import SEQ8_SEARCH, cap_probes, probe_run
+from helpers.synthetic_db import make_db
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = make_db(tmp_path / "f.duckdb", cap_probes())
+    search = SEQ8_SEARCH
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO frontier_searches VALUES (?, ?, ?)", ["cap", "seq8", json.dumps(search)])
+    write_diagnosis(path, DiagnosisRules())
+    return path
+
+
+def test_the_bracket_and_what_filled_first_at_the_knee(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        table = {(r["frontier"], r["setting"]): r for r in frontier_table(con).to_dicts()}
+        rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
+        diag = {r[0]: r[1] for r in con.execute("SELECT run_id, label FROM diagnosis").fetchall()}
+    seq8 = table[("cap", "seq8")]
+    assert (seq8["lo_rps"], seq8["hi_rps"], seq8["reason"], seq8["probes"]) == (5.657, 8.0, "budget", 4)
+    assert seq8["lo_run_id"] == "cap/seq8/p04-x" and seq8["knee_run_id"] == "cap/seq8/p03-x"
+    assert (seq8["lo_attainment"], seq8["hi_attainment"]) == (0.97, 0.3)
+    lo_rates, hi_rates = rates["cap/seq8/p04-x"], rates["cap/seq8/p03-x"]
+    assert seq8["lo_offered_rps"] == lo_rates["offered_rps"] == pytest.approx(5.657, rel=0.01)
+    assert seq8["lo_goodput_rps"] == pytest.approx(0.97 * lo_rates["offered_rps"])
+    assert seq8["hi_goodput_rps"] == pytest.approx(0.3 * hi_rates["offered_rps"])
+    assert seq8["hi_output_tok_s"] == hi_rates["total_tok_s"]
+    assert seq8["knee_label"] == diag["cap/seq8/p03-x"] == "active-sequence limit"
+    assert seq8["knee_clue"].startswith("running at >= 8 of 8")
+    # the cap and a queue first at 8 req/s (5.657: 6.8 in flight of 8, under the 90 % mark)
+    assert seq8["waiting_from_rps"] == seq8["cap_from_rps"] == seq8["ttft_p95_from_rps"] == 8.0
+    assert seq8["kv_full_from_rps"] is None
+
+    slow = table[("cap", "slow")]
+    # no search.json ingested: the bracket from the probes, no stop reason
+    assert (slow["lo_rps"], slow["hi_rps"], slow["reason"]) == (1.0, 2.0, None)
+    assert diag["cap/slow/p02-x"] == "reference"  # the diagnosis sees nothing filled ...
+    assert slow["knee_label"] == "ITL-bound"  # ... the frontier names why the SLO broke
+    assert "27 over the ITL SLO, 2 over the TTFT SLO, 1 failed" in slow["knee_clue"]
+    assert slow["waiting_from_rps"] is None and slow["cap_from_rps"] is None
+    assert (slow["slo_ttft_ms"], slow["slo_itl_ms"], slow["target"]) == (500.0, 100.0, 0.95)
+
+
+def test_a_probe_measured_again_counts_once_its_latest_run(db, tmp_path):
+    again = probe_run("cap", "slow", 2, 2.0, 0.5, 64, 0.5, missed={"failed": 0, "ttft": 20, "itl": 0})
+    again["run_id"] = "cap/slow/p02-y"
+    with duckdb.connect(str(db)) as con:
+        con.execute("INSERT INTO runs (run_id, experiment, status, started_at, max_num_seqs, meta) "
+                    "VALUES (?, ?, 'ok', '2026-01-02T00:00:00', 64, ?)",
+                    [again["run_id"], again["run_id"], json.dumps(again["meta"])])
+        table = {(r["frontier"], r["setting"]): r for r in frontier_table(con).to_dicts()}
+    slow = table[("cap", "slow")]
+    assert slow["probes"] == 2 and slow["hi_attainment"] == 0.5 and slow["knee_run_id"] == "cap/slow/p02-y"
+
+
+def test_diagnose_writes_the_frontiers_table(db, capsys):
+    assert main(["diagnose", "--db", str(db)]) == 0
+    assert "frontier cap/seq8: held 5.657 req/s, broke 8.0 req/s (budget); at the knee: active-sequence limit" \
+        in capsys.readouterr().out
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM frontiers").fetchall()[0][0] == 2
+
+
+def test_a_study_without_searches_gets_an_empty_table(tmp_path):
+    from helpers.synthetic_db import reference_run
+
+    path = make_db(tmp_path / "r.duckdb", [reference_run()])
+    write_diagnosis(path, DiagnosisRules())
+    assert write_frontiers(path).height == 0
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert "knee_label" in [d[0] for d in con.execute("SELECT * FROM frontiers").description]

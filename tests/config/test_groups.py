@@ -1,0 +1,175 @@
+"""Which experiments share a server start, and the pieces that let them share it safely."""
+
+import copy
+import dataclasses
+
+import pytest
+
+from filledfirst.cli import main
+from filledfirst.config import check_shareable, group_fingerprint, load_config, server_groups, validate_config
+from filledfirst.contracts.gauges import Gauges
+from filledfirst.engine.shared import ServerNotIdle, SharedServer
+from filledfirst.errors import UserError
+
+from conftest import REPO
+
+E2E = REPO / "tests" / "configs" / "e2e.yaml"
+
+
+@pytest.fixture
+def cfg() -> dict:
+    """Four experiments, in this config order: a, b (max_num_seqs 8), c, d."""
+    base = load_config([E2E])
+    base["experiments"] = {
+        "a": {"workload": "light"},
+        "b": {"workload": "heavy", "server": {"max_num_seqs": 8}},
+        "c": {"workload": "heavy"},
+        "d": {"workload": "light", "loadgen": {"mode": "closed", "concurrency": 2}},
+    }
+    validate_config(base)
+    return base
+
+
+def test_identical_settings_share_and_order_is_config_order(cfg):
+    # d's load generator differs: the client's business, not the server's
+    assert server_groups(cfg) == {"a": ["a", "c", "d"], "b": ["b"]}
+
+
+def test_config_order_decides_group_name_and_order(cfg):
+    cfg["experiments"] = {k: cfg["experiments"][k] for k in ("d", "c", "b", "a")}
+    assert server_groups(cfg) == {"d": ["d", "c", "a"], "b": ["b"]}
+
+
+def test_a_setting_equal_to_the_engine_default_still_shares(cfg):
+    cfg["experiments"]["c"]["server"] = {"max_num_seqs": cfg["engine"]["server"]["max_num_seqs"]}
+    assert server_groups(cfg)["a"] == ["a", "c", "d"]
+
+
+@pytest.mark.parametrize("change", [
+    lambda c: c["experiments"]["c"].update(server={"enable_prefix_caching": True}),
+    lambda c: c["experiments"]["c"].update(server={"kv_cache_space_gib": 2}),
+])
+def test_a_different_server_setting_splits(cfg, change):
+    change(cfg)
+    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b"], "c": ["c"]}
+
+
+def test_same_non_default_settings_share(cfg):
+    cfg["experiments"]["c"]["server"] = {"max_num_seqs": 8}
+    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b", "c"]}
+
+
+def test_isolate_splits(cfg):
+    cfg["experiments"]["a"]["isolate"] = True
+    validate_config(cfg)  # the schema knows the key
+    assert server_groups(cfg) == {"a": ["a"], "b": ["b"], "c": ["c", "d"]}
+
+
+def test_isolate_must_be_a_boolean(cfg):
+    cfg["experiments"]["a"]["isolate"] = "yes"
+    with pytest.raises(UserError, match="isolate"):
+        validate_config(cfg)
+
+
+def test_every_experiment_in_exactly_one_group_of_the_shipped_configs():
+    for name in ("config.yaml", "cpu.yaml"):
+        c = load_config([REPO / "config" / name])
+        members = [e for group in server_groups(c).values() for e in group]
+        assert sorted(members) == sorted(c["experiments"])
+
+
+def test_group_fingerprint_follows_any_member(cfg):
+    before = group_fingerprint(cfg, ["a", "c"])
+    changed = copy.deepcopy(cfg)
+    changed["experiments"]["c"]["description"] = "now described"
+    assert group_fingerprint(changed, ["a", "c"]) != before
+    assert group_fingerprint(cfg, ["c", "a"]) != before  # order is part of the measurement
+
+
+@pytest.mark.parametrize("names, message", [
+    (["a", "b"], "different server"),
+    (["a", "nope"], "not in the config"),
+    (["a", "a"], "given twice"),
+])
+def test_refuses_experiments_that_cannot_share(cfg, names, message):
+    with pytest.raises(UserError, match=message):
+        check_shareable(cfg, names)
+
+
+def test_refuses_to_share_an_isolated_experiment(cfg):
+    cfg["experiments"]["c"]["isolate"] = True
+    with pytest.raises(UserError, match="isolate"):
+        check_shareable(cfg, ["a", "c"])
+    check_shareable(cfg, ["c"])  # alone is fine
+
+
+def test_cli_needs_one_schedule_and_out_per_experiment(tmp_path, capsys):
+    code = main(["run", "--config", str(E2E), "--experiment", "reference", "--experiment", "azure_replay",
+                 "--schedule", str(tmp_path / "s.parquet"), "--out", str(tmp_path / "r")])
+    assert code == 2 and "once per experiment" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+class _Stub:
+    """Stands in for a VllmServer: answers /metrics from a list of loads."""
+
+    def __init__(self, loads):
+        self.loads = list(loads)
+
+    def alive(self):
+        return True
+
+    def scheduler_load(self):
+        return self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
+
+
+def shared_with(loads, tmp_path, timeout_s=5.0) -> SharedServer:
+    shared = SharedServer({}, tmp_path / "server.log", idle_timeout_s=timeout_s)
+    shared.server = _Stub(loads)
+    return shared
+
+
+def test_waits_until_nothing_runs_or_waits(tmp_path):
+    busy = Gauges(running=2.0, waiting=1.0, kv_pct=10.0)
+    idle = Gauges(running=0.0, waiting=0.0, kv_pct=0.0)
+    shared = shared_with([busy, None, dataclasses.replace(busy, running=0.0), idle], tmp_path)
+    assert shared.ready("next") >= 3 * 0.2  # three polls that were not idle
+
+
+def test_a_server_that_never_idles_is_a_clear_error(tmp_path):
+    shared = shared_with([Gauges(running=3.0, waiting=0.0, kv_pct=0.0)], tmp_path, timeout_s=0.6)
+    seen = r"\(running 3  waiting 0  KV 0.0%\)"
+    with pytest.raises(ServerNotIdle, match=r"not idle 1 s after the previous experiment " + seen):
+        shared._wait_idle()
+
+
+def test_log_parts_are_contiguous(tmp_path):
+    shared = SharedServer({}, tmp_path / "server.log")
+    assert shared.copy_log(0, tmp_path / "none.log") == 0  # never started: empty
+    shared.log_path.write_bytes(b"start-up\nfirst\n")
+    end = shared.copy_log(0, tmp_path / "1.log")
+    with open(shared.log_path, "ab") as f:
+        f.write(b"second\n")
+    shared.copy_log(end, tmp_path / "2.log")
+    assert (tmp_path / "1.log").read_bytes() == b"start-up\nfirst\n"
+    assert (tmp_path / "2.log").read_bytes() == b"second\n"
+
+
+def test_an_external_endpoint_is_a_group_of_its_own(cfg):
+    cfg["experiments"]["c"]["server"] = {"url": "http://10.0.0.7:8000", "api_key_env": "KEY"}
+    cfg["experiments"]["e"] = {"workload": "light", "server": {"url": "http://10.0.0.7:8000"}}
+    validate_config(cfg)
+    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b"], "c": ["c"], "e": ["e"]}
+    with pytest.raises(UserError, match="external endpoint"):
+        check_shareable(cfg, ["c", "e"])
+
+
+@pytest.mark.parametrize("server", [
+    {"url": "http://10.0.0.7:8000", "max_num_seqs": 8},  # settings of a server we do not start
+    {"url": "10.0.0.7:8000"},  # no scheme
+    {"api_key_env": "KEY"},  # a key without an endpoint
+])
+def test_an_external_endpoint_takes_only_a_url_and_a_key_variable(cfg, server):
+    cfg["experiments"]["c"]["server"] = server
+    with pytest.raises(UserError, match=r"experiments\.c\.server"):
+        validate_config(cfg)

@@ -1,0 +1,136 @@
+"""The typed study config and the schema cannot drift: same keys, one default each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+import yaml
+
+from filledfirst import study
+from filledfirst.config import SCHEMA_PATH, load_config, load_study
+
+from conftest import REPO
+
+SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
+
+# schema object -> the type that reads it
+SECTIONS = {
+    ("properties", "study"): study.StudyInfo,
+    ("properties", "model"): study.Model,
+    ("properties", "model", "properties", "tiny"): study.TinyShape,
+    ("properties", "model", "properties", "prompt_token_ids"): study.TokenIds,
+    ("properties", "engine"): study.Engine,
+    ("$defs", "server_settings"): study.ServerSettings,
+    ("$defs", "external_server"): study.ExternalServer,
+    ("$defs", "load_mode"): study.LoadMode,
+    ("$defs", "synthetic_phase"): study.SyntheticPhase,
+    ("$defs", "relative_rate"): study.RelativeRate,
+    ("properties", "loadgen"): study.Loadgen,
+    ("properties", "scrape"): study.Scrape,
+    ("properties", "traces", "additionalProperties"): study.Trace,
+    ("properties", "workloads", "additionalProperties", "oneOf", 0): study.TraceWorkload,
+    ("properties", "workloads", "additionalProperties", "oneOf", 1): study.SyntheticWorkload,
+    ("properties", "experiments", "additionalProperties"): study.Experiment,
+    ("properties", "report"): study.Report,
+    ("properties", "cluster"): study.Cluster,
+    ("properties", "diagnosis"): study.DiagnosisRules,
+    ("properties", "frontiers", "additionalProperties"): study.Frontier,
+    ("properties", "frontiers", "additionalProperties", "properties", "slo"): study.Slo,
+}
+# Defaults the schema cannot hold (oneOf branches must not fill defaults): the type's own.
+TYPE_ONLY_DEFAULTS = {study.TraceWorkload, study.SyntheticWorkload, study.SyntheticPhase}
+
+
+def _node(path):
+    node = SCHEMA
+    for key in path:
+        node = node[key]
+    return node
+
+
+def _fields(cls) -> dict:
+    """name -> default (dataclasses.MISSING / msgspec.NODEFAULT when required)."""
+    if dataclasses.is_dataclass(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+    info = msgspec.inspect.type_info(cls)
+    return {f.name: f.default for f in info.fields}
+
+
+def test_every_schema_section_has_a_type_with_the_same_keys():
+    for path, cls in SECTIONS.items():
+        props = set(_node(path)["properties"]) - {"kind"}  # the workloads' tag
+        assert props == set(_fields(cls)), (path, cls)
+    assert set(SCHEMA["properties"]) == set(_fields(study.Study))
+
+
+def test_each_default_lives_in_one_place():
+    for path, cls in SECTIONS.items():
+        props = _node(path)["properties"]
+        for name, default in _fields(cls).items():
+            if name == "kind":
+                continue
+            schema_default = props[name].get("default", msgspec.NODEFAULT)
+            if schema_default is not msgspec.NODEFAULT:
+                assert default == schema_default, f"{cls.__name__}.{name}"
+            elif (default not in (None, msgspec.NODEFAULT, dataclasses.MISSING, {}, "")
+                  and cls not in TYPE_ONLY_DEFAULTS):
+                # a value the schema does not know: a second place for a default
+                assert isinstance(default, msgspec.Struct), f"{cls.__name__}.{name} = {default!r}: not the schema's"
+            if cls in TYPE_ONLY_DEFAULTS:
+                assert "default" not in props[name], f"{cls.__name__}.{name}: a oneOf branch fills no default"
+
+
+@pytest.mark.parametrize("configfile", ["config/config.yaml", "config/cpu.yaml", "tests/configs/e2e.yaml",
+                                        "tests/configs/long.yaml", "tests/configs/slurm.yaml"])
+def test_every_shipped_config_converts(configfile):
+    s = load_study([REPO / configfile])
+    cfg = load_config([REPO / configfile])
+    assert set(s.experiments) == set(cfg["experiments"])
+    for name in s.experiments:
+        merged = {**cfg.get("loadgen", {}), **cfg["experiments"][name].get("loadgen", {})}
+        lg = s.loadgen_for(name)
+        for key, value in merged.items():
+            assert getattr(lg, key) == value
+
+
+def test_an_absent_section_takes_the_schema_defaults():
+    cfg = load_config([REPO / "tests/configs/e2e.yaml"])
+    cfg.pop("loadgen", None)
+    cfg.pop("scrape", None)
+    s = study.Study.from_dict(cfg)
+    assert s.loadgen.request_timeout_s == SCHEMA["properties"]["loadgen"]["properties"]["request_timeout_s"]["default"]
+    assert s.scrape.interval_s == SCHEMA["properties"]["scrape"]["properties"]["interval_s"]["default"]
+
+
+def test_config_readme_is_the_schema_rendered():
+    from filledfirst.configdoc import render
+
+    assert (REPO / "config" / "README.md").read_text() == render(), (
+        "config/README.md is out of date: python -m filledfirst.configdoc > config/README.md")
+
+
+def test_every_key_of_the_schema_is_described():
+    from filledfirst.configdoc import render
+
+    undocumented = [line for line in render().splitlines() if line.startswith("| `") and line.endswith("|  |")]
+    assert not undocumented
+
+
+def test_an_experiment_spec_is_typed_from_the_document_run_json_keeps():
+    import json
+
+    from filledfirst.config import experiment_spec, spec_document
+
+    cfg = load_config([REPO / "config" / "cpu.yaml"])
+    s = study.Study.from_dict(cfg)
+    doc = spec_document(cfg, "seq_limit")
+    spec = experiment_spec(cfg, "seq_limit")
+    assert spec == study.ExperimentSpec.from_doc(json.loads(json.dumps(doc)))  # as run.json reads back
+    assert "server" not in doc["engine"] and spec.engine == s.engine.start()
+    assert spec.server == doc["server"] and spec.server["max_num_seqs"] == 8
+    assert spec.loadgen == s.loadgen_for("seq_limit") and spec.model == s.model
+    assert spec.workload == s.workloads[s.experiments["seq_limit"].workload]
+    assert spec.server_spec == study.ServerSpec(model=spec.model, engine=spec.engine, server=spec.server)
+    assert study.ExperimentSpec.from_doc(spec.to_doc()) == spec

@@ -1,0 +1,180 @@
+"""The report's capacity-search part and its summary, on synthetic probe runs in DuckDB
+(helpers/searches.py's probes, helpers/synthetic_db.py's designed runs), and the rendered report
+with the frontier chart drawn in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+import vl_convert
+
+from filledfirst.analysis.diagnosis import write_diagnosis
+from filledfirst.analysis.frontiers import write_frontiers
+from filledfirst.report import charts, frontiers, render
+from filledfirst.study import DiagnosisRules
+
+from helpers.chromium import ChartDivs, chromium_run
+from helpers.report_runs import QMD
+from helpers.searches import SEQ8_SEARCH, SLO, cap_probes
+from helpers.synthetic_db import every, gauges, make_db, queue, reference_run
+
+PROBE_ERROR = "server exited with code -9 <b>boom</b>"
+
+
+def failed_probe(frontier, setting, probe, rate):
+    block = {"name": frontier, "setting": setting, "probe": probe, "rate": rate, "probe_s": 20, "slo": SLO,
+             "target": 0.95, "requests": None, "attainment": None, "held": None, "missed": None,
+             "error": PROBE_ERROR}
+    return {"run_id": f"{frontier}/{setting}/p{probe:02d}-x", "status": "failed", "error": PROBE_ERROR,
+            "requests": [], "samples": [], "meta": {"workload": "light", "frontier": block}}
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    ref = reference_run("ref")
+    ref["meta"] = {"part": "decode_load", "expect": "reference"}
+    lim_reqs = queue(every(0.1, 200), 1.2, 8)  # 10 arrivals/s against 8 slots of 1.2 s
+    lim = {"run_id": "lim", "cap": 8, "requests": lim_reqs, "samples": gauges(lim_reqs, 32, lambda n: 1.5 * n),
+           "meta": {"part": "sequence_limit", "expect": "KV-capacity pressure"}}  # designed for another
+    runs = [ref, lim, *cap_probes(), failed_probe("cap", "slow", 3, 1.414)]
+    path = make_db(tmp_path_factory.mktemp("fr") / "f.duckdb", runs)
+    search = SEQ8_SEARCH
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO frontier_searches VALUES (?, ?, ?)", ["cap", "seq8", json.dumps(search)])
+    write_diagnosis(path, DiagnosisRules())
+    write_frontiers(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def con(db):
+    c = duckdb.connect(str(db), read_only=True)
+    yield c
+    c.close()
+
+
+def test_probe_points_from_the_runs_in_duckdb(con):
+    points = {(p["setting"], p["probe"]): p for p in frontiers.probe_points(con)}
+    assert set(points) == {("seq8", 1), ("seq8", 2), ("seq8", 3), ("seq8", 4), ("slow", 1), ("slow", 2),
+                           ("slow", 3)}
+    assert points[("seq8", 3)]["attainment"] == 0.3 and points[("seq8", 3)]["held"] is False
+    assert not points[("seq8", 3)]["failed"]
+    slow2, slow3 = points[("slow", 2)], points[("slow", 3)]
+    assert slow2["failed"] and not slow2["outright"] and slow2["n_failed"] == 1  # a failed request
+    assert slow3["outright"] and slow3["attainment"] is None and slow3["error"] == PROBE_ERROR
+
+
+def test_leading_signal_and_its_lead():
+    row = {"hi_rps": 8.0, "waiting_from_rps": 4.0, "cap_from_rps": 4.0, "kv_full_from_rps": 8.0}
+    assert frontiers.leading_signal(row) == {"signals": ["waiting > 0", "running at the cap"], "rps": 4.0,
+                                             "lead": 2.0}
+    assert frontiers.leading_text(row) == "waiting > 0 and running at the cap from 4 req/s: 2x ahead of the " \
+                                          "break at 8 req/s"
+    assert frontiers.leading_signal({"hi_rps": 8.0, "kv_full_from_rps": 2.0})["signals"] == ["KV full"]
+    assert frontiers.leading_text({"hi_rps": 8.0, "cap_from_rps": 8.0}).endswith("at the break itself, no warning")
+    assert frontiers.leading_text({"hi_rps": 4.0, "cap_from_rps": 8.0}).endswith("only after the break at 4 req/s")
+    assert frontiers.leading_text({"hi_rps": None, "waiting_from_rps": 3.0}).endswith("(the SLO never broke)")
+    assert frontiers.leading_text({"hi_rps": 2.0}) == "none crossed at any probed rate"
+
+
+@pytest.mark.parametrize(("label", "words"), [
+    ("active-sequence limit", "max_num_seqs"),
+    ("KV-capacity pressure", "max_model_len"),
+    ("prefill-decode interference", "max_num_batched_tokens"),
+    ("ITL-bound", "more compute or a smaller batch"),
+    ("compute-bound", "more compute or a smaller batch"),
+    ("unclassified", "read the clue"),
+    ("failed", "failed outright"),
+])
+def test_what_would_move_the_knee(label, words):
+    assert words in frontiers.move_the_knee({"hi_rps": 2.0, "knee_label": label})
+
+
+def test_nothing_broke_means_raise_the_maximum():
+    assert "maximum" in frontiers.move_the_knee({"hi_rps": None, "knee_label": None})
+
+
+def test_frontier_table_per_setting(con):
+    rows = frontiers.frontier_rows(con)
+    assert [(r["frontier"], r["setting"]) for r in rows] == [("cap", "seq8"), ("cap", "slow")]
+    html = frontiers.frontier_table_html(rows)
+    assert html.count("<tr>") == 3
+    assert "<td>5.66 req/s</td><td>8 req/s</td><td>active-sequence limit</td>" in html
+    # output tokens/s beside the rate when the runs measured it (these synthetic runs did not)
+    assert "5.66 req/s (1,234 output tok/s)" in frontiers.frontier_table_html(
+        [{**rows[0], "lo_output_tok_s": 1234.4}])
+    assert "running at &gt;= 8 of 8" in html  # the knee's clue, escaped
+    assert "waiting &gt; 0 and running at the cap from 8 req/s: at the break itself" in html
+    assert "more sequences (max_num_seqs)" in html and "ITL-bound" in html and "budget" in html
+
+
+def test_frontier_chart_draws_the_knee_and_the_failed_probe(con):
+    (name, rows, points), = frontiers.by_frontier(frontiers.frontier_rows(con), frontiers.probe_points(con))
+    spec = frontiers.frontier_chart(rows, points).to_dict()
+    svg = vl_convert.vegalite_to_svg(spec)
+    assert name == "cap" and "Attainment against offered rate: cap" in svg
+    assert charts.FAILED_COLOR in svg and "2 probe(s) with failures" in svg
+    # the knee's bracket: one rect per setting with both edges (seq8: 5.657 to 8; slow: 1 to 2)
+    rect = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rect")
+    assert sorted((d["lo"], d["hi"]) for d in spec["datasets"][rect["data"]["name"]]) == [(1.0, 2.0), (5.657, 8.0)]
+
+
+def test_no_frontiers_table_means_nothing(tmp_path):
+    path = make_db(tmp_path / "r.duckdb", [reference_run()])
+    with duckdb.connect(str(path), read_only=True) as c:
+        assert frontiers.frontier_rows(c) == []  # no table at all
+    write_diagnosis(path, DiagnosisRules())
+    write_frontiers(path)
+    with duckdb.connect(str(path), read_only=True) as c:
+        assert frontiers.frontier_rows(c) == [] and frontiers.probe_points(c) == []  # an empty one
+
+
+def test_summary_rows_by_part_and_frontier(con):
+    diagnosis = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
+    from filledfirst.analysis import signals
+
+    rows = frontiers.summary_rows(diagnosis, signals.run_metas(con), frontiers.frontier_rows(con), DiagnosisRules())
+    assert [(r["part"], r["what"]) for r in rows] == [
+        ("decode_load", "ref"), ("sequence_limit", "lim"), ("frontier cap", "seq8"), ("frontier cap", "slow")]
+    ref, lim, seq8, slow = rows
+    assert (ref["found"], ref["mark"], ref["number"]) == ("reference", "as designed", "waiting 0 % of the time")
+    assert (lim["designed"], lim["found"], lim["mark"]) == ("KV-capacity pressure", "active-sequence limit", "DIFFERS")
+    assert lim["number"] == "running at the cap 100 % of the time"
+    assert (seq8["found"], seq8["number"]) == ("active-sequence limit", "held 5.66 req/s, broke at 8 req/s")
+    assert slow["found"] == "ITL-bound"
+    html = frontiers.summary_table(rows)
+    assert html.count("<tr>") == 5 and "<strong>differs</strong>" in html
+    assert html.count("frontier cap") == 1  # a part named once
+
+
+@pytest.fixture(scope="module")
+def report(db, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    render.render_report(QMD, db, out, engine="fallback")
+    return out
+
+
+def test_report_shows_the_frontier_and_the_summary(report):
+    html = report.read_text()
+    body = html[html.index("At a glance"):]  # "What filled up first?" is the page's title too
+    assert body.index("What filled up first") < body.index("Capacity search") < body.index("Setup")
+    assert "Frontier cap" in html and "what would move the knee" in html and "<strong>differs</strong>" in html
+    assert "<b>boom" not in html  # the failed probe's error stays text
+    # the 2 designed runs with requests + goodput + the frontier; the probes are drawn in
+    # the frontier chart and listed (folded away), without a section of their own
+    assert html.count('class="ff-chart"') == 4
+    assert "the capacity searches' probes (7 runs)" in html
+
+
+@pytest.mark.browser
+@pytest.mark.usefixtures("chromium")  # skips (or fails in CI) without Chromium
+def test_frontier_chart_draws_offline(report, tmp_path):
+    run = chromium_run("--dump-dom", report.as_uri(), profile=tmp_path / "profile")
+    parser = ChartDivs()
+    parser.feed(run.stdout)
+    assert len(parser.charts) == 4 and all(parser.charts.values()), parser.charts
+    assert "Attainment against offered rate: cap" in run.stdout
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
