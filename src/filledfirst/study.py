@@ -242,6 +242,7 @@ class DiagnosisRules:
     reference_max_waiting_share: float = _d("diagnosis", "reference_max_waiting_share")
     reference_max_cap_share: float = _d("diagnosis", "reference_max_cap_share")
     reference_max_kv_full_share: float = _d("diagnosis", "reference_max_kv_full_share")
+    reference_max_queue_share: float = _d("diagnosis", "reference_max_queue_share")
     max_lag_ms: float = _d("diagnosis", "max_lag_ms")
     max_client_cpu_share: float = _d("diagnosis", "max_client_cpu_share")
     min_arrival_ratio: float = _d("diagnosis", "min_arrival_ratio")

@@ -9,22 +9,17 @@ import pytest
 from filledfirst.analysis import request_path
 from filledfirst.study import DiagnosisRules
 
-from helpers.synthetic_db import every, gauges, interference_run, kv_pressure_run, make_db, queue, request, run_of
-
-FRONT_S = 0.002  # HTTP and the API server, both ways
-
-
-def timed(row, queue_s=None, front_s=FRONT_S):
-    """The row with the timings vLLM would send: its queue from when the engine took it in
-    (a front end after the send) to its service start (synthetic_db.queue's `_start`), or
-    `queue_s`; the prefill is what is left of its TTFT from send."""
-    from_send = row["t_first_token"] - row["t_sent"]
-    if queue_s is None:
-        queue_s = max(row["_start"] - row["t_sent"] - front_s / 2, 0.0)
-    prefill_s = from_send - queue_s - front_s
-    assert prefill_s >= 0, row
-    return row | {"server_queue_ms": queue_s * 1000, "server_prefill_ms": prefill_s * 1000,
-                  "server_decode_ms": (row["t_done"] - row["t_first_token"]) * 1000, "server_itl_ms": 10.0}
+from helpers.synthetic_db import (
+    every,
+    gauges,
+    interference_run,
+    kv_pressure_run,
+    make_db,
+    queue,
+    request,
+    run_of,
+    timed,
+)
 
 
 def db_of(tmp_path, name, requests, samples=()):
@@ -165,8 +160,11 @@ def test_gauges_alone_would_call_a_queue_behind_a_long_prompt_interference(tmp_p
     d = run_of(tmp_path, **run)
     assert d["label"] != "prefill-decode interference", d["clue"]
     assert d["interference_ratio"] == pytest.approx(30) and d["interference_prefill_ratio"] < 1.5
-    assert d["clue"].startswith("fits no pattern: prefill-decode interference: TTFT p90 30.0x that of the other 36 "
-                                "but outside vLLM's queue 1.2x (needs >= 2x)"), d["clue"]
+    # a queue with neither limit full, and the interference ratios that did not make it one
+    assert d["clue"].startswith("requests queued (waiting 34 % of the time, vLLM's queue 60 % of TTFT) with "
+                                "neither limit full"), d["clue"]
+    assert d["clue"].endswith("; prefill-decode interference: TTFT p90 30.0x that of the other 36 "
+                              "but outside vLLM's queue 1.2x (needs >= 2x)"), d["clue"]
     without = run | {"run_id": "intq_gauges", "requests": [
         {k: v for k, v in r.items() if not k.startswith("server_")} for r in reqs]}
     assert run_of(tmp_path, **without)["label"] == "prefill-decode interference"

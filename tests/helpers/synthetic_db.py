@@ -48,6 +48,22 @@ def gauges(rows, t_end, kv_pct, dt=0.25, scale=1.0):
     return out
 
 
+FRONT_S = 0.002  # HTTP and the API server, both ways
+
+
+def timed(row, queue_s=None, front_s=FRONT_S):
+    """The row with the timings vLLM would send: its queue from when the engine took it in
+    (a front end after the send) to its service start (synthetic_db.queue's `_start`), or
+    `queue_s`; the prefill is what is left of its TTFT from send."""
+    from_send = row["t_first_token"] - row["t_sent"]
+    if queue_s is None:
+        queue_s = max(row["_start"] - row["t_sent"] - front_s / 2, 0.0)
+    prefill_s = from_send - queue_s - front_s
+    assert prefill_s >= 0, row
+    return row | {"server_queue_ms": queue_s * 1000, "server_prefill_ms": prefill_s * 1000,
+                  "server_decode_ms": (row["t_done"] - row["t_first_token"]) * 1000, "server_itl_ms": 10.0}
+
+
 def series(t_end, running, waiting, kv_pct, dt=0.25):
     """Gauges given directly as functions of time."""
     times = [k * dt for k in range(int(t_end / dt) + 1)]

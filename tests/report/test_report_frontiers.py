@@ -149,6 +149,18 @@ def test_summary_rows_by_part_and_frontier(con):
     assert html.count("frontier cap") == 1  # a part named once
 
 
+def test_at_a_glance_names_the_second_limit_where_two_filled(con):
+    diagnosis = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
+    from filledfirst.analysis import signals
+
+    lim = next(d for d in diagnosis if d["experiment"] == "lim")
+    both = [d | {"then_filled": "KV-capacity pressure at 12.0 s"} if d is lim else d for d in diagnosis]
+    rows = frontiers.summary_rows(both, signals.run_metas(con), [], DiagnosisRules())
+    row = next(r for r in rows if r["what"] == "lim")
+    assert row["found"] == "active-sequence limit, then KV-capacity pressure at 12.0 s"
+    assert row["mark"] == "DIFFERS"  # designed for KV: what filled first is what counts
+
+
 @pytest.fixture(scope="module")
 def report(db, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"

@@ -257,8 +257,9 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
                  parts: Sequence[str] = ()) -> list[dict[str, str]]:
     """Designed experiments (not the probes) grouped by their part in the study's order
     (`parts`: the names, in order; others after them), then one line per (frontier,
-    setting). Each: part, what, designed, found, number, mark ("differs" when a designed
-    pattern was not what was found)."""
+    setting). Each: part, what, designed, found (what filled first, and where a second
+    limit filled too, that one with its time), number, mark ("differs" when a designed
+    pattern was not what was found first)."""
     order = {p: i for i, p in enumerate(parts)}
     part = {run_id: m.part for run_id, m in metas.items()}
     designed = [d for d in diagnosis if not (d["run_id"] in metas and metas[d["run_id"]].frontier)]
@@ -266,8 +267,10 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
     out = []
     for d in designed:
         expect, label = d.get("expect"), d.get("label") or Label.UNCLASSIFIED
+        # where two limits filled, what filled next too (the label is the first)
+        found = f"{label}, then {d['then_filled']}" if d.get("then_filled") else label
         out.append({"part": part.get(d["run_id"]) or DASH, "what": d["experiment"],
-                    "designed": expect or DASH, "found": label, "number": key_number(d, rules),
+                    "designed": expect or DASH, "found": found, "number": key_number(d, rules),
                     "mark": "" if not expect else ("as designed" if expect == label else "DIFFERS")})
     for r in frontiers:
         if r.get("hi_rps") is None:

@@ -56,8 +56,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
     for row in measure(con, summary, windows(con, summary, metas, rules), rules):
         meta = metas.get(row["run_id"]) or runmeta.unknown(row["run_id"])
         f = features(row, meta, rules)
-        label, clue = judge(f, rules)
-        rows.append(stored_row(f, meta.expect or (expect or {}).get(f.experiment), label, clue, warnings(f, rules)))
+        rows.append(stored_row(f, meta.expect or (expect or {}).get(f.experiment), judge(f, rules), warnings(f, rules)))
     return pl.DataFrame(rows, schema=SCHEMA)
 
 

@@ -50,6 +50,8 @@ class Features:
     lag_p99_ms: float | None  # dispatch lag
     failed_share: float | None  # of the requests sent
     first_crossings: str | None  # when each limit was first touched, on the run's clock
+    t_first_cap_s: float | None  # running first at the cap (None: never, or no cap known)
+    t_first_kv_s: float | None  # KV first at or above kv_full_pct
     # Little's law: the server's mean running + waiting against the client's lambda W
     littles_L_server: float | None
     littles_lambda_W: float | None
@@ -94,6 +96,7 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules) -> Featur
         running_at_cap_share=None if row["cap"] is None else row["running_at_cap_share"],
         failed_share=row["n_failed"] / n if n else None,
         first_crossings=_crossings(row, r) if n else None,
+        t_first_cap_s=row["t_first_cap"] if row["cap"] is not None else None, t_first_kv_s=row["t_first_kv"],
         interference_ratio=row["interference_ratio"] if _enough_during(row, r) else None,
         interference_prefill_ratio=(row["interference_prefill_ratio"]
                                     if _enough_during(row, r, row["n_during_timed"]) else None),

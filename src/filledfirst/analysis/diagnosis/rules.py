@@ -12,7 +12,7 @@ queue to be inflated as well. The clue says which evidence was used.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from filledfirst.analysis.diagnosis.features import Features
 from filledfirst.analysis.diagnosis.labels import Label
@@ -28,6 +28,12 @@ class Rule(Protocol):
     def matches(self, f: Features, t: DiagnosisRules) -> bool: ...
 
     def clue(self, f: Features, t: DiagnosisRules) -> str: ...
+
+
+class Verdict(NamedTuple):
+    label: Label
+    clue: str
+    then_filled: str | None = None  # where two limits filled: the second, with its time
 
 
 class Pattern(Rule, Protocol):
@@ -122,12 +128,8 @@ class KvPressure(_Conditions):
     label = Label.KV_PRESSURE
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
-        kvf = f.kv_full_share
-        kv_full = (_ge(kvf, t.kv_full_min_share)
-                   or (_ge(f.window_kv_max_pct, t.kv_peak_pct) and (f.window_preemptions or 0) > 0))
         return [
-            _check(kv_full, f"KV >= {t.kv_full_pct:g} % for {share(kvf)}",
-                   f"{share(t.kv_full_min_share)}, or a peak >= {t.kv_peak_pct:g} % with preemptions"),
+            _kv_full(f, t),
             _waiting(f, t),
             # an unknown cap is no headroom: nothing says the cap was not reached
             _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
@@ -140,6 +142,51 @@ class KvPressure(_Conditions):
                 f"{f.window_preemptions or 0:.0f} preemptions, "
                 f"running at most {count(f.window_running_max, NA, grouped=False)}{_of(f)}, "
                 f"waiting in {share(f.waiting_share)} of the time{_cap_note(f)}{_queue_evidence(f)}")
+
+
+class BothLimits(_Conditions):
+    """KV full and running at the cap, with requests waiting: both limits filled in the
+    loaded window. What filled first is the one whose crossing came first on the run's
+    clock (running first at the cap, KV first at or above kv_full_pct); the clue names
+    the other, with its time. Crossed at the same scrape: the one that held for the
+    larger share of the window."""
+
+    label = Label.SEQ_LIMIT  # or KV-capacity pressure: `first`
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        return [
+            _kv_full(f, t),
+            _check(_ge(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
+                   f">= {share(t.kv_pressure_max_cap_share)}"),
+            _waiting(f, t),
+            *_queue(f, t),
+        ]
+
+    def first(self, f: Features) -> tuple[Label, Label]:
+        cap_t, kv_t = f.t_first_cap_s, f.t_first_kv_s
+        if cap_t is not None and kv_t is not None and cap_t != kv_t:
+            cap_first = cap_t < kv_t
+        elif cap_t is None or kv_t is None:
+            cap_first = kv_t is None
+        else:
+            cap_first = (f.running_at_cap_share or 0) >= (f.kv_full_share or 0)
+        return (Label.SEQ_LIMIT, Label.KV_PRESSURE) if cap_first else (Label.KV_PRESSURE, Label.SEQ_LIMIT)
+
+    def then_filled(self, f: Features) -> str:
+        second = self.first(f)[1]
+        t_second = f.t_first_kv_s if second is Label.KV_PRESSURE else f.t_first_cap_s
+        return f"{second} at {_at(t_second)}"
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        first, second = self.first(f)
+        cap = f"running at the cap from {_at(f.t_first_cap_s)}"
+        kv = f"KV >= {t.kv_full_pct:g} % from {_at(f.t_first_kv_s)}"
+        order = f"{cap}, {kv}" if first is Label.SEQ_LIMIT else f"{kv}, {cap}"
+        same = f.t_first_cap_s is not None and f.t_first_cap_s == f.t_first_kv_s
+        return (f"both filled, {first} first{' (the same scrape: it held longer)' if same else ''}: {order}; "
+                f"at the cap for {share(f.running_at_cap_share)} and KV >= {t.kv_full_pct:g} % for "
+                f"{share(f.kv_full_share)} of the loaded time, {f.window_preemptions or 0:.0f} preemptions, "
+                f"waiting in {share(f.waiting_share)} of the time{_queue_evidence(f)}")
 
 
 class SeqLimit(_Conditions):
@@ -182,6 +229,11 @@ class Reference(_Conditions):
                    f"< {share(t.reference_max_cap_share)}"),
             _check(_lt(f.kv_full_share, t.reference_max_kv_full_share), f"KV full {share(f.kv_full_share)}",
                    f"< {share(t.reference_max_kv_full_share)}"),
+            # a bursty run queues in short bursts: little of the time, much of its requests' TTFT
+            *([] if not f.window_timed else [
+                _check(_lt(f.window_queue_share, t.reference_max_queue_share),
+                       f"vLLM's queue {share(f.window_queue_share)} of TTFT",
+                       f"< {share(t.reference_max_queue_share)}")]),
         ]
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
@@ -190,17 +242,68 @@ class Reference(_Conditions):
                 f"KV median {magnitude(f.window_kv_median_pct)} %{_cap_note(f)}")
 
 
+class FullNotLimiting:
+    """Unclassified, said plainly: a limit was reached but nothing queued (a closed loop at
+    the cap, KV filling without requests waiting), so nothing it held back shows."""
+
+    label = Label.UNCLASSIFIED
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        full = _kv_full(f, t)[0] or _ge(f.running_at_cap_share, t.reference_max_cap_share)
+        return full and not _queued(f, t)
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        full = [text for ok, text in (
+            (_ge(f.running_at_cap_share, t.reference_max_cap_share),
+             f"running at the cap {share(f.running_at_cap_share)}"),
+            (_kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}")) if ok]
+        return (f"{' and '.join(full)} of the loaded time, but nothing queued ({_queue_seen(f)}): "
+                "full, not yet what limits")
+
+
+class QueueNoneFull:
+    """Unclassified, said plainly: requests queued while neither the cap nor KV was full;
+    something the rules do not measure filled (with chunked prefill, most likely the
+    scheduler's per-step token budget under long prompts)."""
+
+    label = Label.UNCLASSIFIED
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        return (_queued(f, t) and _lt(f.running_at_cap_share, t.kv_pressure_max_cap_share)
+                and not _kv_full(f, t)[0])
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"requests queued ({_queue_seen(f)}) with neither limit full (running at most "
+                f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}, at the cap "
+                f"{share(f.running_at_cap_share)}; KV at most {magnitude(f.window_kv_max_pct)} %): "
+                "something else filled, e.g. the per-step token budget under long prompts"
+                # a TTFT ratio that passed but whose wait was vLLM's queue: both numbers
+                + "".join(f"; {Label.INTERFERENCE}: {why}" for why in Interference().unmet(f, t)))
+
+
 GATES: tuple[Rule, ...] = (Failed(), TooFewScrapes())
-PATTERNS: tuple[Pattern, ...] = (Interference(), KvPressure(), SeqLimit(), Reference())  # in the order they win
+PATTERNS: tuple[Pattern, ...] = (  # in the order they win
+    Interference(), KvPressure(), SeqLimit(), BothLimits(), Reference())
+# No pattern, but the evidence says why in a sentence: said so instead of every rule's unmet list.
+EXPLAINED: tuple[Rule, ...] = (FullNotLimiting(), QueueNoneFull())
 
 
-def judge(f: Features, t: DiagnosisRules) -> tuple[Label, str]:
-    """The run's label and its clue."""
+def judge(f: Features, t: DiagnosisRules) -> Verdict:
+    """The run's label and its clue (and, where two limits filled, the second)."""
     for rule in (*GATES, *PATTERNS):
         if rule.matches(f, t):
-            return rule.label, rule.clue(f, t)
-    return Label.UNCLASSIFIED, "fits no pattern: " + "; ".join(
-        f"{rule.label}: {why}" for rule in PATTERNS for why in rule.unmet(f, t))
+            if isinstance(rule, BothLimits):
+                return Verdict(rule.first(f)[0], rule.clue(f, t), rule.then_filled(f))
+            return Verdict(rule.label, rule.clue(f, t))
+    for rule in EXPLAINED:
+        if rule.matches(f, t):
+            return Verdict(rule.label, rule.clue(f, t))
+    return Verdict(Label.UNCLASSIFIED, "fits no pattern: " + "; ".join(
+        f"{_name(rule)}: {why}" for rule in PATTERNS for why in rule.unmet(f, t)))
+
+
+def _name(rule: Pattern) -> str:
+    return "both limits" if isinstance(rule, BothLimits) else str(rule.label)
 
 
 def _nothing_recorded(f: Features) -> bool:
@@ -221,6 +324,30 @@ def _lt(a: float | None, b: float) -> bool:
 
 def _ttft(f: Features) -> str:
     return f"TTFT p90 {f.interference_ratio:.1f}x that of the other {f.n_apart}"
+
+
+def _at(t_s: float | None) -> str:
+    return "never" if t_s is None else f"{t_s:.1f} s"
+
+
+def _kv_full(f: Features, t: DiagnosisRules) -> Check:
+    kv_full = (_ge(f.kv_full_share, t.kv_full_min_share)
+               or (_ge(f.window_kv_max_pct, t.kv_peak_pct) and (f.window_preemptions or 0) > 0))
+    return _check(kv_full, f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
+                  f"{share(t.kv_full_min_share)}, or a peak >= {t.kv_peak_pct:g} % with preemptions")
+
+
+def _queued(f: Features, t: DiagnosisRules) -> bool:
+    """Requests waited, by the time or by the requests: a queue for a share of the window a
+    limit's label needs, or (where the server timed them) vLLM's queue more of their TTFT
+    than a reference run allows."""
+    return _ge(f.waiting_share, t.waiting_min_share) or (
+        f.window_timed > 0 and _ge(f.window_queue_share, t.reference_max_queue_share))
+
+
+def _queue_seen(f: Features) -> str:
+    seen = f"waiting {share(f.waiting_share)} of the time"
+    return seen + (f", vLLM's queue {share(f.window_queue_share)} of TTFT" if f.window_timed else "")
 
 
 def _waiting(f: Features, t: DiagnosisRules) -> Check:

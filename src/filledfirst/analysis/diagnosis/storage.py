@@ -12,13 +12,14 @@ import duckdb
 import polars as pl
 
 from filledfirst.analysis.diagnosis.features import Features
-from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.diagnosis.rules import Verdict
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
 
 SCHEMA = {
     "run_id": pl.String, "experiment": pl.String, "expect": pl.String, "label": pl.String,
-    "clue": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64, "engines": pl.Int64,
+    "clue": pl.String, "then_filled": pl.String, "warnings": pl.String, "notes": pl.String, "cap": pl.Int64,
+    "engines": pl.Int64,
     "window_start_s": pl.Float64, "window_end_s": pl.Float64,
     "running_at_cap_share": pl.Float64, "waiting_share": pl.Float64, "window_running_median": pl.Float64,
     "window_running_max": pl.Float64, "window_kv_median_pct": pl.Float64, "window_kv_max_pct": pl.Float64,
@@ -34,10 +35,11 @@ SCHEMA = {
 }
 
 
-def stored_row(f: Features, expect: str | None, label: Label, clue: str, warnings: list[str]) -> dict[str, Any]:
+def stored_row(f: Features, expect: str | None, verdict: Verdict, warnings: list[str]) -> dict[str, Any]:
     """A row of table `diagnosis`: the features it stores, and the verdict."""
     values = asdict(f)
-    values.update(expect=expect, label=label.value, clue=clue, warnings="; ".join(warnings),
+    values.update(expect=expect, label=verdict.label.value, clue=verdict.clue, then_filled=verdict.then_filled,
+                  warnings="; ".join(warnings),
                   notes="; ".join(f.notes))
     return {column: values[column] for column in SCHEMA}
 
