@@ -11,6 +11,7 @@ import yaml
 
 from filledfirst.errors import UserError
 from filledfirst.paths import PARTS_DIR, SCHEMA_PATH
+from filledfirst.schema import config_schema
 from filledfirst.study import ExperimentSpec, Study
 
 __all__ = ["SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
@@ -118,8 +119,7 @@ def schema_problem(cfg: dict) -> str | None:
     spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing."""
     import jsonschema
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(config_schema()).iter_errors(cfg))
     if error is None:
         return None
     error = _branch_of_kind(error)

@@ -8,9 +8,7 @@ import functools
 import json
 import sys
 
-import yaml
-
-from filledfirst.paths import SCHEMA_PATH
+from filledfirst.schema import config_schema
 
 HEADER = """# Configuring a study
 
@@ -136,7 +134,7 @@ _TYPE_DEFAULTS = functools.lru_cache(maxsize=1)(_type_defaults)
 
 
 def render(schema: dict | None = None) -> str:
-    schema = schema if schema is not None else yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = schema if schema is not None else config_schema()
     out = [HEADER, "## Sections\n", "| section | required | meaning |\n|---|---|---|"]
     required = set(schema.get("required", []))
     for key, node in schema["properties"].items():

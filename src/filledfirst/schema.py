@@ -13,14 +13,15 @@ from filledfirst.paths import SCHEMA_PATH
 
 
 @functools.lru_cache(maxsize=1)
-def _schema() -> dict:
+def config_schema() -> dict:
+    """The whole schema, read once (shared: never modify it)."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
 def schema_property(*path: str) -> dict:
     """The schema's property at `path` (section, then key; "*" for any name of a catalog:
     `("experiments", "*", "isolate")`): its type, bounds, default and description."""
-    node: dict = _schema()
+    node: dict = config_schema()
     for key in path:
         node = node["additionalProperties"] if key == "*" else node["properties"][key]
     return node

@@ -28,6 +28,7 @@ import msgspec
 
 from filledfirst import atomic, redact
 from filledfirst.errors import UserError
+from filledfirst.schema import schema_default
 
 SEARCH_JSON = "search.json"
 
@@ -49,11 +50,12 @@ class StopReason(StrEnum):
 class SearchBounds:
     start: float  # first rate probed, requests/s
     maximum: float  # never probe above this
-    target: float = 0.95  # attainment at or above this holds the SLO
-    growth: float = 2.0  # grow-phase factor
-    precision: float = 1.1  # stop when hi/lo <= this
-    budget: int = 12  # at most this many probes, repeats included
-    repeats: int = 0  # extra probes of the final lo
+    # the defaults are the schema's (frontiers.<name>.*), defined once there
+    target: float = schema_default("frontiers", "*", "target_attainment")  # attainment that holds the SLO
+    growth: float = schema_default("frontiers", "*", "growth")  # grow-phase factor
+    precision: float = schema_default("frontiers", "*", "precision")  # stop when hi/lo <= this
+    budget: int = schema_default("frontiers", "*", "budget")  # at most this many probes, repeats included
+    repeats: int = schema_default("frontiers", "*", "repeats")  # extra probes of the final lo
 
     def __post_init__(self) -> None:
         for name in ("start", "maximum", "target", "growth", "precision"):
