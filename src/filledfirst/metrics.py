@@ -81,6 +81,9 @@ def sql_list(names: tuple[str, ...]) -> str:
     return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
 
 
+_GAUGE_OF = {name: g for g in GAUGES for name in g.names}
+
+
 def parse_metrics(text: str, t: float) -> list[SampleRecord]:
     """Every `vllm:` sample of one Prometheus text page, stamped `t`."""
     out = []
@@ -97,10 +100,9 @@ def latest_gauges(samples: list[SampleRecord]) -> Gauges:
     """The gauges of one scrape, as GAUGES combines them; a gauge with a value that is
     not finite, or with none, is unknown (None), as in the signals."""
     values: dict[str, list[float]] = {g.signal: [] for g in GAUGES}
-    by_name = {name: g for g in GAUGES for name in g.names}
     for s in samples:
-        if s.metric in by_name:
-            values[by_name[s.metric].signal].append(s.value)
+        if s.metric in _GAUGE_OF:
+            values[_GAUGE_OF[s.metric].signal].append(s.value)
     out = {}
     for g in GAUGES:
         v = values[g.signal]

@@ -82,9 +82,8 @@ def slo_met(ttft: str = "ttft_ms", max_gap: str = "max_gap_ms") -> str:
 # `lifetime_p90_s` is the 90th percentile, from arrival to end, of the ok ones.
 SLO_ATTAINMENT = f"""
 WITH r AS (
-    SELECT t.*, s.max_gap_ms, q.t_done
-    FROM ({REQUEST_TTFT}) t JOIN requests q USING (run_id, request_id)
-    LEFT JOIN ({REQUEST_STALL}) s USING (run_id, request_id)
+    SELECT q.run_id, q.t_scheduled, q.t_done, {ttft_ms('q')} AS ttft_ms, s.max_gap_ms
+    FROM requests q LEFT JOIN ({REQUEST_STALL}) s USING (run_id, request_id)
 )
 SELECT run_id, count(*) AS n, count(*) FILTER (WHERE {slo_met()}) AS met,
        count(*) FILTER (WHERE ttft_ms IS NULL) AS failed,

@@ -90,9 +90,8 @@ def bursty_code_window(tmp_path, queue_share, run_id):
             reqs.append(request(len(reqs), t, t + ttft, t + ttft + 0.5) | {
                 "server_queue_ms": queue_share * ttft * 1000, "server_prefill_ms": (1 - queue_share) * ttft * 900})
     waiting = lambda t: 32 if (t % 10) < 0.9 else 0  # noqa: E731
-    d = run_of(tmp_path, run_id=run_id, requests=reqs,
-               samples=series(31, lambda t: 29 if (t % 10) < 2 else 2, waiting, lambda t: 30 if (t % 10) < 2 else 2))
-    return d
+    return run_of(tmp_path, run_id=run_id, requests=reqs,
+                  samples=series(31, lambda t: 29 if (t % 10) < 2 else 2, waiting, lambda t: 30 if (t % 10) < 2 else 2))
 
 
 def test_a_run_whose_requests_spent_most_of_their_ttft_in_the_queue_is_not_a_reference(tmp_path):

@@ -22,18 +22,34 @@ from filledfirst.study import DiagnosisRules
 Check = tuple[bool, str]  # a condition and what was measured for it
 
 
-class Rule(Protocol):
-    label: Label
-
-    def matches(self, f: Features, t: DiagnosisRules) -> bool: ...
-
-    def clue(self, f: Features, t: DiagnosisRules) -> str: ...
-
-
 class Verdict(NamedTuple):
     label: Label
     clue: str
     then_filled: str | None = None  # where two limits filled: the second, with its time
+
+
+class Rule(Protocol):
+    name: str  # how an unclassified run's clue names it
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool: ...
+
+    def verdict(self, f: Features, t: DiagnosisRules) -> Verdict: ...
+
+
+class _Labelled:
+    """A rule that names one label, with its clue."""
+
+    label: Label
+
+    @property
+    def name(self) -> str:
+        return str(self.label)
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        raise NotImplementedError
+
+    def verdict(self, f: Features, t: DiagnosisRules) -> Verdict:
+        return Verdict(self.label, self.clue(f, t))
 
 
 class Pattern(Rule, Protocol):
@@ -42,7 +58,7 @@ class Pattern(Rule, Protocol):
         ...
 
 
-class Failed:
+class Failed(_Labelled):
     """Nothing to judge: the run failed, recorded no request or sent none."""
 
     label = Label.FAILED
@@ -56,7 +72,7 @@ class Failed:
         return "no request was sent"
 
 
-class TooFewScrapes:
+class TooFewScrapes(_Labelled):
     """Unclassified before any pattern: the scrapes do not describe the loaded window."""
 
     label = Label.UNCLASSIFIED
@@ -81,7 +97,7 @@ class TooFewScrapes:
         return None
 
 
-class Interference:
+class Interference(_Labelled):
     """Requests arriving during long prefills wait much longer for their first token
     (TTFT p90 ratio); where the server timed them, outside vLLM's queue as well."""
 
@@ -109,7 +125,7 @@ class Interference:
         return [f"{_ttft(f)} but outside vLLM's queue {unqueued:.1f}x (needs >= {t.interference_min_prefill_ratio:g}x)"]
 
 
-class _Conditions:
+class _Conditions(_Labelled):
     """A pattern that matches when all its conditions hold."""
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
@@ -151,7 +167,7 @@ class BothLimits(_Conditions):
     the other, with its time. Crossed at the same scrape: the one that held for the
     larger share of the window."""
 
-    label = Label.SEQ_LIMIT  # or KV-capacity pressure: `first`
+    name = "both limits"
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
         return [
@@ -172,10 +188,10 @@ class BothLimits(_Conditions):
             cap_first = (f.running_at_cap_share or 0) >= (f.kv_full_share or 0)
         return (Label.SEQ_LIMIT, Label.KV_PRESSURE) if cap_first else (Label.KV_PRESSURE, Label.SEQ_LIMIT)
 
-    def then_filled(self, f: Features) -> str:
-        second = self.first(f)[1]
+    def verdict(self, f: Features, t: DiagnosisRules) -> Verdict:
+        first, second = self.first(f)
         t_second = f.t_first_kv_s if second is Label.KV_PRESSURE else f.t_first_cap_s
-        return f"{second} at {_at(t_second)}"
+        return Verdict(first, self.clue(f, t), f"{second} at {_at(t_second)}")
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
         first, second = self.first(f)
@@ -242,7 +258,7 @@ class Reference(_Conditions):
                 f"KV median {magnitude(f.window_kv_median_pct)} %{_cap_note(f)}")
 
 
-class FullNotLimiting:
+class FullNotLimiting(_Labelled):
     """Unclassified, said plainly: a limit was reached but nothing queued (a closed loop at
     the cap, KV filling without requests waiting), so nothing it held back shows."""
 
@@ -261,7 +277,7 @@ class FullNotLimiting:
                 "full, not yet what limits")
 
 
-class QueueNoneFull:
+class QueueNoneFull(_Labelled):
     """Unclassified, said plainly: requests queued while neither the cap nor KV was full;
     something the rules do not measure filled (with chunked prefill, most likely the
     scheduler's per-step token budget under long prompts)."""
@@ -290,20 +306,11 @@ EXPLAINED: tuple[Rule, ...] = (FullNotLimiting(), QueueNoneFull())
 
 def judge(f: Features, t: DiagnosisRules) -> Verdict:
     """The run's label and its clue (and, where two limits filled, the second)."""
-    for rule in (*GATES, *PATTERNS):
+    for rule in (*GATES, *PATTERNS, *EXPLAINED):
         if rule.matches(f, t):
-            if isinstance(rule, BothLimits):
-                return Verdict(rule.first(f)[0], rule.clue(f, t), rule.then_filled(f))
-            return Verdict(rule.label, rule.clue(f, t))
-    for rule in EXPLAINED:
-        if rule.matches(f, t):
-            return Verdict(rule.label, rule.clue(f, t))
+            return rule.verdict(f, t)
     return Verdict(Label.UNCLASSIFIED, "fits no pattern: " + "; ".join(
-        f"{_name(rule)}: {why}" for rule in PATTERNS for why in rule.unmet(f, t)))
-
-
-def _name(rule: Pattern) -> str:
-    return "both limits" if isinstance(rule, BothLimits) else str(rule.label)
+        f"{rule.name}: {why}" for rule in PATTERNS for why in rule.unmet(f, t)))
 
 
 def _nothing_recorded(f: Features) -> bool:
