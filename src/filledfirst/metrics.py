@@ -53,6 +53,16 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 # Histograms (family names; their buckets are `<name>_bucket`).
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 QUEUE_TIME_HISTOGRAM = "vllm:request_queue_time_seconds"
+# Tokens of each engine step, a histogram observed once per step: its `_count` counts the
+# steps. Its `_sum` counts a step's generated tokens and, as the prompt finishes, the
+# prompt tokens it computed, all at once: a prefill chunked over several steps shows as
+# empty steps then one step of the whole prompt. So no bucket shows a step that used the
+# whole per-step token budget (max_num_batched_tokens); the mean over a stretch of steps,
+# _sum / _count, does (filledfirst.analysis.diagnosis.sql).
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
+# Waiting requests by why they wait: `capacity` (not yet admitted) or `deferred` (held
+# back on purpose, e.g. to align prefills across data-parallel engines).
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 
 # The scraper's own health, stored beside the server's samples.
 SCRAPE_SECONDS = "filledfirst:scrape_duration_seconds"

@@ -239,6 +239,7 @@ class DiagnosisRules:
     seq_limit_max_kv_full_share: float = _d("diagnosis", "seq_limit_max_kv_full_share")
     seq_limit_max_preemptions: int = _d("diagnosis", "seq_limit_max_preemptions")
     queue_min_ttft_share: float = _d("diagnosis", "queue_min_ttft_share")
+    budget_min_fill: float = _d("diagnosis", "budget_min_fill")
     reference_max_waiting_share: float = _d("diagnosis", "reference_max_waiting_share")
     reference_max_cap_share: float = _d("diagnosis", "reference_max_cap_share")
     reference_max_kv_full_share: float = _d("diagnosis", "reference_max_kv_full_share")

@@ -1,6 +1,6 @@
-"""What filled first on traffic nobody designed: two limits filling in one run, and a run
-whose requests queued in short bursts (synthetic databases reproducing what unseen
-replays showed)."""
+"""What filled first on traffic nobody designed: two limits filling in one run, a run
+whose requests queued in short bursts, and a queue behind the per-step token budget
+(synthetic databases reproducing what unseen replays showed)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from helpers.synthetic_db import (
     request,
     run_of,
     series,
+    step_counters,
     timed,
 )
 
@@ -79,9 +80,16 @@ def test_a_run_with_one_limit_names_no_second(tmp_path):
         assert run_of(tmp_path, **run)["then_filled"] is None
 
 
-def bursty_code_window(tmp_path, queue_share, run_id):
+def in_burst(t):
+    return 0 < t % 10 <= 1.0  # the intervals opened by a scrape that saw the burst's queue
+
+
+def bursty_code_window(tmp_path, queue_share, run_id, budget=None, fill=None, rules=DiagnosisRules()):
     """Bursts of 40 requests every 10 s, each burst's TTFT mostly vLLM's queue: waiting > 0
-    only 8 % of the loaded time, running never near the cap of 64, KV at most 30 %."""
+    only 8 % of the loaded time, running never near the cap of 64, KV at most 30 %. With
+    `budget`: the engine ran with that per-step token budget, and with `fill` the 20 steps
+    between two scrapes of a burst used that share of it on average (the 30 steps between
+    two others, decoding, 2 tokens each)."""
     reqs = []
     for burst in range(3):
         for i in range(40):
@@ -90,8 +98,11 @@ def bursty_code_window(tmp_path, queue_share, run_id):
             reqs.append(request(len(reqs), t, t + ttft, t + ttft + 0.5) | {
                 "server_queue_ms": queue_share * ttft * 1000, "server_prefill_ms": (1 - queue_share) * ttft * 900})
     waiting = lambda t: 32 if (t % 10) < 0.9 else 0  # noqa: E731
-    return run_of(tmp_path, run_id=run_id, requests=reqs,
-                  samples=series(31, lambda t: 29 if (t % 10) < 2 else 2, waiting, lambda t: 30 if (t % 10) < 2 else 2))
+    samples = series(31, lambda t: 29 if (t % 10) < 2 else 2, waiting, lambda t: 30 if (t % 10) < 2 else 2)
+    if fill is not None:
+        samples += step_counters(31, lambda t: (20, 20 * budget * fill) if in_burst(t) else (30, 60))
+    meta = {"server": {"max_num_batched_tokens": budget}} if budget else {}
+    return run_of(tmp_path, rules, run_id=run_id, requests=reqs, samples=samples, meta=meta)
 
 
 def test_a_run_whose_requests_spent_most_of_their_ttft_in_the_queue_is_not_a_reference(tmp_path):
@@ -100,8 +111,9 @@ def test_a_run_whose_requests_spent_most_of_their_ttft_in_the_queue_is_not_a_ref
     assert d["window_queue_share"] == pytest.approx(0.71, abs=0.01)
     assert d["label"] == "unclassified", d["clue"]
     assert d["clue"] == ("requests queued (waiting 8 % of the time, vLLM's queue 71 % of TTFT) with neither limit "
-                         "full (running at most 29 of 64, at the cap 0 %; KV at most 30 %): something else filled, "
-                         "e.g. the per-step token budget under long prompts"), d["clue"]
+                         "full (running at most 29 of 64, at the cap 0 %; KV at most 30 %) and the per-step token "
+                         "budget unknown (its use not measured)"), d["clue"]
+    assert "the per-step token budget's use not measured: the server's log and settings do not say it" in d["notes"]
     # the same bursts with little of their TTFT queued are a reference run
     d = bursty_code_window(tmp_path, 0.05, "bursty_unqueued")
     assert d["label"] == "reference", d["clue"]
@@ -115,3 +127,46 @@ def test_a_limit_reached_with_nothing_queued_says_so(tmp_path):
     assert d["label"] == "unclassified"
     assert d["clue"] == ("running at the cap 100 % of the loaded time, but nothing queued (waiting 0 % of the "
                          "time): full, not yet what limits"), d["clue"]
+
+
+def test_a_queue_behind_steps_that_used_the_whole_token_budget_is_the_prefill_token_budget(tmp_path):
+    """The bursty window again, its engine at a 2,048-token budget that its steps used up
+    (95 % on average) while requests waited: the budget is what filled."""
+    d = bursty_code_window(tmp_path, 0.86, "budget", budget=2048, fill=0.95)
+    # 5 intervals of 20 steps (the window ends at 20.39 s)
+    assert d["token_budget"] == 2048 and d["budget_queued_steps"] == 100
+    assert d["budget_fill"] == pytest.approx(0.95)
+    assert d["label"] == "prefill token budget", d["clue"]
+    from filledfirst.report.frontiers import key_number  # "At a glance"'s number for it
+
+    assert key_number(d, DiagnosisRules()) == ("steps used 95 % of the token budget (2048) while requests waited, "
+                                               "vLLM's queue 86 % of TTFT")
+    assert d["clue"] == ("requests queued (waiting 8 % of the time, vLLM's queue 86 % of TTFT) and the 100 engine "
+                         "steps while requests waited used 95 % of the token budget (2048) on average; running at "
+                         "most 29 of 64, KV at most 30 %; vLLM's queue was 86 % of the TTFT of the 80 requests "
+                         "arriving in the loaded window (its per-request timings)"), d["clue"]
+
+
+def test_a_queue_whose_steps_left_budget_unused_is_not_the_token_budget(tmp_path):
+    d = bursty_code_window(tmp_path, 0.86, "budget_unused", budget=2048, fill=0.3)
+    assert d["budget_fill"] == pytest.approx(0.3)
+    assert d["label"] == "unclassified"
+    assert d["clue"].endswith("and the 100 engine steps while requests waited used 30 % of the token budget (2048) "
+                              "on average"), d["clue"]
+    # 85 % is enough by default; a stricter threshold is not met
+    assert bursty_code_window(tmp_path, 0.86, "budget_85", budget=2048, fill=0.85)["label"] == "prefill token budget"
+    d = bursty_code_window(tmp_path, 0.86, "budget_strict", budget=2048, fill=0.85,
+                           rules=DiagnosisRules(budget_min_fill=0.9))
+    assert d["label"] == "unclassified"
+
+
+def test_a_prompt_counted_at_its_last_chunk_cannot_fill_a_step_past_its_budget(tmp_path):
+    d = bursty_code_window(tmp_path, 0.86, "budget_lumpy", budget=2048, fill=1.1)
+    assert d["budget_fill"] == 1.0 and d["label"] == "prefill token budget"
+
+
+def test_a_known_budget_without_the_step_histogram_says_its_use_was_not_measured(tmp_path):
+    d = bursty_code_window(tmp_path, 0.86, "budget_no_steps", budget=2048)
+    assert d["budget_fill"] is None and d["label"] == "unclassified"
+    assert d["clue"].endswith("and the use of the token budget (2048) not measured (no step histogram)"), d["clue"]
+    assert "the per-step token budget's use not measured: no step histogram was scraped" in d["notes"]

@@ -122,7 +122,8 @@ def assert_gpu_job(opts: dict, work: Path, rule: str) -> None:
 
 def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_env, fake_slurm):
     """The GPU study places its experiments relative to knees: its first jobs are the
-    searches, one per (frontier, setting), each asking for a GPU like an experiment job."""
+    searches, one per (frontier, setting), each asking for a GPU like an experiment job,
+    beside the groups of the experiments that need no knee (the token-budget pair)."""
     from filledfirst.frontier.plan import frontier_runtime_minutes
     from filledfirst.study import Study
 
@@ -131,7 +132,10 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     cfg = load_config([cfg_path])
     searches = {f"frontier_{f}_{s}": f for f, spec in cfg["frontiers"].items() for s in spec["settings"]}
     by_rule = {opts["--comment"].removeprefix("rule_"): opts for opts in calls}
-    assert len(calls) == len(searches) and set(by_rule) == set(searches), out[-6000:]
+    free = {f"run_group_{group}" for group, names in server_groups(cfg).items()
+            if all(cfg["experiments"][e]["workload"].startswith("long_prompts") for e in names)}
+    assert free == {"run_group_budget_large", "run_group_budget_small"}
+    assert len(calls) == len(searches) + len(free) and set(by_rule) == set(searches) | free, out[-6000:]
     for rule, frontier in searches.items():
         assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
         assert by_rule[rule]["-t"] == str(frontier_runtime_minutes(Study.from_dict(cfg), frontier))

@@ -173,3 +173,21 @@ def test_an_external_endpoint_takes_only_a_url_and_a_key_variable(cfg, server):
     cfg["experiments"]["c"]["server"] = server
     with pytest.raises(UserError, match=r"experiments\.c\.server"):
         validate_config(cfg)
+
+
+def test_the_token_budget_a_start_logged_is_the_one_it_records(tmp_path):
+    """vLLM logs the budget when it is given; a log shared by several starts holds each
+    start's own after its offset, and a start that logged none has none."""
+    log = tmp_path / "server.log"
+    log.write_text("(APIServer pid=1) INFO [scheduler.py:307] Chunked prefill is enabled with "
+                   "max_num_batched_tokens=64.\n")
+    shared = SharedServer({}, log)
+    assert shared._logged_budget() == 64
+    shared.start_offset = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("(APIServer pid=2) INFO [scheduler.py:307] Chunked prefill is enabled with "
+                "max_num_batched_tokens=2048.\n")
+    assert shared._logged_budget() == 2048
+    shared.start_offset = log.stat().st_size
+    assert shared._logged_budget() is None
+    assert SharedServer({}, tmp_path / "none.log")._logged_budget() is None

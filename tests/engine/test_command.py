@@ -78,11 +78,16 @@ def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
 def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
     cfg = load_config([REPO / "config" / "config.yaml"])
     parts = {exp.get("part") for exp in cfg["experiments"].values()}
-    assert parts == {"interference", "decode_load", "sequence_limit", "kv_capacity", "azure", "concurrency_sweep"}
+    assert parts == {"interference", "decode_load", "sequence_limit", "kv_capacity", "token_budget", "azure",
+                     "concurrency_sweep"}
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
     assert "--gpu-memory-utilization 0.45" in argv("kv_reduced") and "--gpu-memory-utilization 0.45" in argv("kv_heavy")
     assert "--max-num-seqs 8" in argv("seq_limit") and "--max-num-seqs 256" in argv("decode_high")
+    # the per-step token budget: stated for every run, the token-budget pair on either side of it
+    assert "--max-num-batched-tokens 2048" in argv("decode_low")
+    assert "--max-num-batched-tokens 256" in argv("budget_small")
+    assert "--max-num-batched-tokens 16384" in argv("budget_large")
     sweep = sorted(exp["loadgen"]["concurrency"] for e, exp in cfg["experiments"].items() if e.startswith("sweep_"))
     assert sweep == [1, 2, 4, 8, 16, 32, 64, 128, 256]
 

@@ -62,7 +62,8 @@ def test_a_config_without_frontiers_is_still_valid(cfg):
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda f: f.update(workload="nope"),
-     "frontiers.capacity.workload: 'nope' is not in workloads (['azure', 'heavy', 'light'])"),
+     "frontiers.capacity.workload: 'nope' is not in workloads "
+     "(['azure', 'heavy', 'light', 'long_prompts', 'long_prompts_control'])"),
     (lambda f: f.update(start=64, maximum=8),
      "frontiers.capacity: start (64) must be below maximum (8)"),
     (lambda f: f.update(workload="heavy"),  # all 64 requests at once: no rate to scale

@@ -70,6 +70,22 @@ def series(t_end, running, waiting, kv_pct, dt=0.25):
     return [s for t in times for s in ((t, RUNNING, running(t)), (t, WAITING, waiting(t)), (t, KV, kv_pct(t) / 100))]
 
 
+STEPS, STEP_TOKENS = "vllm:iteration_tokens_total_count", "vllm:iteration_tokens_total_sum"
+
+
+def step_counters(t_end, steps, dt=0.25):
+    """The step histogram's count and sum, cumulative, at every scrape: `steps(t)` gives the
+    (steps, tokens) of the interval ending at t."""
+    n = tokens = 0.0
+    out = []
+    for k in range(int(t_end / dt) + 1):
+        t = k * dt
+        d_steps, d_tokens = steps(t) if k else (0, 0)
+        n, tokens = n + d_steps, tokens + d_tokens
+        out += [(t, STEPS, n), (t, STEP_TOKENS, tokens)]
+    return out
+
+
 def make_db(path, runs):
     """runs: dicts with run_id, requests, samples and optional status, error, cap, meta, tokens."""
     con = duckdb.connect(str(path))

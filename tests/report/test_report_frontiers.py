@@ -83,6 +83,7 @@ def test_leading_signal_and_its_lead():
     ("active-sequence limit", "max_num_seqs"),
     ("KV-capacity pressure", "max_model_len"),
     ("prefill-decode interference", "max_num_batched_tokens"),
+    ("prefill token budget", "a larger per-step token budget"),
     ("ITL-bound", "more compute or a smaller batch"),
     ("compute-bound", "more compute or a smaller batch"),
     ("unclassified", "read the clue"),

@@ -52,7 +52,8 @@ def check_study(workdir):
     con = duckdb.connect(str(db), read_only=True)
 
     runs = dict(con.execute("SELECT experiment, status FROM runs").fetchall())
-    assert runs == {"reference": "ok", "seq_limit": "ok", "azure_replay": "ok"}
+    assert runs == {"reference": "ok", "seq_limit": "ok", "azure_replay": "ok", "budget_default": "ok",
+                    "budget_small": "ok"}
 
     # Every scheduled request is there, answered with exactly the sizes asked for.
     for exp in runs:
@@ -140,9 +141,14 @@ def check_study(workdir):
     # The diagnosis (written by the pipeline's ingest step) names what each run was built for.
     diag = {d["experiment"]: d for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()}
     assert set(diag) == set(runs)
-    for exp in ("reference", "seq_limit"):
+    for exp in ("reference", "seq_limit", "budget_default", "budget_small"):
         assert diag[exp]["label"] == diag[exp]["expect"], diag[exp]
     assert "of 8" in diag["seq_limit"]["clue"] and "%" in diag["seq_limit"]["clue"]
+    # the budget each engine ran with: as vLLM logged it, and as configured
+    assert [diag[e]["token_budget"] for e in ("budget_small", "budget_default")] == [64, 2048]
+    assert diag["budget_small"]["budget_fill"] >= 0.8 and diag["budget_small"]["budget_queued_steps"] > 0
+    small = json.loads((workdir / "results" / "runs" / "budget_small" / "run.json").read_text())
+    assert small["server"]["max_num_batched_tokens"] == 64
 
     meta = json.loads((workdir / "results" / "runs" / "seq_limit" / "run.json").read_text())
     assert "--max-num-seqs" in meta["server"]["argv"] and meta["versions"]["vllm"]
@@ -157,11 +163,11 @@ def check_study(workdir):
 
 
 def check_shared_server(workdir):
-    """reference and azure_replay have the same server settings: one job, one start-up,
-    two complete run folders, each with its own part of the server log."""
+    """reference, azure_replay and budget_default have the same server settings: one job,
+    one start-up, complete run folders, each with its own part of the server log."""
     runs, logs = workdir / "results" / "runs", workdir / "results" / "logs"
-    group = ["reference", "azure_replay"]
-    first, second = (json.loads((runs / e / "run.json").read_text()) for e in group)
+    group = ["reference", "azure_replay", "budget_default"]
+    first, second = (json.loads((runs / e / "run.json").read_text()) for e in group[:2])
     assert [first["server"]["group_position"], second["server"]["group_position"]] == [1, 2]
     for meta in (first, second):
         assert meta["server"]["shared_with"] == group and meta["server"]["started_by"] == "reference"
@@ -173,9 +179,9 @@ def check_shared_server(workdir):
     assert (logs / "run-seq_limit.log").is_file() and not (logs / "run-azure_replay.log").exists()
 
     # server.log split: the start-up only in the first part, every request in its run's part
-    parts = {e: (runs / e / "server.log").read_text() for e in group}
+    parts = {e: (runs / e / "server.log").read_text() for e in group[:2]}
     assert "Starting vLLM" in parts["reference"] and "Starting vLLM" not in parts["azure_replay"]
-    for e in group:
+    for e in group[:2]:
         n = pq.read_metadata(runs / e / "requests.parquet").num_rows
         assert parts[e].count("POST /v1/completions") == n, e
 
@@ -210,5 +216,5 @@ def check_report_in_browser(workdir, tmp_path):
     charts = ChartDivs()
     charts.feed(run.stdout)
     # a chart per run, the goodput chart, and a TTFT-parts chart per run (vLLM timed them all)
-    assert len(charts.charts) == 3 + 1 + 3 and all(charts.charts.values()), charts.charts
+    assert len(charts.charts) == 5 + 1 + 5 and all(charts.charts.values()), charts.charts
     assert [line for line in run.stderr.splitlines() if ":CONSOLE" in line] == []

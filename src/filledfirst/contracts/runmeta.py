@@ -53,6 +53,8 @@ class ServerInfo(Document):
     group_position: Opt[int] = UNSET  # 1 = the first experiment of the group
     warmed_up_by: Opt[str] = UNSET
     started_by: Opt[str] = UNSET
+    # the per-step token budget the engine ran with (its log, else the setting)
+    max_num_batched_tokens: Opt[int] = UNSET
 
 
 class ScheduleInfo(Document):
@@ -159,6 +161,16 @@ class RunMeta(Document):
         """The cap the server ran with: as started, else as the spec asked."""
         value = self.server.settings.get("max_num_seqs", self._spec("server", "max_num_seqs"))
         return int(value) if value is not None else None
+
+    @property
+    def token_budget(self) -> int | None:
+        """The per-step token budget the server ran with: as it said, else as started,
+        else as the spec asked."""
+        for value in (self.server.max_num_batched_tokens, self.server.settings.get("max_num_batched_tokens"),
+                      self._spec("server", "max_num_batched_tokens")):
+            if value not in (None, UNSET):
+                return int(value)
+        return None
 
     @property
     def scrape_interval_s(self) -> float | None:

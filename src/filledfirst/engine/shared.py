@@ -8,6 +8,7 @@ run copies the part written while it was the current one.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 IDLE_TIMEOUT_S = 120.0
 IDLE_POLL_S = 0.25
 PORT_ATTEMPTS = 3
+# vLLM logs the per-step token budget it settled on (0.32's SchedulerConfig, once per
+# process): the only place it says so when the setting is left to its hardware default.
+_BUDGET_LOGGED = re.compile(rb"max_num_batched_tokens=(\d+)")
 
 
 class ServerNotIdle(Exception):
@@ -41,6 +45,7 @@ class SharedServer:
         self.started_by: str | None = None  # the experiment that paid the current start-up
         self.startup_s: float | None = None
         self.version: str | None = None
+        self.token_budget: int | None = None  # max_num_batched_tokens the engine runs with
         self.start_offset = 0  # log offset where the latest start attempt began
         # A start that failed is not retried: the same settings would fail the same way,
         # after up to startup_timeout_s each.
@@ -101,6 +106,17 @@ class SharedServer:
         server.__enter__()  # healthy, or stopped again and raised
         self.server, self.started_by, self.startup_s = server, experiment, server.startup_s
         self.version = server.version()
+        self.token_budget = self._logged_budget() or self.spec.server.get("max_num_batched_tokens")
+
+    def _logged_budget(self) -> int | None:
+        """The token budget this start's log names (the first mention after its offset)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.start_offset)
+                found = _BUDGET_LOGGED.search(f.read())
+        except OSError:
+            return None
+        return int(found.group(1)) if found else None
 
     def _wait_idle(self) -> float:
         """Seconds until /metrics showed nothing running or waiting: every experiment

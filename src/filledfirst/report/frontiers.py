@@ -98,6 +98,7 @@ MOVE_THE_KNEE = {
     Label.SEQ_LIMIT: "more sequences (max_num_seqs): the cap is full while KV has headroom",
     Label.KV_PRESSURE: "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype",
     Label.INTERFERENCE: "a smaller prefill chunk budget (max_num_batched_tokens)",
+    Label.TOKEN_BUDGET: "a larger per-step token budget (max_num_batched_tokens), if the steps' time allows",
     NoQueueLabel.ITL_BOUND: "more compute or a smaller batch",
     NoQueueLabel.COMPUTE_BOUND: "more compute or a smaller batch",
 }
@@ -242,6 +243,9 @@ def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
         ratio, unqueued = d.get("interference_ratio"), d.get("interference_prefill_ratio")
         outside = "" if unqueued is None else f" ({unqueued:.1f}x outside vLLM's queue)"
         return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt{outside}"
+    if label == Label.TOKEN_BUDGET:
+        return (f"steps used {numbers.share(d.get('budget_fill'))} of the token budget ({d.get('token_budget')}) "
+                f"while requests waited{queue}")
     if label == Label.REFERENCE:
         return f"waiting {numbers.share(d.get('waiting_share'))} of the time"
     if label == Label.FAILED:

@@ -21,6 +21,9 @@ SEED_PATTERNS = {  # the seed's side-by-side table: case -> (what is happening, 
                               "model execution near limit while KV has room"),
     Label.KV_PRESSURE: ("request state fills available KV cache",
                              "KV near full and waiting grows despite sequence headroom"),
+    # not one of the seed's: what its unlabelled replays showed, named (filledfirst's row)
+    Label.TOKEN_BUDGET: ("long prompts take the per-step token budget chunk by chunk",
+                         "requests wait while steps use the whole budget, cap and KV with room"),
 }
 
 

@@ -412,6 +412,8 @@ def _record_server(run: _Run, shared: SharedServer, waited: float | None) -> Non
     if not shared.alive():
         return  # it never became healthy
     meta.server.started_by = shared.started_by
+    if shared.token_budget is not None:
+        meta.server.max_num_batched_tokens = shared.token_budget
     meta.versions["vllm"] = shared.version
     if waited is None:
         meta.timings.startup_s = shared.startup_s

@@ -1,7 +1,8 @@
 """One run's features, as the rules judge them and table `diagnosis` stores them: the
 windowed SQL's row (filledfirst.analysis.diagnosis.sql) made typed, with what is derived
-from it in Python: Little's law, goodput, the KV ledger, the first crossings, and the
-interference ratios only where enough requests back them.
+from it in Python: Little's law, goodput, the KV ledger, the first crossings, the
+interference ratios only where enough requests back them, and the token budget's use only
+where the budget is known.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ class Features:
     # the server's per-request timings
     window_queue_share: float | None
     window_timed: int
+    # the per-step token budget (max_num_batched_tokens), the engine steps taken while
+    # requests waited (from a scrape that saw a queue to the next) and the share of the
+    # budget those steps used on average (None where the budget or the steps are not known)
+    token_budget: int | None
+    budget_queued_steps: int | None
+    budget_fill: float | None
     # did the client keep up (signals.CLIENT)
     client_cpu_share: float | None
     client_cpu_ms_per_1k_tokens: float | None
@@ -101,12 +108,25 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules) -> Featur
         interference_prefill_ratio=(row["interference_prefill_ratio"]
                                     if _enough_during(row, r, row["n_during_timed"]) else None),
         window_timed=row["window_timed"] or 0,
+        **_budget(row, notes),
         **littles, **_goodput(row),
         kv_bytes_per_token=ledger.bytes_per_token, kv_capacity_tokens=ledger.capacity_tokens,
         kv_fit_concurrency=ledger.fit_concurrency,
         notes=tuple(notes),
     )
     return Features(**{f.name: row[f.name] for f in fields(Features) if f.name not in derived}, **derived)
+
+
+def _budget(row: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
+    budget, steps = row["budget"], row["queued_steps"]
+    why = ("the server's log and settings do not say it" if budget is None
+           else "no step histogram was scraped" if steps is None else None)
+    if why and row["n_requests"]:
+        notes.append(f"the per-step token budget's use not measured: {why}")
+    # A prompt's tokens count at the step it finishes: a stretch's first step may carry a
+    # prompt mostly computed before it, so the mean can pass the budget by a little.
+    fill = min(row["queued_tokens"] / (steps * budget), 1.0) if why is None and steps else None
+    return {"token_budget": budget, "budget_queued_steps": None if why else int(steps), "budget_fill": fill}
 
 
 def _enough_during(row: Mapping[str, Any], r: DiagnosisRules, timed: int | None = None) -> bool:

@@ -11,5 +11,6 @@ class Label(StrEnum):
     INTERFERENCE = "prefill-decode interference"
     KV_PRESSURE = "KV-capacity pressure"
     SEQ_LIMIT = "active-sequence limit"
+    TOKEN_BUDGET = "prefill token budget"
     REFERENCE = "reference"
     UNCLASSIFIED = "unclassified"

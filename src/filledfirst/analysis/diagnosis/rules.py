@@ -232,6 +232,33 @@ class SeqLimit(_Conditions):
                 f"of the loaded time while KV median was {magnitude(f.window_kv_median_pct)} %{_queue_evidence(f)}")
 
 
+class TokenBudget(_Conditions):
+    """Requests queued with neither the cap nor KV full, while the engine's steps used (on
+    average) nearly all of the per-step token budget (max_num_batched_tokens): vLLM's
+    scheduler admits waiting requests while a step's budget has room, so a queue behind
+    full steps waited for the budget, typically long prompts taking it chunk by chunk."""
+
+    label = Label.TOKEN_BUDGET
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        return [
+            _check(_queued(f, t), _queue_seen(f),
+                   f"waiting >= {share(t.waiting_min_share)} of the time, or vLLM's queue "
+                   f">= {share(t.reference_max_queue_share)} of TTFT"),
+            *_queue(f, t),
+            _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
+                   f"< {share(t.kv_pressure_max_cap_share)}"),
+            _check(not _kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
+                   "not full"),
+            _check(_ge(f.budget_fill, t.budget_min_fill), _budget_steps(f), f">= {share(t.budget_min_fill)}"),
+        ]
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"requests queued ({_queue_seen(f)}) and {_budget_steps(f)}; running at most "
+                f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}, KV at most "
+                f"{magnitude(f.window_kv_max_pct)} %{_queue_evidence(f)}")
+
+
 class Reference(_Conditions):
     """Nothing filled: little waiting, running below the cap, KV rarely full."""
 
@@ -278,9 +305,9 @@ class FullNotLimiting(_Labelled):
 
 
 class QueueNoneFull(_Labelled):
-    """Unclassified, said plainly: requests queued while neither the cap nor KV was full;
-    something the rules do not measure filled (with chunked prefill, most likely the
-    scheduler's per-step token budget under long prompts)."""
+    """Unclassified, said plainly: requests queued while neither the cap nor KV was full,
+    and the steps at the token budget do not say it filled (too few of them, or not
+    counted): something else held them, or the evidence is missing."""
 
     label = Label.UNCLASSIFIED
 
@@ -291,15 +318,15 @@ class QueueNoneFull(_Labelled):
     def clue(self, f: Features, t: DiagnosisRules) -> str:
         return (f"requests queued ({_queue_seen(f)}) with neither limit full (running at most "
                 f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}, at the cap "
-                f"{share(f.running_at_cap_share)}; KV at most {magnitude(f.window_kv_max_pct)} %): "
-                "something else filled, e.g. the per-step token budget under long prompts"
+                f"{share(f.running_at_cap_share)}; KV at most {magnitude(f.window_kv_max_pct)} %) "
+                f"and {_budget_steps(f)}"
                 # a TTFT ratio that passed but whose wait was vLLM's queue: both numbers
                 + "".join(f"; {Label.INTERFERENCE}: {why}" for why in Interference().unmet(f, t)))
 
 
 GATES: tuple[Rule, ...] = (Failed(), TooFewScrapes())
 PATTERNS: tuple[Pattern, ...] = (  # in the order they win
-    Interference(), KvPressure(), SeqLimit(), BothLimits(), Reference())
+    Interference(), KvPressure(), SeqLimit(), BothLimits(), TokenBudget(), Reference())
 # No pattern, but the evidence says why in a sentence: said so instead of every rule's unmet list.
 EXPLAINED: tuple[Rule, ...] = (FullNotLimiting(), QueueNoneFull())
 
@@ -368,6 +395,18 @@ def _queue(f: Features, t: DiagnosisRules) -> list[Check]:
         return []
     return [_check(_ge(f.window_queue_share, t.queue_min_ttft_share),
                    f"vLLM's queue {share(f.window_queue_share)} of TTFT", f">= {share(t.queue_min_ttft_share)}")]
+
+
+def _budget_steps(f: Features) -> str:
+    """How much of the token budget the steps used while requests waited, or why not known."""
+    if f.token_budget is None:
+        return "the per-step token budget unknown (its use not measured)"
+    if f.budget_queued_steps is None:
+        return f"the use of the token budget ({f.token_budget}) not measured (no step histogram)"
+    if not f.budget_queued_steps:
+        return f"no engine step while requests waited (token budget {f.token_budget})"
+    return (f"the {count(f.budget_queued_steps, NA)} engine steps while requests waited used "
+            f"{share(f.budget_fill)} of the token budget ({f.token_budget}) on average")
 
 
 def _at_cap(f: Features) -> str:

@@ -1,7 +1,8 @@
 """The windowed SQL: per run, the scheduler's gauges over the loaded window
 (filledfirst.analysis.diagnosis.window), the preemptions inside it, the requests that
-arrived in it, the interference of long prefills, vLLM's queue share of TTFT, and every
-engine's cache settings; joined with the whole-run summary into one row per run.
+arrived in it, the interference of long prefills, vLLM's queue share of TTFT, the engine
+steps taken while requests waited, and every engine's cache settings; joined with the
+whole-run summary into one row per run.
 
 Shares and Little's L are time-weighted: a scrape's value holds until the next scrape
 attempt, good or failed, and at most the window's `hold`, so a gap is not filled; medians
@@ -21,6 +22,7 @@ from filledfirst.analysis import request_path, signals
 from filledfirst.analysis.diagnosis.window import WINDOW_TABLE
 from filledfirst.metrics import (
     CACHE_CONFIG_INFO,
+    ITERATION_TOKENS,
     KV_USAGE,
     PREEMPTIONS,
     QUEUE_TIME_HISTOGRAM,
@@ -161,6 +163,33 @@ SELECT run_id, count(*) FILTER (WHERE during) AS n_during, count(*) FILTER (WHER
 FROM other GROUP BY run_id
 """
 
+# The engine steps while requests waited, and the tokens they processed: the step
+# histogram's count and sum over the intervals between scrapes that end in the window and
+# that a scrape which saw requests waiting opened (the steps that followed a queue: the
+# interval that closes at its first sight holds the steps before it formed).
+_BUDGET_STEPS = f"""
+WITH c AS (  -- per scrape and engine: steps and their tokens so far
+    SELECT s.run_id, s.labels AS series, s.t, any_value(w.start) AS start,
+           max(s.value) FILTER (s.metric = '{ITERATION_TOKENS}_count') AS steps,
+           max(s.value) FILTER (s.metric = '{ITERATION_TOKENS}_sum') AS tokens
+    FROM ({signals.SAMPLES}) s JOIN {WINDOW_TABLE} w USING (run_id)
+    WHERE s.metric IN ({sql_list((ITERATION_TOKENS + "_count", ITERATION_TOKENS + "_sum"))})
+      AND w.budget IS NOT NULL AND s.t <= w.stop
+    GROUP BY s.run_id, s.labels, s.t
+),
+d AS (
+    SELECT *, lag(t) OVER s AS t_prev, greatest(steps - lag(steps) OVER s, 0) AS d_steps,
+           greatest(tokens - lag(tokens) OVER s, 0) AS d_tokens
+    FROM c WINDOW s AS (PARTITION BY run_id, series ORDER BY t)
+),
+waiting AS (SELECT run_id, t, value > 0 AS queued FROM ({signals.GAUGES}) WHERE signal = 'waiting')
+SELECT d.run_id, coalesce(sum(d_steps) FILTER (p.queued), 0) AS queued_steps,
+       coalesce(sum(d_tokens) FILTER (p.queued), 0) AS queued_tokens
+FROM d LEFT JOIN waiting p ON p.run_id = d.run_id AND p.t = d.t_prev
+WHERE d.t_prev IS NOT NULL AND d.t > d.start
+GROUP BY d.run_id
+"""
+
 # Every engine's cache settings at the last scrape that had them.
 _CACHE_INFO = f"""
 WITH c AS (SELECT * FROM samples WHERE metric = '{CACHE_CONFIG_INFO}'),
@@ -184,6 +213,7 @@ def measure(con: duckdb.DuckDBPyConnection, summary: pl.DataFrame, window: pl.Da
             signals.query(con, _QUEUE_SHARE).select(
                 "run_id", pl.col("queue_share").alias("window_queue_share"), pl.col("n_timed").alias("window_timed")),
             signals.query(con, _CACHE_INFO),
+            signals.query(con, _BUDGET_STEPS),
             signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAM, 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
             signals.query(con, signals.CLIENT).drop("client_cpu_s"),

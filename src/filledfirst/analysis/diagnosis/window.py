@@ -1,6 +1,7 @@
 """The loaded window of each run: from the first arrival of a sent request plus
 `warmup_frac` of the sent requests' arrival span to their last arrival, cut at the last
-scrape; with the cap a running count is judged against and how long a scrape's value holds."""
+scrape; with the cap a running count is judged against, how long a scrape's value holds
+and the per-step token budget a step's tokens are judged against."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from filledfirst.study import DiagnosisRules
 WINDOW_TABLE = "_diagnosis_window"
 
 SCHEMA = {"run_id": pl.String, "start": pl.Float64, "stop": pl.Float64, "cap": pl.Int64, "engines": pl.Int64,
-          "at_cap": pl.Float64, "hold": pl.Float64}
+          "at_cap": pl.Float64, "hold": pl.Float64, "budget": pl.Int64}
 
 # Only what was measured: arrivals of requests that were sent (a run cut short has
 # `not_sent` rows up to its schedule's end), and the server's gauges up to its last scrape.
@@ -44,8 +45,8 @@ SELECT r.*, s.scraped, s.interval, e.engines FROM r LEFT JOIN s USING (run_id) L
 def windows(con: duckdb.DuckDBPyConnection, summary: pl.DataFrame, metas: Mapping[str, RunMeta],
             rules: DiagnosisRules) -> pl.DataFrame:
     """Per run of `summary` (signals.run_summary): start, stop, cap, engines, at_cap (the
-    running count that counts as at the cap, over all engines) and hold (how long a
-    scrape's value stands for)."""
+    running count that counts as at the cap, over all engines), hold (how long a
+    scrape's value stands for) and budget (the per-step token budget, where known)."""
     spans = {r[0]: r[1:] for r in con.execute(_SPANS).fetchall()}
     rows = []
     for run_id, db_cap in summary.select("run_id", "max_num_seqs").iter_rows():
@@ -63,7 +64,8 @@ def windows(con: duckdb.DuckDBPyConnection, summary: pl.DataFrame, metas: Mappin
         interval = meta.scrape_interval_s or scraped_interval
         rows.append({"run_id": run_id, "start": start, "stop": stop, "cap": cap, "engines": engines,
                      "at_cap": None if cap is None else rules.cap_frac * cap * engines,
-                     "hold": rules.scrape_hold_factor * interval if interval else math.inf})
+                     "hold": rules.scrape_hold_factor * interval if interval else math.inf,
+                     "budget": meta.token_budget})
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
