@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 IDLE_TIMEOUT_S = 120.0
 IDLE_POLL_S = 0.25
 PORT_ATTEMPTS = 3
-# vLLM logs the per-step token budget it settled on (0.32's SchedulerConfig, once per
-# process): the only place it says so when the setting is left to its hardware default.
+# vLLM logs the per-step token budget when it is given (0.32's SchedulerConfig, once per
+# process); left to its hardware default it says it nowhere, log or /metrics.
 _BUDGET_LOGGED = re.compile(rb"max_num_batched_tokens=(\d+)")
 
 

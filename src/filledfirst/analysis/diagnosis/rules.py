@@ -249,7 +249,7 @@ class TokenBudget(_Conditions):
             _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
                    f"< {share(t.kv_pressure_max_cap_share)}"),
             _check(not _kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
-                   "not full"),
+                   f"< {share(t.kv_full_min_share)}, and no peak >= {t.kv_peak_pct:g} % with preemptions"),
             _check(_ge(f.budget_fill, t.budget_min_fill), _budget_steps(f), f">= {share(t.budget_min_fill)}"),
         ]
 
