@@ -60,9 +60,6 @@ QUEUE_TIME_HISTOGRAM = "vllm:request_queue_time_seconds"
 # whole per-step token budget (max_num_batched_tokens); the mean over a stretch of steps,
 # _sum / _count, does (filledfirst.analysis.diagnosis.sql).
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
-# Waiting requests by why they wait: `capacity` (not yet admitted) or `deferred` (held
-# back on purpose, e.g. to align prefills across data-parallel engines).
-WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 
 # The scraper's own health, stored beside the server's samples.
 SCRAPE_SECONDS = "filledfirst:scrape_duration_seconds"

@@ -53,7 +53,8 @@ class ServerInfo(Document):
     group_position: Opt[int] = UNSET  # 1 = the first experiment of the group
     warmed_up_by: Opt[str] = UNSET
     started_by: Opt[str] = UNSET
-    # the per-step token budget the engine ran with (its log, else the setting)
+    # the per-step token budget as the engine logged it (RunMeta.token_budget falls back
+    # to the setting)
     max_num_batched_tokens: Opt[int] = UNSET
 
 

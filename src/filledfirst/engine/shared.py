@@ -45,7 +45,7 @@ class SharedServer:
         self.started_by: str | None = None  # the experiment that paid the current start-up
         self.startup_s: float | None = None
         self.version: str | None = None
-        self.token_budget: int | None = None  # max_num_batched_tokens the engine runs with
+        self.token_budget: int | None = None  # max_num_batched_tokens, as the latest start logged it
         self.start_offset = 0  # log offset where the latest start attempt began
         # A start that failed is not retried: the same settings would fail the same way,
         # after up to startup_timeout_s each.
@@ -106,7 +106,7 @@ class SharedServer:
         server.__enter__()  # healthy, or stopped again and raised
         self.server, self.started_by, self.startup_s = server, experiment, server.startup_s
         self.version = server.version()
-        self.token_budget = self._logged_budget() or self.spec.server.get("max_num_batched_tokens")
+        self.token_budget = self._logged_budget()
 
     def _logged_budget(self) -> int | None:
         """The token budget this start's log names (the first mention after its offset)."""

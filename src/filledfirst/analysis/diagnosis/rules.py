@@ -241,15 +241,9 @@ class TokenBudget(_Conditions):
     label = Label.TOKEN_BUDGET
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        queued, *neither_full = _queue_none_full(f, t)
         return [
-            _check(_queued(f, t), _queue_seen(f),
-                   f"waiting >= {share(t.waiting_min_share)} of the time, or vLLM's queue "
-                   f">= {share(t.reference_max_queue_share)} of TTFT"),
-            *_queue(f, t),
-            _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
-                   f"< {share(t.kv_pressure_max_cap_share)}"),
-            _check(not _kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
-                   f"< {share(t.kv_full_min_share)}, and no peak >= {t.kv_peak_pct:g} % with preemptions"),
+            queued, *_queue(f, t), *neither_full,
             _check(_ge(f.budget_fill, t.budget_min_fill), _budget_steps(f), f">= {share(t.budget_min_fill)}"),
         ]
 
@@ -312,8 +306,7 @@ class QueueNoneFull(_Labelled):
     label = Label.UNCLASSIFIED
 
     def matches(self, f: Features, t: DiagnosisRules) -> bool:
-        return (_queued(f, t) and _lt(f.running_at_cap_share, t.kv_pressure_max_cap_share)
-                and not _kv_full(f, t)[0])
+        return all(ok for ok, _ in _queue_none_full(f, t))
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
         return (f"requests queued ({_queue_seen(f)}) with neither limit full (running at most "
@@ -395,6 +388,19 @@ def _queue(f: Features, t: DiagnosisRules) -> list[Check]:
         return []
     return [_check(_ge(f.window_queue_share, t.queue_min_ttft_share),
                    f"vLLM's queue {share(f.window_queue_share)} of TTFT", f">= {share(t.queue_min_ttft_share)}")]
+
+
+def _queue_none_full(f: Features, t: DiagnosisRules) -> list[Check]:
+    """Requests queued (by the time or by the requests) with neither the cap nor KV full."""
+    return [
+        _check(_queued(f, t), _queue_seen(f),
+               f"waiting >= {share(t.waiting_min_share)} of the time, or vLLM's queue "
+               f">= {share(t.reference_max_queue_share)} of TTFT"),
+        _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
+               f"< {share(t.kv_pressure_max_cap_share)}"),
+        _check(not _kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
+               f"< {share(t.kv_full_min_share)}, and no peak >= {t.kv_peak_pct:g} % with preemptions"),
+    ]
 
 
 def _budget_steps(f: Features) -> str:
