@@ -18,40 +18,21 @@ start; its probe count to the same knee is printed as arithmetic, not measured.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
-from pathlib import Path
 
-from filledfirst.config import load_config, search_fingerprint
-from filledfirst.frontier.plan import search_plan
+from search_bench import arguments
+from search_bench import prober as make_prober
+
 from filledfirst.frontier.search import CapacitySearch
-from filledfirst.interrupts import install_interrupt_handlers, watch_owners
-from filledfirst.run.search import Prober, probe_outcome
-from filledfirst.study import Study, SyntheticWorkload
-
-REPO = Path(__file__).resolve().parent.parent
+from filledfirst.run.search import probe_outcome
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=REPO / "config" / "cpu.yaml")
-    ap.add_argument("--frontier", default="decode")
-    ap.add_argument("--setting", default="default")
-    ap.add_argument("--out", type=Path, required=True, help="work folder (never inside the repository)")
+    ap = arguments(__doc__.splitlines()[0], "default")
     ap.add_argument("--max-sweep", type=int, default=40, help="stop the linear sweep after this many probes")
     args = ap.parse_args()
-    cfg = load_config([args.config])
-    study = Study.from_dict(cfg)
-    plan = search_plan(study, args.frontier, args.setting)
-    if not isinstance(plan.workload, SyntheticWorkload):
-        raise SystemExit("the benchmark probes synthetic shapes only")
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    install_interrupt_handlers()  # Ctrl-C or a kill still stops the server (no orphan vLLM)
-    watch_owners()
-    prober = Prober(study, plan, args.setting, out, search_fingerprint(cfg, args.frontier, args.setting), None, None,
-                    progress=False)
+    _, plan, prober = make_prober(args)
     rows = []
     try:
         search = CapacitySearch(plan.bounds)
@@ -71,7 +52,7 @@ def main() -> None:
         while k <= args.max_sweep:
             rate = k * step
             meta = prober.measure(len(rows) + 1, rate)
-            held = probe_outcome(meta).holds(plan.bounds.target)
+            held = bool(meta.frontier.held)
             rows.append(("sweep", rate, meta.frontier.attainment))
             if not held:
                 lin_hi = rate

@@ -80,11 +80,14 @@ def slo_met(ttft: str = "ttft_ms", max_gap: str = "max_gap_ms") -> str:
 # request the schedule held, since one never sent missed too; `failed` never got a first
 # token; `ttft_over`, `itl_over` count the ok ones over each part (both may count one);
 # `lifetime_p90_s` is the 90th percentile, from arrival to end, of the ok ones.
+# Per request: its arrival, end, TTFT and longest stall, the SLO test's inputs.
+SLO_REQUESTS = f"""
+SELECT q.run_id, q.request_id, q.t_scheduled, q.t_done, {ttft_ms('q')} AS ttft_ms, s.max_gap_ms
+FROM requests q LEFT JOIN ({REQUEST_STALL}) s USING (run_id, request_id)
+"""
+
 SLO_ATTAINMENT = f"""
-WITH r AS (
-    SELECT q.run_id, q.t_scheduled, q.t_done, {ttft_ms('q')} AS ttft_ms, s.max_gap_ms
-    FROM requests q LEFT JOIN ({REQUEST_STALL}) s USING (run_id, request_id)
-)
+WITH r AS ({SLO_REQUESTS})
 SELECT run_id, count(*) AS n, count(*) FILTER (WHERE {slo_met()}) AS met,
        count(*) FILTER (WHERE ttft_ms IS NULL) AS failed,
        count(*) FILTER (WHERE ttft_ms > $slo_ttft) AS ttft_over,

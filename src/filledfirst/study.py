@@ -280,10 +280,18 @@ class Frontier(_Struct):
     probe_s: float = _d("frontiers", "*", "probe_s")
     probe_lifetimes: float = _d("frontiers", "*", "probe_lifetimes")
     probe_max_s: float = _d("frontiers", "*", "probe_max_s")
+    probe_stretches: int = _d("frontiers", "*", "probe_stretches")
     growth: float = _d("frontiers", "*", "growth")
     precision: float = _d("frontiers", "*", "precision")
     budget: int = _d("frontiers", "*", "budget")
     repeats: int = _d("frontiers", "*", "repeats")
+    confidence: float = _d("frontiers", "*", "confidence")
+    backlog_max_growth: float | None = _d("frontiers", "*", "backlog_max_growth")
+    extensions: int = _d("frontiers", "*", "extensions")
+    estimate: bool = _d("frontiers", "*", "estimate")
+    estimate_batches: int = _d("frontiers", "*", "estimate_batches")
+    estimate_step: float = _d("frontiers", "*", "estimate_step")
+    drift_max: float = _d("frontiers", "*", "drift_max")
 
 
 class ReferenceRole(_Struct):

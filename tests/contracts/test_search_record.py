@@ -12,29 +12,57 @@ import pytest
 from filledfirst.contracts.search import SearchRecord, StopReason
 from filledfirst.errors import UserError
 
-# A search.json as `filledfirst frontier run` writes it (a real one, two of its probes kept).
+# A search.json as `filledfirst frontier run` writes it (two probes and both closed loops).
 WRITTEN = {
-    "bounds": {"budget": 11, "growth": 2.0, "maximum": 256.0, "precision": 1.1, "repeats": 0, "start": 0.5,
+    "bounds": {"backlog_max_growth": 0.05, "budget": 11, "confidence": 0.9, "estimate_step": 1.25,
+               "extensions": 2, "growth": 2.0, "maximum": 256.0, "precision": 1.1, "repeats": 0, "start": 0.5,
                "target": 0.95},
+    "check": {"concurrency": 64, "error": None, "requests": 192, "run_dir": "check",
+              "run_id": "azure/default/check-20261201T034052-aa9048", "status": "ok", "throughput_rps": 15.1},
+    "drift": {"change": -0.0125, "drifted": False, "end_rps": 15.1, "max_change": 0.1, "start_rps": 15.29},
+    "estimate": {"concurrency": 64, "error": None, "requests": 192, "run_dir": "estimate",
+                 "run_id": "azure/default/estimate-20261201T033100-6a9041", "status": "ok", "throughput_rps": 15.29},
+    "estimate_rps": 15.29,
     "fingerprint": "9e2f6f0839d0a145",
     "frontier": "azure",
     "probe_lifetimes": 4.0,
     "probe_max_s": 120.0,
     "probe_s": 10.0,
+    "probe_stretches": 4,
     "probes": [
-        {"attainment": 1.0, "error": None, "held": True, "lifetime_p90_s": 0.3351080615000136, "probe": 1,
-         "probe_s": 10.0, "rate": 0.5, "requests": 2, "reused": False, "run_dir": "p01",
-         "run_id": "azure/default/p01-20261201T033152-6a9048", "status": "ok"},
-        {"attainment": None, "error": "server never became healthy", "held": None, "lifetime_p90_s": None,
-         "probe": 2, "probe_s": 10.0, "rate": 1.0, "requests": None, "reused": True, "run_dir": "p02",
-         "run_id": "azure/default/p02-20261201T033218-c40fa6", "status": "failed"},
+        {"attainment": 1.0, "attainment_hi": 1.0, "attainment_lo": 0.984, "backlog_growth": 0.004, "error": None,
+         "held": True, "lifetime_p90_s": 0.3351080615000136, "met": 165, "offered_rps": 16.5, "probe": 1,
+         "probe_s": 10.0, "rate": 15.29, "requests": 165, "reused": False, "run_dir": "p01",
+         "run_id": "azure/default/p01-20261201T033152-6a9048", "status": "ok", "verdict": "held"},
+        {"attainment": None, "attainment_hi": None, "attainment_lo": None, "backlog_growth": None,
+         "error": "server never became healthy", "held": None, "lifetime_p90_s": None, "met": None,
+         "offered_rps": None, "probe": 2, "probe_s": 10.0, "rate": 19.1125, "requests": None, "reused": True,
+         "run_dir": "p02", "run_id": "azure/default/p02-20261201T033218-c40fa6", "status": "failed",
+         "verdict": None},
     ],
-    "result": {"error": None, "hi": 17.448123722644123, "lo": 16.0, "ratio": 1.0905077326652577,
-               "reason": "converged"},
+    "result": {"confidence": 0.9, "error": None, "floor": 14.545454545454545, "hi": 17.448123722644123,
+               "hi_inconclusive": False, "lo": 16.0, "ratio": 1.0905077326652577, "reason": "converged"},
     "setting": "default",
     "slo": {"itl_ms": 2000.0, "ttft_ms": 4000.0},
     "workload": "azure_conv",
 }
+
+# One written before searches had an interval, an estimate and a drift check: it still reads.
+WRITTEN_BEFORE = {k: v for k, v in WRITTEN.items()
+                  if k not in ("check", "drift", "estimate", "estimate_rps", "probe_stretches")} | {
+    "bounds": {k: WRITTEN["bounds"][k] for k in ("budget", "growth", "maximum", "precision", "repeats", "start",
+                                                  "target")},
+    "probes": [{k: v for k, v in p.items() if k not in ("attainment_hi", "attainment_lo", "backlog_growth", "met",
+                                                          "offered_rps", "verdict")} for p in WRITTEN["probes"]],
+    "result": {k: WRITTEN["result"][k] for k in ("error", "hi", "lo", "ratio", "reason")},
+}
+
+
+def test_a_search_json_written_before_the_interval_reads():
+    search = SearchRecord.decode(WRITTEN_BEFORE, "old.json")
+    assert search.estimate is None and search.drift is None and search.result.floor is None
+    assert search.probe_stretches == 1  # trace probes took the window's start
+    assert search.result.lo == 16.0 and search.probes[0].verdict is None
 
 
 def test_a_search_json_as_written_today_round_trips(tmp_path):

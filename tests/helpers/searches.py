@@ -4,7 +4,10 @@ database by `synthetic_db.make_db`."""
 
 from __future__ import annotations
 
-from filledfirst.contracts.search import ResultRecord, SearchBounds, SearchRecord, Slo, StopReason
+import msgspec
+
+from filledfirst.contracts.search import Drift, ResultRecord, SearchBounds, SearchRecord, Slo, StopReason
+from filledfirst.frontier.verdict import wilson
 
 from helpers.synthetic_db import every, gauges, queue
 
@@ -26,12 +29,17 @@ def probe_run(frontier, setting, probe, rate, attainment, servers, service_s, ca
               missed=None, seconds=20):
     reqs = queue(every(1 / rate, int(rate * seconds)), service_s, servers)
     n = len(reqs)
+    lo, hi = wilson(round(attainment * n), n, 0.9)
+    held = attainment >= 0.95  # these synthetic probes are judged by their share alone
     block = {"name": frontier, "setting": setting, "probe": probe, "rate": rate, "probe_s": seconds, "slo": SLO,
-             "target": 0.95, "requests": n, "attainment": attainment, "held": attainment >= 0.95,
+             "target": 0.95, "requests": n, "met": round(attainment * n), "attainment": attainment,
+             "attainment_lo": lo, "attainment_hi": hi, "backlog_growth": 0.0,
+             "verdict": "held" if held else "broke", "held": held,
              "missed": missed or {"failed": 0, "ttft": round((1 - attainment) * n), "itl": 0}, "error": None}
     return {"run_id": f"{frontier}/{setting}/p{probe:02d}-x", "cap": cap, "requests": reqs,
             "samples": gauges(reqs, seconds + 3 * service_s + 60, kv),
-            "meta": {"workload": "light", "frontier": block, "scrape": {"interval_s": 0.25}}}
+            # the part the runner writes into a probe's run.json
+            "meta": {"workload": "light", "part": "frontier", "frontier": block, "scrape": {"interval_s": 0.25}}}
 
 
 def cap_probes() -> list[dict]:
@@ -48,5 +56,9 @@ def cap_probes() -> list[dict]:
     ]
 
 
-SEQ8_SEARCH = search_record("cap", "seq8", lo=5.657, hi=8.0, reason="budget").to_doc()
+# seq8's search from a capacity estimate, its interval and a drift past drift_max.
+_SEQ8 = search_record("cap", "seq8", lo=5.657, hi=8.0, reason="budget")
+SEQ8_SEARCH = msgspec.structs.replace(
+    _SEQ8, result=msgspec.structs.replace(_SEQ8.result, floor=5.657 / 1.1, confidence=0.9), estimate_rps=6.6,
+    drift=Drift(start_rps=6.6, end_rps=5.7, change=5.7 / 6.6 - 1, max_change=0.1, drifted=True)).to_doc()
 

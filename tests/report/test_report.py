@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -124,6 +125,21 @@ def test_parse_qmd_cells_and_options():
     assert cells[1].line == 9
 
 
+def test_the_fallbacks_table_of_contents_links_the_headings_down_to_its_depth():
+    anchor = '<a class="anchor-link" href="#{0}">¶</a>'
+    page = ("<body><main><h1 id='T'>T</h1>" + "".join(
+        f'<h{n} id="{a}">{t}{anchor.format(a)}</h{n}>' for n, a, t in [(2, "A", "A &amp; B"), (3, "C", "C"),
+                                                                        (4, "D", "D")])
+        + "<h2>no id: made in a cell's HTML</h2></main></body>")
+    with_toc = render.with_toc(page, 3)
+    toc = with_toc[with_toc.index("<nav"):with_toc.index("</nav>")]
+    assert with_toc.index("</h1>") < with_toc.index("<nav")  # after the title
+    assert re.findall(r'margin-left: (\d)em"><a href="#(\w)">([^<]*)</a>', toc) == [
+        ("0", "A", "A &amp; B"), ("1", "C", "C")]  # escaped once, as nbconvert made it
+    assert render.with_toc(page.replace("<h1 id='T'>T</h1>", ""), 2).startswith("<body><main><nav")
+    assert render.with_toc("<body><main><p>x</p></main></body>", 2) == "<body><main><p>x</p></main></body>"
+
+
 def test_cell_error_fails_render(db, tmp_path):
     src = tmp_path / "bad.qmd"
     src.write_text("---\ntitle: bad\n---\n\n```{python}\nx = 1\n```\n\n```{python}\n1 / 0\n```\n")
@@ -208,6 +224,12 @@ def test_report_html(report):
     assert "<details><summary>schedule, per run (" in html and "<details><summary>timings, per run (" in html
     assert html.index("At a glance") < html.index("Every run replays")
     assert "Capacity search" not in html
+    # the table of contents (the front matter's `toc`): each section, after the title
+    toc = html[html.index('<nav id="TOC"'):html.index("</nav>")]
+    assert html.index("</h1>") < html.index('<nav id="TOC"') < html.index('<h2 id="At-a-glance">')
+    assert re.findall(r'<a href="#([^"]+)">', toc) == [
+        "At-a-glance", "Runs", "What-filled-up-first", "The-study,-part-by-part", "Setup", "Side-by-side",
+        "Measurement-checks", "Each-run"]
     # the seed's tables, part by part, with the seed's own figures marked as such
     assert "How does a long prefill affect other requests?" in html and "short new requests" in html
     assert "What happens when decode load rises?" in html and "seed, 80 ms" in html and "4,737 ms" in html

@@ -5,6 +5,7 @@ with the frontier chart drawn in headless Chromium."""
 from __future__ import annotations
 
 import json
+import re
 
 import duckdb
 import pytest
@@ -12,7 +13,8 @@ import vl_convert
 
 from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
-from filledfirst.report import charts, frontiers, render
+from filledfirst.report import charts, frontiers, markup, render, sections
+from filledfirst.report.data import load
 from filledfirst.study import DiagnosisRules
 
 from helpers.chromium import ChartDivs, chromium_run
@@ -28,7 +30,7 @@ def failed_probe(frontier, setting, probe, rate):
              "target": 0.95, "requests": None, "attainment": None, "held": None, "missed": None,
              "error": PROBE_ERROR}
     return {"run_id": f"{frontier}/{setting}/p{probe:02d}-x", "status": "failed", "error": PROBE_ERROR,
-            "requests": [], "samples": [], "meta": {"workload": "light", "frontier": block}}
+            "requests": [], "samples": [], "meta": {"workload": "light", "part": "frontier", "frontier": block}}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,10 @@ def test_frontier_table_per_setting(con):
     assert [(r["frontier"], r["setting"]) for r in rows] == [("cap", "seq8"), ("cap", "slow")]
     html = frontiers.frontier_table_html(rows)
     assert html.count("<tr>") == 3
-    assert "<td>5.66 req/s</td><td>8 req/s</td><td>active-sequence limit</td>" in html
+    assert ("<td>5.66 req/s</td><td>8 req/s</td><td>5.14 to 8 req/s (90 %)</td>"
+            "<td>DRIFTED: -14 % (6.6 req/s before, 5.7 req/s after), measure again on a quiet server</td>"
+            "<td>active-sequence limit</td>") in html
+    assert "<td>1 req/s</td><td>2 req/s</td><td>—</td><td>—</td>" in html  # no search.json: no interval
     # output tokens/s beside the rate when the runs measured it (these synthetic runs did not)
     assert "5.66 req/s (1,234 output tok/s)" in frontiers.frontier_table_html(
         [{**rows[0], "lo_output_tok_s": 1234.4}])
@@ -143,7 +148,9 @@ def test_summary_rows_by_part_and_frontier(con):
     assert (ref["found"], ref["mark"], ref["number"]) == ("reference", "as designed", "waiting 0 % of the time")
     assert (lim["designed"], lim["found"], lim["mark"]) == ("KV-capacity pressure", "active-sequence limit", "DIFFERS")
     assert lim["number"] == "running at the cap 100 % of the time"
-    assert (seq8["found"], seq8["number"]) == ("active-sequence limit", "held 5.66 req/s, broke at 8 req/s")
+    assert (seq8["found"], seq8["number"]) == (
+        "active-sequence limit",
+        "held 5.66 req/s, broke at 8 req/s; capacity 5.14 to 8 req/s (90 %); drift -14 % (DRIFTED)")
     assert slow["found"] == "ITL-bound"
     html = frontiers.summary_table(rows)
     assert html.count("<tr>") == 5 and "<strong>differs</strong>" in html
@@ -171,14 +178,46 @@ def report(db, tmp_path_factory):
 
 def test_report_shows_the_frontier_and_the_summary(report):
     html = report.read_text()
-    body = html[html.index("At a glance"):]  # "What filled up first?" is the page's title too
-    assert body.index("What filled up first") < body.index("Capacity search") < body.index("Setup")
+    body = html[html.index('<h2 id="At-a-glance">'):]  # "What filled up first?" is the page's title too
+    assert body.index("What filled up first") < body.index('<h2 id="Capacity-search">') < body.index("Setup")
+    assert '<a href="#Capacity-search">Capacity search</a>' in html  # in the table of contents
     assert "Frontier cap" in html and "what would move the knee" in html and "<strong>differs</strong>" in html
     assert "<b>boom" not in html  # the failed probe's error stays text
     # the 2 designed runs with requests + goodput + the frontier; the probes are drawn in
-    # the frontier chart and listed (folded away), without a section of their own
+    # the frontier chart and folded per search, without a section of their own
     assert html.count('class="ff-chart"') == 4
-    assert "the capacity searches' probes (7 runs)" in html
+    assert "<summary>seq8: its 4 probes, 2 req/s to 8 req/s</summary>" in html
+    assert "<summary>slow: its 3 probes, 1 req/s to 2 req/s</summary>" in html
+    # their run.json's part `frontier` is no part of the study: no table of its own, no
+    # probe anywhere but under Capacity search
+    assert "<h3>frontier</h3>" not in html
+    outside = html[:html.index('<h2 id="Capacity-search">')] + html[html.index('<h2 id="Setup">'):]
+    assert "cap/seq8/p" not in outside and "cap/slow/p" not in outside
+
+
+def test_each_search_folds_a_line_per_probe(con):
+    data = load(con)
+    blocks = sections.capacity_search(data)
+    folded = [b for b in blocks if b.startswith("<details>")]
+    assert [b[:b.index("</summary>")].removeprefix("<details><summary>") for b in folded] == [
+        "seq8: its 4 probes, 2 req/s to 8 req/s", "slow: its 3 probes, 1 req/s to 2 req/s"]
+    labels = {d["run_id"]: d["label"] for d in data.diagnosis}
+    for block, points in zip(folded, [[p for p in data.probe_points if p["setting"] == s] for s in ("seq8", "slow")]):
+        probe_table = block[:block.index("</table>")]
+        lines = re.findall(r"<tr><th scope='row'>(\d+)</th>(.*?)</tr>", probe_table)
+        assert [int(n) for n, _ in lines] == sorted(p["probe"] for p in points)  # a line per probe, in order
+        assert all(p["run_id"] in probe_table and markup.esc(labels[p["run_id"]]) in probe_table for p in points)
+    slow = folded[1][:folded[1].index("</table>")]
+    cells = [re.findall(r"<td>(.*?)</td>", line) for line in slow.split("</tr>")]
+    p02 = next(c for c in cells if c and c[0] == "2 req/s")
+    # rate, length, requests, attainment, its interval, backlog growth, verdict, lifetime, label,
+    # failed / over TTFT / over ITL, run
+    assert p02[1:7] == ["20.0 s", "40", "25.0 %", "15.6 to 37.6 %", "+0.000 s/s", "broke"]
+    assert p02[-4:-1] == ["1", "2", "27"]
+    p03 = next(c for c in cells if c and c[0] == "1.41 req/s")
+    assert p03[3:7] == ["—", "—", "—", "failed: " + markup.esc(PROBE_ERROR)] and p03[-4:-1] == ["—", "—", "—"]
+    # the probes' evidence and measurement checks fold with them
+    assert all("first crossings" in b and "dispatch lag" in b for b in folded)
 
 
 @pytest.mark.browser

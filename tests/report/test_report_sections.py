@@ -1,6 +1,7 @@
 """The report's sections (filledfirst.report.sections) on a real DuckDB: the report's
 runs of helpers/report_runs.py (ok, cut short, failed) and one capacity-search probe,
-ingested and diagnosed."""
+ingested and diagnosed (its search's table `frontiers` not made: that is
+test_report_frontiers')."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import duckdb
 import pytest
 
-from filledfirst.report import markup, sections
+from filledfirst.report import markup, render, sections
 from filledfirst.report.data import load
 from filledfirst.store.ingest import ingest
 
@@ -39,8 +40,9 @@ def probe_run(root):
     samples = (series("vllm:num_requests_running", [[1, 1, 0]], ts)
                + series("vllm:num_requests_waiting", [[0, 0, 0]], ts)
                + series("vllm:kv_cache_usage_perc", [[0.1, 0.1, 0.0]], ts))
-    meta = run_meta(PROBE, PROBE_EXPERIMENT, "ok", 8, started=4)
-    meta["frontier"] = {"name": "cap", "setting": "default", "probe": 1, "rate": 2.0}
+    meta = run_meta(PROBE, PROBE_EXPERIMENT, "ok", 8, started=4, part="frontier")  # as the runner writes it
+    meta["frontier"] = {"name": "cap", "setting": "default", "probe": 1, "rate": 2.0, "probe_s": 1.0, "requests": 2,
+                        "attainment": 0.5, "held": False, "missed": {"failed": 0, "ttft": 1, "itl": 0}}
     meta["versions"] = {**meta["versions"], "vllm": "0.33.0"}
     return write_run(root / meta["run_id"], meta, [r for r, _ in built], [t for _, toks in built for t in toks],
                      samples)
@@ -59,29 +61,64 @@ def test_load_tells_the_probes_from_the_experiments(data):
     assert data.is_probe == {PROBE}
     assert [r["run_id"] for r in data.experiments] == [RUN_A, RUN_LEGACY, RUN_FAILED]  # by start time
     assert [r["run_id"] for r in data.probes] == [PROBE]
-    assert [r["run_id"] for r in data.measured] == [RUN_A, RUN_LEGACY, PROBE]  # the failed run measured nothing
+    assert [r["run_id"] for r in data.measured] == [RUN_A, RUN_LEGACY]  # the failed run measured nothing
     assert {d["run_id"] for d in data.diagnosis} == {RUN_A, RUN_LEGACY, RUN_FAILED, PROBE}
     assert data.part_of[RUN_A] == "interference" and list(data.study_parts)
+    assert PROBE not in data.part_of  # its run.json says part `frontier`: a probe is in no part of the study
+    assert [(p["run_id"], p["requests"], p["missed"]) for p in data.probe_points] == [
+        (PROBE, 2, {"failed": 0, "ttft": 1, "itl": 0})]  # read without table `frontiers`
 
 
-def test_runs_folds_the_probes_away_and_says_why_a_run_is_not_ok(data):
+# Every section but the capacity searches' own, by name (the page's head holds no data).
+NOT_CAPACITY_SEARCH = ["at_a_glance", "runs", "what_filled_first", "part_by_part", "setup", "side_by_side",
+                       "measurement_checks", "request_checks", "each_run"]
+
+
+def test_no_section_but_the_capacity_search_shows_a_probe(data):
+    for name in NOT_CAPACITY_SEARCH:
+        html = "".join(getattr(sections, name)(data))
+        assert PROBE not in html and PROBE_EXPERIMENT not in html, name
+    shown = "".join(sections.capacity_search(data))
+    assert PROBE in shown and PROBE_EXPERIMENT in shown
+
+
+def test_runs_lists_the_studys_runs_and_says_why_a_run_is_not_ok(data):
     blocks = sections.runs(data)
-    assert blocks[0] == markup.para("4 runs: 2 complete, 1 cut short, 1 failed.")
-    experiments, probes = blocks[1], blocks[2]
-    assert all(run in experiments for run in (RUN_A, RUN_LEGACY, RUN_FAILED)) and PROBE not in experiments
-    assert probes.startswith("<details><summary>") and "probes (1 runs)" in probes and PROBE in probes
+    assert blocks[0] == markup.para("3 runs: 1 complete, 1 cut short, 1 failed.")  # the probe is no run of the study
+    assert all(run in blocks[1] for run in (RUN_A, RUN_LEGACY, RUN_FAILED))
+    assert blocks[2] == markup.para(sections.probes_sentence(1)) and "Capacity search" in blocks[2]
     assert blocks[3:] == [markup.para(f"{RUN_LEGACY} was cut short: server exited with code -9"),
                           markup.para(f"{RUN_FAILED} failed: {FAILED_RUN_ERROR}")]
+    assert not any(b.startswith("<details>") for b in blocks)
     assert "<script>" not in "".join(blocks)  # the error is text
 
 
-def test_what_filled_first_lists_the_designed_runs_and_folds_the_probes(data):
+def test_what_filled_first_lists_the_designed_runs(data):
     blocks = sections.what_filled_first(data)
-    assert "interference" in blocks[0] and "kv-pressure" in blocks[0] and PROBE_EXPERIMENT not in blocks[0]
-    folded = [b for b in blocks if b.startswith("<details>")]
-    assert [("the capacity searches" in b, "evidence of the probes" in b) for b in folded] == [
-        (True, False), (False, True)]
-    assert sum(PROBE_EXPERIMENT in b for b in blocks) == 2  # only in the two folded tables
+    assert "interference" in blocks[0] and "kv-pressure" in blocks[0]
+    assert not any(b.startswith("<details>") for b in blocks)
+
+
+def test_the_parts_hold_the_studys_runs_only(data):
+    html = "".join(sections.part_by_part(data))
+    assert "How does a long prefill affect other requests?" in html and "decode-legacy" in html
+    assert markup.heading("frontier") not in html  # the probe's run.json part is no part of the study
+
+
+def test_capacity_search_folds_each_searchs_probes_until_diagnosed(data):
+    assert sections.capacity_search_heading(data) == ["## Capacity search"]
+    blocks = sections.capacity_search(data)
+    assert markup.heading("Frontier cap") in blocks
+    assert NO_DIAGNOSIS in blocks  # no table `frontiers` yet: the probes all the same
+    (folded,) = [b for b in blocks if b.startswith("<details>")]
+    assert folded.startswith("<details><summary>default: its 1 probe</summary>")
+    table = folded[:folded.index("</table>")]
+    assert table.count("<tr>") == 2  # the header and the one probe
+    row = table[table.rindex("<tr>"):]
+    label = next(d["label"] for d in data.diagnosis if d["run_id"] == PROBE)  # its run's own diagnosis
+    assert re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) == [
+        "1", "2 req/s", "1.0 s", "2", "50.0 %", "—", "—", "broke", "—", label, "0", "1", "0", PROBE]
+    assert "vllm.entrypoints.openai.api_server" in folded  # its search's server command
 
 
 def test_setup_shows_shared_keys_once_and_what_differs_per_run(data):
@@ -93,15 +130,14 @@ def test_setup_shows_shared_keys_once_and_what_differs_per_run(data):
     shared, differs = blocks[0], blocks[1]
     assert "shared by every run" in shared and shared.count("model.name") == 1 and "0.32.0" not in shared
     assert differs.startswith("<details><summary>what differs between runs")
-    assert "0.32.0" in differs and "0.33.0" in differs
+    assert "0.32.0" in differs and "0.33.0" not in differs  # the study's runs as columns, no probe
     assert "server settings, per run (2 keys)" in "".join(blocks)
     commands = [b for b in blocks if "server command" in b]
-    assert len(commands) == 3 and not any(PROBE in b for b in commands)  # a probe shares its search's server
+    assert len(commands) == 3  # a probe's is under Capacity search
 
 
 def test_each_run_has_a_section_per_experiment_and_none_per_probe(data):
     blocks = sections.each_run(data)
-    assert "1 probe runs are listed under Runs" in blocks[0]
     assert [b for b in blocks if b.startswith("<h3>")] == [
         markup.heading(f"{RUN_A} (interference)"), markup.heading(f"{RUN_LEGACY} (decode-legacy)"),
         markup.heading(f"{RUN_FAILED} (kv-pressure)")]
@@ -110,13 +146,13 @@ def test_each_run_has_a_section_per_experiment_and_none_per_probe(data):
     assert sum('class="ff-chart"' in b for b in blocks) == 3
 
 
-def test_side_by_side_and_the_checks_leave_the_probes_out_or_fold_them(data):
+def test_side_by_side_and_the_checks_show_the_studys_runs(data):
     (compare,) = sections.side_by_side(data)
-    assert RUN_A in compare and RUN_LEGACY in compare and PROBE not in compare
-    table, folded = sections.measurement_checks(data)
-    assert RUN_A in table and PROBE not in table and folded.startswith("<details>") and PROBE in folded
+    assert RUN_A in compare and RUN_LEGACY in compare
+    (table,) = sections.measurement_checks(data)
+    assert RUN_A in table and RUN_LEGACY in table
     (per_request,) = sections.request_checks(data)
-    assert RUN_A in per_request and PROBE not in per_request
+    assert RUN_A in per_request
 
 
 def test_a_database_not_yet_diagnosed_says_how_to_diagnose_it(tmp_path):
@@ -127,7 +163,7 @@ def test_a_database_not_yet_diagnosed_says_how_to_diagnose_it(tmp_path):
         data = load(con)
         assert data.diagnosis == [] and data.frontier_rows == [] and data.is_probe == frozenset()
         assert sections.at_a_glance(data) == sections.what_filled_first(data) == [NO_DIAGNOSIS]
-        assert sections.capacity_search(data) == []  # not even its heading
+        assert sections.capacity_search_heading(data) == sections.capacity_search(data) == []  # not even a heading
         assert not any(b.startswith("<details>") for b in sections.runs(data))
 
 
@@ -139,3 +175,13 @@ def test_the_report_shows_every_section():
               "side_by_side", "measurement_checks", "request_checks", "each_run"]
     assert shown == public
     assert all(callable(getattr(sections, name)) for name in public)
+    # its heading as Markdown, right before it: the table of contents lists it
+    assert ("for heading in sections.capacity_search_heading(data):\n    display(Markdown(heading))\n"
+            "for block in sections.capacity_search(data):") in qmd
+
+
+def test_the_report_has_a_table_of_contents_of_its_sections():
+    front, _ = render.parse_qmd(QMD.read_text())
+    html = front["format"]["html"]
+    assert html["toc"] is True and html["toc-depth"] == 2  # the sections, not every run's
+    assert html["embed-resources"] is True

@@ -43,6 +43,9 @@ def study(tmp_path, monkeypatch):
     cfg["frontiers"] = {"cap": {
         "workload": "light", "settings": {"default": {}, "seq8": {"max_num_seqs": 8}},
         "slo": {"ttft_ms": SLO_TTFT_MS, "itl_ms": SLO_ITL_MS}, "start": 1, "maximum": 64, "probe_s": 4,
+        # The probe machinery from `start`, each share as exact (the estimate and the
+        # interval have tests of their own below).
+        "estimate": False, "confidence": 0,
     }}
     from filledfirst.config import validate_config
 
@@ -116,7 +119,9 @@ def test_probes_are_run_folders_and_search_json_is_the_search(study):
     assert state["shared"].starts == ["cap/default/p01"]  # one server start for the whole search
     assert [p.rate for p in search.probes] == [p.rate for p in expected.probes]
     assert search.result == ResultRecord(lo=result.lo, hi=result.hi, ratio=result.ratio,
-                                         reason=StopReason.CONVERGED, error=None)
+                                         reason=StopReason.CONVERGED, error=None, floor=result.lo / 1.1,
+                                         confidence=0.0)
+    assert search.estimate is None and search.check is None and search.drift is None
     assert result.lo <= CAPACITY < result.hi
     written = out / "search.json"
     assert SearchRecord.read(written) == search
@@ -322,14 +327,25 @@ def test_a_probe_without_requests_has_no_attainment():
     assert frun.probe_attainment([], [], Slo(ttft_ms=1, itl_ms=1))["attainment"] is None
 
 
-def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
-    """A trace shape: each probe is the same window's start at time_scale kept_per_s / rate,
-    probe_s long, cut from the trace CSV; the density comes from the shape's schedule stats."""
+def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path, monkeypatch):
+    """A trace shape: each probe is four stretches spread over the window at time_scale
+    kept_per_s / rate, probe_s long in all, cut from the trace CSV; the density comes from
+    the shape's schedule stats. Prober.workload hands back each schedule's stats."""
+    from filledfirst.frontier.probes import offered_rate
     from filledfirst.trace.subsample import subsample_to_parquet
 
     from helpers.trace_files import ts2024, write_csv
 
     cfg, out, state = study
+    offered = []
+    counted = frun.Prober.workload
+
+    def workload(self, rate, schedule, probe_s):
+        wl, stats = counted(self, rate, schedule, probe_s)
+        offered.append(offered_rate(stats, probe_s))
+        return wl, stats
+
+    monkeypatch.setattr(frun.Prober, "workload", workload)
     # a request every 0.5 s for 20 minutes; every 2nd kept: one per second of trace time
     csv = write_csv(tmp_path / "t.csv", [(ts2024(500_000 * i), 100, 20) for i in range(2400)])
     cfg["workloads"]["tr"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 10, "keep_every": 2}
@@ -348,8 +364,11 @@ def test_a_trace_workload_is_probed_at_its_density_scaled(study, tmp_path):
         meta = run_json(out.parent / "trc" / p.run_dir)
         stats = meta["schedule"]["stats"]
         assert stats["time_scale"] == pytest.approx(1 / p.rate)
-        assert abs(p.requests - 4 * p.rate) <= 1  # probe_s 4 at the probe's rate
+        # probe_s 4 at the probe's rate: each stretch of `rate` trace seconds keeps one request per second
+        assert abs(p.requests - 4 * p.rate) <= 4
+        assert [w["start_offset_s"] for w in stats["stretches"]] == [0, 150, 300, 450]
         assert meta["spec"]["workload"]["time_scale"] == pytest.approx(1 / p.rate)
+    assert offered == [p.requests / p.probe_s for p in search.probes]
 
 
 def test_an_interruption_between_probes_raises_and_stops_the_server(study, monkeypatch):
@@ -380,3 +399,48 @@ def test_the_command_line_exits_130_for_an_interrupted_search(study, monkeypatch
     assert cli.main(argv) == 130
     assert run_json(out / "p02")["status"] == "partial"
     assert not (out / "search.json").exists()
+
+
+def test_a_search_from_a_capacity_estimate_measures_it_and_the_drift(study):
+    """With `estimate`, a closed loop at the setting's max_num_seqs runs before the first
+    probe (its completions per second are the first rate) and again after the search;
+    search.json keeps both and the drift between them. A finished search read back
+    measures nothing, the closed loops included."""
+    cfg, out, state = study
+    cfg["frontiers"]["cap"].update({"estimate": True, "estimate_batches": 2, "confidence": 0.9})
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    est, check = search.estimate, search.check
+    assert state["shared"].starts == ["cap/default/estimate"]  # the estimate started the server
+    for ref, tag in ((est, "estimate"), (check, "check")):
+        meta = run_json(out / tag)
+        assert ref.run_dir == tag and ref.status == "ok" and meta["status"] == "ok"
+        assert meta["spec"]["loadgen"] == {**meta["spec"]["loadgen"], "mode": "closed", "concurrency": 64}
+        # two rounds of 64, and at least 100 counted after the first round
+        assert ref.concurrency == 64 and ref.requests == meta["schedule"]["requests"] == 164
+        assert ref.throughput_rps == pytest.approx(frun.reference_throughput(out / tag, 64)[1])
+    assert search.estimate_rps == search.probes[0].rate == min(est.throughput_rps, 64)
+    assert search.drift.change == pytest.approx(check.throughput_rps / est.throughput_rps - 1)
+    assert search.drift.drifted == (abs(search.drift.change) > 0.1)
+    assert search.result.lo <= CAPACITY < search.result.hi and search.result.confidence == 0.9
+    assert all(p.verdict in ("held", "broke", "inconclusive") for p in search.probes)
+    assert all(p.requests >= 52 or p.probe_s == cfg["frontiers"]["cap"].get("probe_max_s", 120)
+               for p in search.probes)  # long enough for the interval to show 95 %
+    ids = ingest([out / "search.json"], out.parent / "db.duckdb")  # the closed loops are not probes
+    assert ids == [p.run_id for p in search.probes]
+
+    (out / "search.json").unlink()
+    state["rates"].clear()
+    again = run_search(cfg, "cap", "default", out, progress=False)
+    assert state["rates"] == [n / 4 for n in (164, 164)]  # the closed loops' schedules, written again
+    assert state["shared"].starts == []  # ... but nothing measured
+    assert again.estimate == est and again.check == check and again.result == search.result
+
+
+def test_an_estimate_needs_a_sequence_cap_to_fill(study, caplog):
+    caplog.set_level("INFO", logger="filledfirst.run.search")
+    cfg, out, state = study
+    cfg["frontiers"]["cap"]["estimate"] = True
+    del cfg["engine"]["server"]["max_num_seqs"]
+    search = run_search(cfg, "cap", "default", out, progress=False)
+    assert search.estimate is None and search.probes[0].rate == 1.0
+    assert "no max_num_seqs" in caplog.text

@@ -1,7 +1,8 @@
 """A capacity search on the real vLLM CPU engine, through Snakemake to the DuckDB file:
-two settings of tests/configs/frontier.yaml (the default cap and max_num_seqs 2), at most
-4 probes of 5 s each, one server start per setting. Asserts what holds at any CPU speed:
-files, statuses, one start per search, the probes' rates being the search's, the tables.
+two settings of tests/configs/frontier.yaml (the default cap and max_num_seqs 2), a
+capacity estimate, then at most 4 probes of at least 5 s each, one server start per
+setting. Asserts what holds at any CPU speed: files, statuses, one start per search,
+the probes' rates being the search's, the tables.
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
 import json
@@ -45,25 +46,43 @@ def test_capacity_search_on_the_engine(tmp_path):
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-6000:]
     f = yaml.safe_load(cfg.read_text())["frontiers"]["knee"]
-    bounds = SearchBounds(start=f["start"], maximum=f["maximum"], budget=f["budget"])
+    bounds = SearchBounds(start=f["start"], maximum=f["maximum"], budget=f["budget"],
+                          estimate_step=f.get("estimate_step", 1.25))
     base = tmp_path / "results" / "frontiers" / "knee"
     for setting, cap in (("default", 64), ("seq2", 2)):
         doc = json.loads((base / setting / "search.json").read_text())
         probes = doc["probes"]
         assert 1 <= len(probes) <= 4
         # The probes are the ones the search asked for, and its result is the search's.
-        search = CapacitySearch(bounds, [ProbeOutcome(p["rate"], p["attainment"]) for p in probes])
+        search = CapacitySearch(bounds, [ProbeOutcome(p["rate"], p["attainment"], requests=p["requests"],
+                                                      growth=p["backlog_growth"]) for p in probes],
+                                first=doc["estimate_rps"])
         result = search.result()
         assert result is not None and doc["result"]["reason"] == str(result.reason) != StopReason.PROBE_FAILED
         assert (doc["result"]["lo"], doc["result"]["hi"]) == (result.lo, result.hi)
+        # The capacity estimate (a closed loop at the cap) came first and started the server; the
+        # same closed loop after the search gives the drift.
+        estimate, check = doc["estimate"], doc["check"]
+        assert estimate["concurrency"] == check["concurrency"] == cap
+        assert estimate["throughput_rps"] > 0 and check["throughput_rps"] > 0
+        assert probes[0]["rate"] == doc["estimate_rps"] == min(max(estimate["throughput_rps"], f["start"]),
+                                                                f["maximum"])
+        assert doc["drift"]["change"] == check["throughput_rps"] / estimate["throughput_rps"] - 1
+        for tag in ("estimate", "check"):
+            meta = json.loads((base / setting / tag / "run.json").read_text())
+            assert meta["status"] == "ok" and meta["spec"]["loadgen"]["mode"] == "closed"
+            # two rounds of the cap, and at least 100 counted after the first (FrontierPlan.reference_requests)
+            assert meta["request_status_counts"] == {"ok": max(2 * cap, cap + 100)}
+        assert ("startup_s" in json.loads((base / setting / "estimate" / "run.json").read_text())["timings"])
         for i, p in enumerate(probes, start=1):
             meta = json.loads((base / setting / p["run_dir"] / "run.json").read_text())
             assert meta["status"] == "ok" and meta["experiment"] == f"knee/{setting}/p{i:02d}"
             assert meta["frontier"]["attainment"] == p["attainment"]
             assert meta["server"]["settings"]["max_num_seqs"] == cap
-            # one server start for the whole search: the first probe paid it, the rest reused it
-            assert ("startup_s" in meta["timings"]) == (i == 1)
-            assert meta["server"]["started_by"] == f"knee/{setting}/p01"
+            # one server start for the whole search: the estimate paid it, every probe reused it
+            assert "startup_s" not in meta["timings"]
+            assert meta["server"]["started_by"] == f"knee/{setting}/estimate"
+            assert p["verdict"] in ("held", "broke", "inconclusive") and p["met"] <= p["requests"]
             assert meta["request_status_counts"].get("not_sent", 0) == 0
     assert not list(base.glob("*/.server-*"))  # the scratch log is gone
 
@@ -84,8 +103,9 @@ def test_capacity_search_on_the_engine(tmp_path):
         " WHERE experiment LIKE 'knee/seq2/%' AND window_running_max IS NOT NULL"
     ).fetchall())
 
-    # The report lists every probe as a run of its own.
+    # The report folds each search's probes under Capacity search.
     html = (tmp_path / "reports" / "report.html").read_text()
+    assert "<summary>default: its " in html and "<summary>seq2: its " in html
     assert "knee/default/p01" in html and "knee/seq2/p01" in html
 
     # Done is done: a second call has nothing to do.

@@ -11,6 +11,13 @@ Columns:
 - frontier, setting, workload, slo_ttft_ms, slo_itl_ms, target, probes (runs counted),
   reason and error (the search's stop reason and a failed probe's reason; NULL without
   search.json);
+- the knee's interval: floor_rps (the lowest capacity the held lo vouches for,
+  filledfirst.frontier.verdict.interval_floor), confidence (of each verdict's attainment
+  interval), hi_inconclusive (hi never showed a verdict and counts as broken);
+- the capacity estimate and the drift check (NULL when the search grew from `start`):
+  estimate_rps (the closed loop's completions per second at max_num_seqs, the first
+  rate), drift_start_rps and drift_end_rps (the same closed loop before and after the
+  search), drift (end / start - 1) and drifted (|drift| over the search's drift_max);
 - the bracket: lo_rps (highest rate that held), hi_rps (lowest that broke), each also as
   measured (`*_offered_rps`: sent requests over their arrival span), in output tokens/s
   (`*_output_tok_s`: run_rates' total_tok_s), with its attainment and goodput
@@ -40,7 +47,7 @@ from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
-from filledfirst.contracts.search import ResultRecord, SearchRecord
+from filledfirst.contracts.search import SearchRecord
 from filledfirst.errors import UserError
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
@@ -49,6 +56,9 @@ SCHEMA = {
     "frontier": pl.String, "setting": pl.String, "workload": pl.String,
     "slo_ttft_ms": pl.Float64, "slo_itl_ms": pl.Float64, "target": pl.Float64, "probes": pl.Int64,
     "reason": pl.String, "error": pl.String,
+    "floor_rps": pl.Float64, "confidence": pl.Float64, "hi_inconclusive": pl.Boolean,
+    "estimate_rps": pl.Float64, "drift_start_rps": pl.Float64, "drift_end_rps": pl.Float64,
+    "drift": pl.Float64, "drifted": pl.Boolean,
     "lo_rps": pl.Float64, "hi_rps": pl.Float64, "lo_offered_rps": pl.Float64, "hi_offered_rps": pl.Float64,
     "lo_output_tok_s": pl.Float64, "hi_output_tok_s": pl.Float64,
     "lo_attainment": pl.Float64, "hi_attainment": pl.Float64, "lo_goodput_rps": pl.Float64,
@@ -107,6 +117,17 @@ def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[s
                  f"{itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
 
 
+def _interval(search: SearchRecord | None) -> dict:
+    """The knee's interval, estimate and drift columns of a search (None without search.json)."""
+    result = search.result if search else None
+    drift = search.drift if search else None
+    return {"floor_rps": result.floor if result else None, "confidence": result.confidence if result else None,
+            "hi_inconclusive": result.hi_inconclusive if result else None,
+            "estimate_rps": search.estimate_rps if search else None,
+            "drift_start_rps": drift.start_rps if drift else None, "drift_end_rps": drift.end_rps if drift else None,
+            "drift": drift.change if drift else None, "drifted": drift.drifted if drift else None}
+
+
 def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     if not table_exists(con, "diagnosis"):
         raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
@@ -116,14 +137,15 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         return pl.DataFrame([], schema=SCHEMA)
     diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
-    results: dict[tuple[str, str], ResultRecord] = {}  # each ingested search's bracket and stop reason
+    searches: dict[tuple[str, str], SearchRecord] = {}  # each ingested search's search.json
     if table_exists(con, "frontier_searches"):
-        results = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}").result
-                   for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
+        searches = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}")
+                    for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = []
     for (name, setting), probes in groups.items():
         measured = [p for p in probes if p.probe.attainment is not None]
-        result = results.get((name, setting))
+        search = searches.get((name, setting))
+        result = search.result if search is not None else None
         if result is not None:
             lo, hi = result.lo, result.hi
         else:
@@ -137,7 +159,8 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         row = {"frontier": name, "setting": setting, "workload": probes[0].workload,
                "slo_ttft_ms": slo.ttft_ms, "slo_itl_ms": slo.itl_ms, "target": probes[0].probe.target,
                "probes": len(probes), "reason": result.reason.value if result else None,
-               "error": result.error if result else None, "lo_rps": lo, "hi_rps": hi}
+               "error": result.error if result else None, "lo_rps": lo, "hi_rps": hi,
+               **_interval(search)}
         for side, p in (("lo", lo_p), ("hi", hi_p)):
             r = rates.get(p.run_id, {}) if p else {}
             offered = r.get("offered_rps")

@@ -56,9 +56,14 @@ class SearchBounds:
     precision: float = schema_default("frontiers", "*", "precision")  # stop when hi/lo <= this
     budget: int = schema_default("frontiers", "*", "budget")  # at most this many probes, repeats included
     repeats: int = schema_default("frontiers", "*", "repeats")  # extra probes of the final lo
+    confidence: float = schema_default("frontiers", "*", "confidence")  # of each probe's attainment interval
+    # a probe's backlog growing faster than this (s of wait per s) breaks it; None: not tested
+    backlog_max_growth: float | None = schema_default("frontiers", "*", "backlog_max_growth")
+    extensions: int = schema_default("frontiers", "*", "extensions")  # re-probes of an inconclusive rate
+    estimate_step: float = schema_default("frontiers", "*", "estimate_step")  # bracket step from an estimate
 
     def __post_init__(self) -> None:
-        for name in ("start", "maximum", "target", "growth", "precision"):
+        for name in ("start", "maximum", "target", "growth", "precision", "confidence", "estimate_step"):
             object.__setattr__(self, name, float(getattr(self, name)))
         problems = []
         if not (math.isfinite(self.start) and self.start > 0):
@@ -75,6 +80,14 @@ class SearchBounds:
             problems.append(f"budget must be >= 1, got {self.budget}")
         if self.repeats < 0:
             problems.append(f"repeats must be >= 0, got {self.repeats}")
+        if not (0 <= self.confidence < 1):
+            problems.append(f"confidence must be in [0, 1), got {self.confidence}")
+        if self.backlog_max_growth is not None and not (self.backlog_max_growth >= 0):
+            problems.append(f"backlog_max_growth must be >= 0, got {self.backlog_max_growth}")
+        if self.extensions < 0:
+            problems.append(f"extensions must be >= 0, got {self.extensions}")
+        if not (math.isfinite(self.estimate_step) and self.estimate_step > 1):
+            problems.append(f"estimate_step must be > 1, got {self.estimate_step}")
         if problems:
             raise ValueError("invalid search bounds: " + "; ".join(problems))
 
@@ -85,13 +98,20 @@ class _Record(msgspec.Struct, kw_only=True, frozen=True):
 
 class Probe(_Record):
     """A probe's rate, length and verdict (None where it has none: it failed, or an older
-    run folder did not record it)."""
+    run folder did not record it). `held` and `verdict` are the probe's own; the search
+    judges a rate by all its probes pooled (filledfirst.frontier.search)."""
 
     probe: int
     rate: float
     probe_s: float | None = None  # its seconds of arrivals
+    offered_rps: float | None = None  # requests in its schedule over probe_s
     requests: int | None = None
+    met: int | None = None  # requests that met the SLO
     attainment: float | None = None
+    attainment_lo: float | None = None  # its interval at the search's confidence
+    attainment_hi: float | None = None
+    backlog_growth: float | None = None  # s of wait per s, middle to last third (frontier.verdict)
+    verdict: str | None = None  # held, broke or inconclusive (filledfirst.frontier.verdict.Verdict)
     held: bool | None = None
     lifetime_p90_s: float | None = None  # its ok requests' scheduled arrival to end, p90
     error: str | None = None
@@ -112,13 +132,41 @@ class ProbeRecord(Probe, kw_only=True):
 
 
 class ResultRecord(_Record):
-    """The bracket [lo, hi) and why the search stopped (filledfirst.frontier.search.SearchResult)."""
+    """The bracket [lo, hi) and why the search stopped (filledfirst.frontier.search.SearchResult):
+    the knee is lo, its interval [floor, hi) at `confidence`."""
 
     lo: float | None
     hi: float | None
     ratio: float | None
     reason: StopReason
     error: str | None
+    floor: float | None = None
+    confidence: float | None = None
+    hi_inconclusive: bool = False
+
+
+class Reference(_Record):
+    """A closed loop at the setting's sequence cap (filledfirst.run.search): the rate the
+    server sustains (Little's law: completions per second at a full batch), measured
+    before the search (its capacity estimate) and after it (the drift check)."""
+
+    run_dir: str
+    run_id: str
+    status: str
+    concurrency: int
+    requests: int | None = None  # ok requests
+    throughput_rps: float | None = None  # completions per second after the first batch
+    error: str | None = None
+
+
+class Drift(_Record):
+    """The server's speed on the reference closed loop at the end against the start."""
+
+    start_rps: float
+    end_rps: float
+    change: float  # end / start - 1
+    max_change: float  # the search's drift_max: beyond it the search says it drifted
+    drifted: bool
 
 
 class SearchRecord(_Record):
@@ -133,6 +181,11 @@ class SearchRecord(_Record):
     bounds: SearchBounds
     probes: list[ProbeRecord]
     result: ResultRecord
+    probe_stretches: int = 1  # a trace probe's stretches of the window (filledfirst.frontier.probes)
+    estimate: Reference | None = None  # None: the search grew from `start`
+    estimate_rps: float | None = None  # the first rate it took from the estimate
+    check: Reference | None = None
+    drift: Drift | None = None
 
     @property
     def key(self) -> str:

@@ -76,6 +76,7 @@ class ScheduleStats(Document):
     trace_first: Opt[str] = UNSET
     trace_span_s: Opt[float] = UNSET
     window: Opt[Window] = UNSET
+    stretches: Opt[list[Window]] = UNSET  # a probe's parts of the window, laid end to end
     keep_every: Opt[int] = UNSET
     phase: Opt[int] = UNSET
     time_scale: Opt[float] = UNSET

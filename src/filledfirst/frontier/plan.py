@@ -15,7 +15,13 @@ from filledfirst.deadline import run_deadline_s
 from filledfirst.errors import UserError
 from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
+from filledfirst.frontier.verdict import min_requests
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
+
+# Completions a closed loop counts, at least: with a small cap, estimate_batches rounds of
+# it are a handful of requests, and their rate is noise (8 sequences, 3 rounds: 16 counted
+# completions, whose rate moved by 17-47 % between two loops a minute apart on a warm server).
+REFERENCE_MIN_COUNTED = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +35,30 @@ class FrontierPlan:
     bounds: SearchBounds
     probe_lifetimes: float = 0.0
     probe_max_s: float = math.inf
+    probe_stretches: int = 1  # of a trace window (filledfirst.frontier.probes)
+    estimate_batches: int | None = None  # None: no capacity estimate, the search grows from start
+    drift_max: float = math.inf
 
-    def probe_duration(self, done) -> float:
-        """Seconds of arrivals of the next probe, after the probes `done` (filledfirst.frontier.probes)."""
-        return probe_duration(self.probe_s, self.probe_lifetimes, self.probe_max_s, done)
+    def estimate_concurrency(self, setting: str) -> int | None:
+        """The closed loop's concurrency for the capacity estimate: the setting's
+        max_num_seqs (None: no estimate, for want of one or of a cap to fill)."""
+        cap = self.settings[setting].get("max_num_seqs")
+        return int(cap) if self.estimate_batches and cap else None
+
+    def reference_requests(self, concurrency: int) -> int:
+        """The closed loop's requests: estimate_batches rounds of `concurrency`, and at
+        least REFERENCE_MIN_COUNTED after the first round (which the throughput leaves out)."""
+        return max((self.estimate_batches or 0) * concurrency, concurrency + REFERENCE_MIN_COUNTED)
+
+    def probe_duration(self, done, rate: float) -> float:
+        """Seconds of arrivals of the next probe, at `rate`, after the probes `done`
+        (filledfirst.frontier.probes)."""
+        return probe_duration(self.probe_s, self.probe_lifetimes, self.probe_max_s, done, rate,
+                              min_requests(self.bounds.target, self.bounds.confidence))
 
     @property
     def longest_probe_s(self) -> float:
-        return max(self.probe_s, self.probe_max_s) if self.probe_lifetimes > 0 else self.probe_s
+        return max(self.probe_s, self.probe_max_s)
 
 
 def frontier_plan(study: Study, name: str) -> FrontierPlan:
@@ -52,9 +74,13 @@ def frontier_plan(study: Study, name: str) -> FrontierPlan:
         probe_s=float(f.probe_s),
         probe_lifetimes=float(f.probe_lifetimes),
         probe_max_s=float(f.probe_max_s),
+        probe_stretches=f.probe_stretches,
+        estimate_batches=f.estimate_batches if f.estimate else None,
+        drift_max=float(f.drift_max),
         bounds=SearchBounds(
             start=f.start, maximum=f.maximum, target=f.target_attainment, growth=f.growth,
-            precision=f.precision, budget=f.budget, repeats=f.repeats,
+            precision=f.precision, budget=f.budget, repeats=f.repeats, confidence=f.confidence,
+            backlog_max_growth=f.backlog_max_growth, extensions=f.extensions, estimate_step=f.estimate_step,
         ),
     )
 
@@ -71,20 +97,24 @@ def search_plan(study: Study, frontier: str, setting: str) -> FrontierPlan:
 
 
 def probe_spec(study: Study, plan: FrontierPlan, setting: str, *, experiment: str, description: str,
-               workload: Workload) -> ExperimentSpec:
+               workload: Workload, concurrency: int | None = None) -> ExperimentSpec:
     """A probe's spec: server, model, engine and scrape as an experiment's; the load
-    generator the study's, always open loop."""
+    generator the study's, open loop (a closed loop of `concurrency` for the capacity
+    estimate)."""
+    mode = "open" if concurrency is None else "closed"
     return ExperimentSpec(
         experiment=experiment, description=description, workload_name=plan.workload_name, workload=workload,
         server=plan.settings[setting], model=study.model, engine=study.engine.start(),
-        loadgen=msgspec.structs.replace(study.loadgen, mode="open", concurrency=None), scrape=study.scrape,
+        loadgen=msgspec.structs.replace(study.loadgen, mode=mode, concurrency=concurrency), scrape=study.scrape,
     )
 
 
 def search_terms(plan: FrontierPlan) -> dict[str, Any]:
     """What decides a search's path besides its probes' spec (filledfirst.config.search_fingerprint)."""
     return {"slo": msgspec.structs.asdict(plan.slo), "probe_s": plan.probe_s, "probe_lifetimes": plan.probe_lifetimes,
-            "probe_max_s": plan.probe_max_s, "bounds": dataclasses.asdict(plan.bounds)}
+            "probe_max_s": plan.probe_max_s, "probe_stretches": plan.probe_stretches,
+            "bounds": dataclasses.asdict(plan.bounds), "estimate_batches": plan.estimate_batches,
+            "drift_max": plan.drift_max}
 
 
 def frontier_runtime_minutes(study: Study, name: str) -> int:
@@ -97,7 +127,11 @@ def frontier_runtime_minutes(study: Study, name: str) -> int:
     drain = study.loadgen.drain_timeout_s if drain is None else drain
     # A probe is an open loop: its deadline (filledfirst.deadline) is its last arrival plus the drain.
     probe = run_deadline_s("open", 0, None, plan.longest_probe_s, study.loadgen.request_timeout_s, drain)
-    return max(1, math.ceil((float(startup) + plan.bounds.budget * probe) / 60))
+    # The estimate's closed loop, before and after the search (a closed loop's deadline: its rounds x the timeout).
+    caps = [c for s in plan.settings if (c := plan.estimate_concurrency(s))]
+    loops = 2 * max((math.ceil(plan.reference_requests(c) / c) for c in caps), default=0)
+    loops *= study.loadgen.request_timeout_s
+    return max(1, math.ceil((float(startup) + plan.bounds.budget * probe + loops) / 60))
 
 
 def frontier_problems(study: Study) -> list[str]:
@@ -117,6 +151,9 @@ def frontier_problems(study: Study) -> list[str]:
                 problems.append(f"{where}.workload: {f.workload!r}: {exc}")
         if f.probe_max_s < f.probe_s:
             problems.append(f"{where}: probe_max_s ({f.probe_max_s:g}) must be at least probe_s ({f.probe_s:g})")
+        if f.target_attainment >= 1 and f.confidence > 0:
+            problems.append(f"{where}: target_attainment 1 cannot be shown with an interval: set confidence 0 "
+                            "(every request must then meet the SLO)")
         if not f.start < f.maximum:
             problems.append(f"{where}: start ({f.start:g}) must be below maximum ({f.maximum:g})")
     return problems + relative_problems(study)

@@ -9,14 +9,22 @@ share of the requests (count * r * P / n, rounded, at least one), its place in t
 / r. Each phase then ends where it ended in the shape, scaled to P; the probe offers r
 requests per second over P seconds, up to the rounding of the counts.
 
-Trace shape (a window of a trace, every K-th request): its density is `kept_per_s`, the
-requests the window keeps per second of trace time (`trace_kept_rate` of its schedule's
-stats). A probe at rate r has time_scale kept_per_s / r, and a window of P / time_scale
-seconds of trace time from the same start, so its arrivals last P seconds. The trace
-around the window decides the probe's exact rate: the same density, not the same rows.
+Trace shape (a window of W seconds of a trace, every K-th request): its density is
+`kept_per_s`, the requests the window keeps per second of trace time (`trace_kept_rate` of
+its schedule's stats). A probe at rate r has time_scale kept_per_s / r, so P seconds of
+arrivals are P / time_scale seconds of trace time, taken as k stretches (`probe_stretches`)
+of P / k / time_scale trace seconds spread evenly over the window (stretch i from W * i / k)
+and laid end to end (stretch i from P * i / k in the probe). A bursty window then offers
+its bursts and its lulls at every rate, in its own proportions: replaying only the
+window's first P / time_scale seconds would give every probe the same first burst. When
+the stretches would meet or overlap (P / time_scale >= W), the probe is one stretch from
+the window's start. A probe offers requests / P, which follows r over the window but not
+exactly: its rows are the window's own, not a rate made up.
 
-A probe's length: at least `probe_s`, and at least `lifetimes` request lifetimes (the p90
-of scheduled arrival to end) of the highest-rate probe that held so far, at most `max_s`.
+A probe's length: at least `probe_s`, at least `lifetimes` request lifetimes (the p90
+of scheduled arrival to end) of the highest-rate probe that held so far, and long enough
+for the fewest requests whose attainment interval can show the target (a slow rate needs
+a long probe), at most `max_s`.
 An open-loop probe shorter than its requests' life ends before the requests in flight
 reach their steady state: nothing has finished when the last arrives, no cap fills, and
 the probe holds a rate the server cannot sustain. The held probe nearest the knee is the
@@ -28,12 +36,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import polars as pl
 
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.study import SyntheticWorkload, TraceWorkload
+from filledfirst.trace.subsample import stretches_to_parquet, window_of
 from filledfirst.workloads.synthetic import synthetic_schedule
 
 
@@ -45,13 +56,16 @@ def _check(rate: float, probe_s: float) -> None:
 
 
 def probe_duration(probe_s: float, lifetimes: float, max_s: float,
-                   done: Iterable[tuple[float, bool | None, float | None]]) -> float:
+                   done: Iterable[tuple[float, bool | None, float | None]], rate: float | None = None,
+                   min_requests: int = 1) -> float:
     """Seconds of arrivals of the next probe (module docstring), after the probes `done`,
-    each (rate, held, lifetime p90 s)."""
-    held = [(rate, life) for rate, ok, life in done if ok and life is not None]
-    if lifetimes <= 0 or not held:
-        return probe_s
-    return min(max(probe_s, lifetimes * max(held)[1]), max(max_s, probe_s))
+    each (rate, held, lifetime p90 s); at `rate`, long enough for `min_requests` requests
+    (filledfirst.frontier.verdict.min_requests), within `max_s`."""
+    held = [(r, life) for r, ok, life in done if ok and life is not None]
+    length = probe_s if lifetimes <= 0 or not held else max(probe_s, lifetimes * max(held)[1])
+    if rate is not None and min_requests > 1:
+        length = max(length, min_requests / rate)
+    return min(length, max(max_s, probe_s))
 
 
 def shape_span_s(shape: SyntheticWorkload) -> float:
@@ -108,9 +122,35 @@ def trace_time_scale(kept_per_s: float, rate: float) -> float:
     return kept_per_s / rate
 
 
-def trace_probe(shape: TraceWorkload, kept_per_s: float, rate: float, probe_s: float) -> TraceWorkload:
-    """The trace workload of one probe: same trace, start and subsampling; the
-    time_scale for `rate`, and a window whose scaled length is `probe_s`."""
+@dataclass(frozen=True, slots=True)
+class TraceProbe:
+    """One probe of a trace workload (module docstring)."""
+
+    workload: TraceWorkload  # the shape at the probe's time_scale; minutes: the trace it spans
+    starts_s: tuple[float, ...]  # each stretch's start, trace seconds from the window's start
+    stretch_s: float  # each stretch's length, trace seconds
+
+    def write(self, csv: Path, out: Path, max_model_len: int | None = None) -> ScheduleStats:
+        """Write the probe's schedule, cut from the trace `csv`, and its stats beside it."""
+        return stretches_to_parquet(csv, out, starts_s=self.starts_s, stretch_s=self.stretch_s,
+                                    **window_of(self.workload), time_scale=float(self.workload.time_scale),
+                                    max_model_len=max_model_len)
+
+
+def trace_probe(shape: TraceWorkload, kept_per_s: float, rate: float, probe_s: float,
+                stretches: int) -> TraceProbe:
+    """The stretches of one probe of a trace shape (module docstring)."""
     _check(rate, probe_s)
+    if stretches < 1:
+        raise ValueError(f"a probe takes at least one stretch, got {stretches}")
     scale = trace_time_scale(kept_per_s, rate)
-    return msgspec.structs.replace(shape, time_scale=scale, minutes=probe_s / scale / 60.0)
+    trace_s, window_s = probe_s / scale, shape.minutes * 60.0
+    if stretches == 1 or trace_s >= window_s:
+        return TraceProbe(msgspec.structs.replace(shape, time_scale=scale, minutes=trace_s / 60.0), (0.0,), trace_s)
+    starts = tuple(window_s * i / stretches for i in range(stretches))
+    return TraceProbe(msgspec.structs.replace(shape, time_scale=scale), starts, trace_s / stretches)
+
+
+def offered_rate(stats: ScheduleStats, probe_s: float) -> float:
+    """The rate a probe's schedule offers: its requests over its seconds of arrivals."""
+    return (stats.requests or 0) / probe_s

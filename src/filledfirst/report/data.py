@@ -29,15 +29,17 @@ class ReportData:
     rates: dict[str, dict[str, Any]]  # signals.run_rates, per run id
     queue_shares: dict[str, float | None]  # vLLM's queue over TTFT (None: no per-request timings)
     frontier_rows: list[dict[str, Any]]  # table `frontiers`
-    probe_points: list[dict[str, Any]]  # the capacity searches' probes, for their charts
+    probe_points: list[dict[str, Any]]  # the capacity searches' probes (frontiers.probe_points)
     rules: DiagnosisRules  # the rules the stored diagnosis was made with
     study_parts: dict[str, Part]  # the study's parts, in order
-    is_probe: frozenset[str]  # run ids of the capacity searches' probes
+    # Run ids of the capacity searches' probes (run.json has a `frontier` block): they are
+    # the searches' measurements, shown under Capacity search only, not runs of the study.
+    is_probe: frozenset[str]
 
     @property
     def measured(self) -> list[dict[str, Any]]:
-        """Runs with at least one request (probes included)."""
-        return [r for r in self.summary if r["n_requests"] > 0]
+        """The study's own runs with at least one request (no probe)."""
+        return [r for r in self.experiments if r["n_requests"] > 0]
 
     @property
     def experiments(self) -> list[dict[str, Any]]:
@@ -50,13 +52,14 @@ class ReportData:
 
     @property
     def part_of(self) -> dict[str, str | None]:
-        """Which part of the study each run belongs to (its run.json)."""
-        return {run_id: m.part for run_id, m in self.metas.items()}
+        """Which part of the study each of its own runs belongs to (its run.json); a probe
+        belongs to none, whatever its run.json says."""
+        return {run_id: m.part for run_id, m in self.metas.items() if run_id not in self.is_probe}
 
 
 def load(con: duckdb.DuckDBPyConnection) -> ReportData:
     metas = signals.run_metas(con)
-    frontier_rows = frontiers.frontier_rows(con)
+    is_probe = frozenset(run_id for run_id, m in metas.items() if m.frontier is not None)
     return ReportData(
         con=con,
         summary=signals.run_summary(con).to_dicts(),
@@ -67,9 +70,9 @@ def load(con: duckdb.DuckDBPyConnection) -> ReportData:
         diagnosis=con.sql("SELECT * FROM diagnosis").pl().to_dicts() if table_exists(con, "diagnosis") else [],
         rates={x["run_id"]: x for x in signals.run_rates(con).to_dicts()},
         queue_shares={x["run_id"]: x["queue_share"] for x in request_path.queue_shares(con).to_dicts()},
-        frontier_rows=frontier_rows,
-        probe_points=frontiers.probe_points(con) if frontier_rows else [],
+        frontier_rows=frontiers.frontier_rows(con),
+        probe_points=frontiers.probe_points(con) if is_probe else [],
         rules=stored_rules(con),
         study_parts=stored_parts(con),
-        is_probe=frozenset(run_id for run_id, m in metas.items() if m.frontier is not None),
+        is_probe=is_probe,
     )

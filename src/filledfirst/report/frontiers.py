@@ -12,7 +12,7 @@ per (frontier, setting), what filled first and the one number that shows it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import altair as alt
@@ -25,7 +25,7 @@ from filledfirst.analysis.frontiers import NoQueueLabel, probe_runs
 from filledfirst.analysis.numbers import DASH
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
-from filledfirst.report.markup import esc, html_table
+from filledfirst.report.markup import Column, column_table, esc, html_table
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
 
@@ -40,9 +40,12 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 
 def probe_points(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """One row per probe (its latest run): frontier, setting, probe, rate, attainment (None
-    for a probe that measured nothing), held, failed (the probe failed outright, its run
-    failed or it had failed requests), n_failed (requests), status, error, run_id."""
+    """One row per probe (its latest run): frontier, setting, probe, rate, probe_s, requests,
+    attainment (None for a probe that measured nothing) and its interval (attainment_lo,
+    attainment_hi), backlog_growth, verdict, held, lifetime_p90_s, missed (its
+    requests that failed, missed the TTFT SLO, missed the ITL SLO: {failed, ttft, itl}; None
+    when it failed outright), failed (the probe failed outright, its run failed or it had
+    failed requests), n_failed (requests), status, error, run_id."""
     out = []
     for (name, setting), runs in probe_runs(con).items():
         for run in runs:
@@ -51,9 +54,12 @@ def probe_points(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
             # as the search reads a probe (run.search): no verdict or an error is a failed probe
             outright = p.attainment is None or bool(p.error)
             out.append({
-                "frontier": name, "setting": setting, "probe": p.probe, "rate": p.rate,
-                "attainment": p.attainment, "held": p.held, "run_id": run.run_id,
-                "status": run.status, "error": p.error, "n_failed": n_failed,
+                "frontier": name, "setting": setting, "probe": p.probe, "rate": p.rate, "probe_s": p.probe_s,
+                "requests": p.requests, "attainment": p.attainment, "held": p.held,
+                "lifetime_p90_s": p.lifetime_p90_s, "run_id": run.run_id, "status": run.status, "error": p.error,
+                "missed": p.missed, "n_failed": n_failed, "verdict": p.verdict,
+                "attainment_lo": p.attainment_lo, "attainment_hi": p.attainment_hi,
+                "backlog_growth": p.backlog_growth,
                 "outright": outright, "failed": outright or n_failed > 0,
             })
     return out
@@ -123,22 +129,48 @@ def _held(r: Mapping[str, Any]) -> str:
     return numbers.rps(r["lo_rps"]) + ("" if tok_s is None else f" ({numbers.count(round(tok_s))} output tok/s)")
 
 
+def knee_interval(r: Mapping[str, Any]) -> str:
+    """The knee's interval: '29 to 33.8 req/s (90 %)', hi marked when it never showed a verdict."""
+    floor, hi = r.get("floor_rps"), r.get("hi_rps")
+    if floor is None:
+        return DASH
+    upper = "no break" if hi is None else f"{hi:,.3g}" + (" (inconclusive)" if r.get("hi_inconclusive") else "")
+    conf = r.get("confidence")
+    return f"{floor:,.3g} to {upper} req/s" + ("" if not conf else f" ({numbers.share(conf)})")
+
+
+def drift_text(r: Mapping[str, Any]) -> str:
+    """The server's speed on the closed loop after the search against before it."""
+    if r.get("drift") is None:
+        return DASH
+    text = (f"{100 * r['drift']:+.0f} % ({numbers.rps(r['drift_start_rps'])} before, "
+            f"{numbers.rps(r['drift_end_rps'])} after)")
+    return ("DRIFTED: " + text + ", measure again on a quiet server") if r.get("drifted") else text
+
+
+def _stop(r: Mapping[str, Any]) -> str:
+    stop = r.get("reason") or DASH
+    return f"{stop}: {r['error']}" if r.get("error") else stop
+
+
+# One setting's line of a frontier's table: (header, cell of a `frontiers` row), in order.
+FRONTIER_COLUMNS: list[Column] = [
+    ("setting", lambda r: r["setting"]),
+    ("highest rate that held", _held),
+    ("lowest that broke", lambda r: numbers.rps(r.get("hi_rps"))),
+    ("capacity interval", knee_interval),
+    ("drift over the search", drift_text),
+    ("what filled first at the knee", lambda r: r.get("knee_label") or DASH),
+    ("clue", lambda r: r.get("knee_clue") or ""),
+    ("leading signal", leading_text),
+    ("what would move the knee", move_the_knee),
+    ("search stopped", _stop),
+]
+
+
 def frontier_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows of one frontier, a line per setting."""
-    body = []
-    for r in rows:
-        stop = r.get("reason") or DASH
-        if r.get("error"):
-            stop += f": {r['error']}"
-        body.append([
-            r["setting"], _held(r), numbers.rps(r.get("hi_rps")), r.get("knee_label") or DASH, r.get("knee_clue") or "",
-            leading_text(r), move_the_knee(r), stop,
-        ])
-    return html_table(
-        ["setting", "highest rate that held", "lowest that broke", "what filled first at the knee", "clue",
-         "leading signal", "what would move the knee", "search stopped"],
-        body,
-    )
+    return column_table(FRONTIER_COLUMNS, rows)
 
 
 def frontier_intro(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -221,10 +253,79 @@ def frontier_chart(rows: Sequence[Mapping[str, Any]], points: Sequence[Mapping[s
 
 def by_frontier(rows: Sequence[Mapping[str, Any]],
                 points: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dict], list[dict]]]:
-    """(frontier, its rows, its probes), frontiers in name order."""
-    names = list(dict.fromkeys(r["frontier"] for r in rows))
+    """(frontier, its rows, its probes), frontiers in name order; a frontier probed but not
+    yet in table `frontiers` (the database not diagnosed) comes with no rows."""
+    names = sorted({r["frontier"] for r in rows} | {p["frontier"] for p in points})
     return [(n, [dict(r) for r in rows if r["frontier"] == n], [dict(p) for p in points if p["frontier"] == n])
             for n in names]
+
+
+def by_setting(rows: Sequence[Mapping[str, Any]],
+               points: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dict]]]:
+    """(setting, its probes in probe order) of one frontier: the settings of its table
+    first, in its order, then any probed setting the table lacks."""
+    settings = dict.fromkeys([*(r["setting"] for r in rows), *(p["setting"] for p in points)])
+    return [(s, sorted((dict(p) for p in points if p["setting"] == s), key=lambda p: p["probe"])) for s in settings]
+
+
+# --- one search's probes -------------------------------------------------------------------------
+
+
+def probe_verdict(p: Mapping[str, Any]) -> str:
+    if p["outright"]:
+        return "failed: " + (p.get("error") or p.get("status") or "no verdict")
+    # the probe's own verdict (a rate is judged by its probes pooled); older probes have only `held`
+    return p.get("verdict") or {True: "held", False: "broke"}.get(p["held"], "no verdict")
+
+
+def _interval(p: Mapping[str, Any]) -> str:
+    lo, hi = p.get("attainment_lo"), p.get("attainment_hi")
+    return DASH if lo is None or hi is None else f"{100 * lo:.1f} to {100 * hi:.1f} %"
+
+
+def _growth(p: Mapping[str, Any]) -> str:
+    g = p.get("backlog_growth")
+    return DASH if g is None else f"{g:+.3f} s/s"
+
+
+def _missed(key: str) -> Callable[[Mapping[str, Any]], str]:
+    return lambda p: numbers.count((p.get("missed") or {}).get(key))
+
+
+def _attainment(p: Mapping[str, Any]) -> str:
+    # one decimal: a whole percentage would round 94.6 % up to a 95 % target
+    return DASH if p["attainment"] is None else f"{100 * p['attainment']:.1f} %"
+
+
+# A probe's line (a `probe_points` row with its run's diagnosis label as `label`).
+PROBE_COLUMNS: list[Column] = [
+    ("probe", lambda p: p["probe"]),
+    ("rate", lambda p: numbers.rps(p["rate"])),
+    ("length", lambda p: numbers.seconds(p.get("probe_s"))),
+    ("requests", lambda p: numbers.count(p.get("requests"))),
+    ("attainment", _attainment),
+    ("its interval", _interval),
+    ("backlog growth", _growth),
+    ("verdict", probe_verdict),
+    ("lifetime p90", lambda p: numbers.seconds(p.get("lifetime_p90_s"))),
+    ("what filled first (its diagnosis)", lambda p: p.get("label") or DASH),
+    ("failed", _missed("failed")),
+    ("over the TTFT SLO", _missed("ttft")),
+    ("over the ITL SLO", _missed("itl")),
+    ("run", lambda p: p["run_id"]),
+]
+
+
+def probe_table_html(points: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) -> str:
+    """One search's probes, a line each (`labels`: the diagnosis' label per run id)."""
+    return column_table(PROBE_COLUMNS, [{**p, "label": labels.get(p["run_id"])} for p in points])
+
+
+def probes_summary(setting: str, points: Sequence[Mapping[str, Any]]) -> str:
+    """The folded block's one line: the setting, how many probes, the rates they spanned."""
+    rates = [p["rate"] for p in points]
+    span = f", {numbers.rps(min(rates))} to {numbers.rps(max(rates))}" if len(set(rates)) > 1 else ""
+    return f"{setting}: its {len(points)} probe{'s' if len(points) != 1 else ''}{span}"
 
 
 # --- the one-screen summary ---------------------------------------------------------------------
@@ -281,6 +382,10 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
             number = f"held up to {numbers.rps(r.get('lo_rps'))}, never broke"
         else:
             number = f"held {numbers.rps(r.get('lo_rps'))}, broke at {numbers.rps(r['hi_rps'])}"
+        if r.get("floor_rps") is not None:
+            number += f"; capacity {knee_interval(r)}"
+        if r.get("drift") is not None:
+            number += f"; drift {100 * r['drift']:+.0f} %" + (" (DRIFTED)" if r.get("drifted") else "")
         out.append({"part": f"frontier {r['frontier']}", "what": r["setting"], "designed": DASH,
                     "found": r.get("knee_label") or DASH, "number": number, "mark": ""})
     return out

@@ -265,7 +265,28 @@ def _render_fallback(source: Path, db: Path, title: str | None) -> str:
     nb = build_notebook(front, cells)
     execute_notebook(nb, source.parent, db)
     _apply_output_options(nb, front)
-    return export_html(nb)
+    html = export_html(nb)
+    toc = (front.get("format") or {}).get("html") or {}
+    return with_toc(html, int(toc.get("toc-depth", 3))) if toc.get("toc") else html
+
+
+# nbconvert's headings (markdown cells and Markdown outputs alike): an id and an anchor link
+_HEADING = re.compile(r'<h([2-6]) id="([^"]+)">(.*?)(?:<a class="anchor-link"[^>]*>[^<]*</a>)?</h\1>', re.S)
+_TITLE_END = re.compile(r"</h1>")
+_MAIN = re.compile(r"<main[^>]*>")
+
+
+def with_toc(html: str, depth: int) -> str:
+    """Quarto's `toc` for the fallback: a list of links to the headings down to `depth`,
+    after the title (at the top of the page without one). The heading text is nbconvert's,
+    escaped already."""
+    items = [f'<li style="margin-left: {int(level) - 2}em"><a href="#{anchor}">{text}</a></li>'
+             for level, anchor, text in _HEADING.findall(html) if int(level) <= depth]
+    if not items:
+        return html
+    nav = f'<nav id="TOC" role="doc-toc"><p><strong>Table of contents</strong></p><ul>{"".join(items)}</ul></nav>'
+    at = _TITLE_END.search(html) or _MAIN.search(html)
+    return html if at is None else html[:at.end()] + nav + html[at.end():]
 
 
 # --- checks --------------------------------------------------------------------------------

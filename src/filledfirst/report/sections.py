@@ -14,14 +14,13 @@ from filledfirst.report.data import ReportData
 SHARED_SETUP = ("model", "versions", "hardware")
 # Per run by nature: each folded away whole.
 PER_RUN_SETUP = (("server.settings", "server settings"), ("schedule", "schedule"), ("timings", "timings"))
+# The measurement checks' rows: each measured run's summary with its client checks, and our
+# TTFT against vLLM's by run id.
+_Checks = tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
 
 
 def _no_diagnosis() -> str:
     return markup.para("No diagnosis in this database: run `filledfirst diagnose --db FILE`.")
-
-
-def _probes_summary(n: int) -> str:
-    return f"the capacity searches' probes ({n} runs)"
 
 
 def page_head() -> list[str]:
@@ -49,12 +48,16 @@ def not_ok_sentence(r: Mapping[str, Any]) -> str:
             f"{r['error'] or 'no error recorded'}")
 
 
+def probes_sentence(n: int) -> str:
+    return (f"The capacity searches' {n} probe run{'s' if n != 1 else ''} are not runs of the study: "
+            "they are shown under Capacity search, search by search.")
+
+
 def runs(data: ReportData) -> list[str]:
-    """Every run; the capacity searches' probes are runs too, listed whole but folded
-    away, so the study's own experiments come first."""
-    out = [markup.para(runs_sentence(data.summary)), tables.runs_table(data.experiments)]
+    """The study's own runs; the capacity searches' probes only counted."""
+    out = [markup.para(runs_sentence(data.experiments)), tables.runs_table(data.experiments)]
     if data.probes:
-        out.append(markup.details_html(_probes_summary(len(data.probes)), tables.runs_table(data.probes)))
+        out.append(markup.para(probes_sentence(len(data.probes))))
     out += [markup.para(not_ok_sentence(r)) for r in data.experiments if r["status"] != "ok"]
     return out
 
@@ -63,15 +66,9 @@ def what_filled_first(data: ReportData) -> list[str]:
     if not data.diagnosis:
         return [_no_diagnosis()]
     designed = [d for d in data.diagnosis if d["run_id"] not in data.is_probe]
-    probed = [d for d in data.diagnosis if d["run_id"] in data.is_probe]
-    out = [patterns.patterns_table(designed)]
-    if probed:
-        out.append(markup.details_html(_probes_summary(len(probed)), patterns.patterns_table(probed)))
-    out += [patterns.evidence_intro(data.rules), patterns.evidence_table(designed, data.rules)]
-    if probed:
-        out.append(markup.details_html(f"evidence of the probes ({len(probed)} runs)",
-                                       patterns.evidence_table(probed, data.rules)))
-    open_loop = [  # the probes have their own charts, under Capacity search
+    out = [patterns.patterns_table(designed), patterns.evidence_intro(data.rules),
+           patterns.evidence_table(designed, data.rules)]
+    open_loop = [
         {**data.rates[d["run_id"]], **d} for d in designed
         if d["run_id"] in data.rates and d.get("goodput_rps") is not None
         and not (d["run_id"] in data.metas and data.metas[d["run_id"]].closed_loop)
@@ -86,24 +83,57 @@ def part_by_part(data: ReportData) -> list[str]:
                             queue_shares=data.queue_shares, metas=data.metas)
 
 
+def capacity_search_heading(data: ReportData) -> list[str]:
+    """The section's heading, in Markdown (the report's table of contents lists it): none
+    for a study without capacity searches."""
+    return ["## Capacity search"] if data.frontier_rows or data.probe_points else []
+
+
 def capacity_search(data: ReportData) -> list[str]:
-    """The capacity searches (docs/capacity-search.md), heading included: nothing at all
-    for a study without."""
-    out: list[str] = []
-    if data.frontier_rows:
-        out.append(markup.heading("Capacity search", 2))
-        out.append(markup.para(
-            "Each probe replays the frontier's workload at one rate; attainment is the share of its "
-            "requests that met the SLO. The leading signal is the scheduler signal that crossed at the "
-            "lowest probed rate (a queue, running at the cap, KV full) and how far below the rate where "
-            "the SLO broke."))
+    """The capacity searches (docs/capacity-search.md), under `capacity_search_heading`:
+    nothing at all for a study without. Per frontier its chart and table, then each
+    search's probes folded away: the probes appear nowhere else in the report."""
+    if not capacity_search_heading(data):
+        return []
+    out = [markup.para(
+        "Each probe replays the frontier's workload at one rate; attainment is the share of its "
+        "requests that met the SLO. The leading signal is the scheduler signal that crossed at the "
+        "lowest probed rate (a queue, running at the cap, KV full) and how far below the rate where "
+        "the SLO broke. Under each frontier's table, each search's probes, folded away.")]
+    checks = _measurement_context(data)
     for name, rows, points in frontiers.by_frontier(data.frontier_rows, data.probe_points):
         out.append(markup.heading(f"Frontier {name}"))
-        out.append(markup.para(frontiers.frontier_intro(rows)))
-        if points:
-            out.append(charts.embed(frontiers.frontier_chart(rows, points)))
-        out.append(frontiers.frontier_table_html(rows))
+        if rows:
+            out.append(markup.para(frontiers.frontier_intro(rows)))
+            if points:
+                out.append(charts.embed(frontiers.frontier_chart(rows, points)))
+            out.append(frontiers.frontier_table_html(rows))
+        else:
+            out.append(_no_diagnosis())
+        out += [search_probes(data, setting, probes, checks)
+                for setting, probes in frontiers.by_setting(rows, points) if probes]
     return out
+
+
+def search_probes(data: ReportData, setting: str, points: list[dict[str, Any]], checks: _Checks) -> str:
+    """One search's probes, folded: a line per probe, then what the report shows of the
+    study's runs elsewhere (the diagnosis' evidence, the measurement checks) for these
+    probes, and the search's server command."""
+    ids = {p["run_id"] for p in points}
+    diagnosed = [d for d in data.diagnosis if d["run_id"] in ids]
+    inner = [frontiers.probe_table_html(points, {d["run_id"]: d["label"] for d in diagnosed})]
+    if diagnosed:
+        inner += [markup.para("The diagnosis' evidence, probe by probe (columns as under What filled up first):"),
+                  patterns.evidence_table(diagnosed, data.rules)]
+    with_client, server_checks = checks
+    measured = [r for r in with_client if r["run_id"] in ids]
+    if measured:
+        inner += [markup.para("Measurement checks, probe by probe (columns as under Measurement checks):"),
+                  tables.measurement_table(measured, server_checks)]
+    argv = next((a for p in points if (a := data.metas[p["run_id"]].server.argv)), None)
+    if argv:  # a search runs its probes on one server start
+        inner.append(markup.code_details("server command", run_json.fmt_value(argv)))
+    return markup.details_html(frontiers.probes_summary(setting, points), "".join(inner))
 
 
 def shared_setup(documents: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any],
@@ -119,22 +149,27 @@ def shared_setup(documents: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, 
 
 
 def setup(data: ReportData) -> list[str]:
+    """What every run shared (the probes too: they ran on the same model and machine), and
+    per run of the study what differs; a search's probes have their server command under
+    Capacity search."""
     out = []
     by_run, common, differing = shared_setup(data.documents)
+    by_run = {run_id: v for run_id, v in by_run.items() if run_id not in data.is_probe}
+    documents = {run_id: d for run_id, d in data.documents.items() if run_id not in data.is_probe}
     if common:
         out.append(run_json.key_value_table(common, caption="shared by every run"))
-    if differing:
+    if differing and by_run:
         out.append(markup.details_html("what differs between runs (model, versions, hardware)",
                                        run_json.keys_by_run_table(by_run, differing)))
     for path, caption in PER_RUN_SETUP:
-        per_run = {run_id: run_json.section(m, path) for run_id, m in data.documents.items()}
+        per_run = {run_id: run_json.section(m, path) for run_id, m in documents.items()}
         keys = list(dict.fromkeys(k for v in per_run.values() for k in v))
         if keys:  # every key of every run (the schedule's stats too): folded away
             out.append(markup.details_html(f"{caption}, per run ({len(keys)} keys)",
                                            run_json.keys_by_run_table(per_run, keys)))
     for run_id, m in data.metas.items():
         argv = m.server.argv
-        if argv and run_id not in data.is_probe:  # a search's probes share their server's command
+        if argv and run_id not in data.is_probe:
             out.append(markup.code_details(f"{run_id}: server command", run_json.fmt_value(argv)))
     return out
 
@@ -142,41 +177,41 @@ def setup(data: ReportData) -> list[str]:
 def side_by_side(data: ReportData) -> list[str]:
     if not data.measured:
         return [markup.para("No run measured any request.")]
-    return [tables.compare_table([r for r in data.measured if r["run_id"] not in data.is_probe])]
+    return [tables.compare_table(data.measured)]
+
+
+def _measurement_context(data: ReportData) -> _Checks:
+    """The measurement checks of every measured run, probes included: read once for the
+    study's runs and once for the probes."""
+    rows = [r for r in data.summary if r["n_requests"] > 0]
+    if not rows:
+        return [], {}
+    checks = {c["run_id"]: c for c in signals.ttft_against_server(data.con).to_dicts()}
+    client = signals.client_checks(data.con)
+    return [{**r, **client.get(r["run_id"], {})} for r in rows], checks
 
 
 def measurement_checks(data: ReportData) -> list[str]:
     """Our client and our TTFT beside vLLM's histogram, per run."""
     if not data.measured:
         return []
-    checks = {c["run_id"]: c for c in signals.ttft_against_server(data.con).to_dicts()}
-    client = signals.client_checks(data.con)
-    with_client = [{**r, **client.get(r["run_id"], {})} for r in data.measured]
-    out = [tables.measurement_table([r for r in with_client if r["run_id"] not in data.is_probe], checks)]
-    if data.probes:
-        out.append(markup.details_html(
-            _probes_summary(len(data.probes)),
-            tables.measurement_table([r for r in with_client if r["run_id"] in data.is_probe], checks)))
-    return out
+    with_client, checks = _measurement_context(data)
+    return [tables.measurement_table([r for r in with_client if r["run_id"] not in data.is_probe], checks)]
 
 
 def request_checks(data: ReportData) -> list[str]:
     """The same check request by request, where vLLM sent its per-request timings."""
     if not data.measured:
         return []
-    ids = {r["run_id"] for r in data.measured if r["run_id"] not in data.is_probe}
+    ids = {r["run_id"] for r in data.measured}
     return [tables.request_check_table(
         [c for c in request_path.against_server(data.con).to_dicts() if c["run_id"] in ids])]
 
 
 def each_run(data: ReportData) -> list[str]:
-    """A section per experiment; the probes are drawn under Capacity search instead."""
+    """A section per run of the study; the probes have none (each run folder holds all it
+    measured)."""
     out = []
-    if data.probes:
-        out.append(markup.para(
-            f"The capacity searches' {len(data.probes)} probe runs are listed under Runs (folded away), and drawn "
-            "under Capacity search once the database is diagnosed; their own sections are left out here "
-            "(each run folder holds all it measured)."))
     for r in data.experiments:
         out += run_section(data, r)
     return out

@@ -1,24 +1,33 @@
 """`filledfirst frontier run`: one capacity search, (frontier, setting), on one server start.
 
+With a capacity estimate (the frontier's `estimate` and a max_num_seqs to fill), a closed
+loop at the cap runs first (`DIR/estimate`): its completions per second are the search's
+first rate (filledfirst.frontier.search). The same closed loop runs after the last probe
+(`DIR/check`); the change between the two is the search's drift. Both are ordinary run
+folders, not ingested (search.json keeps what they measured: contracts.search.Reference).
+
 Each probe is an ordinary open-loop run folder (`DIR/p01`, `DIR/p02`, ...: schedule,
 requests, tokens, samples, server.log, run.json), made by the runner's `run_on_server`
-against one `SharedServer` (started for the first probe, reused once idle by the next,
+against one `SharedServer` (started for the first run, reused once idle by the next,
 always stopped at the end), so `filledfirst ingest` reads it like any other. Its run.json
 carries, beside the usual keys, `experiment` = `<frontier>/<setting>/pNN` and
 
-    frontier: {name, setting, probe, rate, probe_s, slo, target, fingerprint,
-               requests, attainment, held, lifetime_p90_s, missed: {failed, ttft, itl}, error}
+    frontier: {name, setting, probe, rate, probe_s, offered_rps, slo, target, fingerprint,
+               requests, met, attainment, attainment_lo, attainment_hi, backlog_growth,
+               verdict, held, lifetime_p90_s, missed: {failed, ttft, itl}, error}
 
-(probe_s: this probe's seconds of arrivals, which grow with its requests' lifetimes:
-frontier.probes.probe_duration.)
+(probe_s: this probe's seconds of arrivals, which grow with its requests' lifetimes and
+with the requests its interval needs: frontier.probes.probe_duration; verdict and held
+judge this probe alone, frontier.verdict.)
 
-The search's state is a function of its probes alone (frontier.search), so an interrupted
-search resumes from the probe folders: those that finished (`ok`, with an attainment, the
-same search fingerprint, at the rate and length the search asks for next, in probe order) are read
-back; the first one that did not, and every folder after it, is measured again. A probe
-that fails outright (the server died or never started, every request failed) ends the
-search (PROBE_FAILED), its reason kept. At the end `DIR/search.json` is written atomically:
-the search's settings, its probes and its result (filledfirst.contracts.search.SearchRecord).
+The search's state is a function of its first rate and its probes (frontier.search), so an
+interrupted search resumes from the folders: the estimate, if it finished with the same
+spec, and the probes that finished (`ok`, with an attainment, the same search fingerprint,
+at the rate and length the search asks for next, in probe order); the first probe that did
+not, and every folder after it, is measured again. A probe that fails outright (the server
+died or never started, every request failed) ends the search (PROBE_FAILED), its reason
+kept. At the end `DIR/search.json` is written atomically: the search's settings, its
+closed loops, its probes and its result (filledfirst.contracts.search.SearchRecord).
 """
 
 from __future__ import annotations
@@ -33,25 +42,38 @@ from typing import Any
 
 import duckdb
 import msgspec
+import polars as pl
 
 from filledfirst.contracts import runmeta
 from filledfirst.contracts.records import REQUEST_SCHEMA, TOKEN_SCHEMA, to_table
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta, ServerInfo
-from filledfirst.contracts.search import SEARCH_JSON, ProbeRecord, SearchRecord, Slo
+from filledfirst.contracts.search import (
+    SEARCH_JSON,
+    Drift,
+    ProbeRecord,
+    Reference,
+    SearchBounds,
+    SearchRecord,
+    Slo,
+    StopReason,
+)
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
-from filledfirst.frontier.probes import synthetic_probe, trace_kept_rate, trace_probe
+from filledfirst.frontier.probes import offered_rate, synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
+from filledfirst.frontier.verdict import Verdict, backlog_growth, judge
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
-from filledfirst.request_metrics import SLO_ATTAINMENT
+from filledfirst.request_metrics import SLO_ATTAINMENT, SLO_REQUESTS
 from filledfirst.run import folder
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 
 log = logging.getLogger(__name__)
 
 _PROBE_DIR = re.compile(r"^p(\d+)$")
+# The capacity estimate's closed loop before the search, and the same after it (the drift check).
+ESTIMATE, CHECK = "estimate", "check"
 
 
 def probe_dir_name(probe: int) -> str:
@@ -63,11 +85,12 @@ def probe_experiment(frontier: str, setting: str, probe: int) -> str:
 
 
 def probe_attainment(requests, tokens, slo: Slo) -> dict:
-    """A probe's verdict from its records: the share that met the SLO
+    """A probe's evidence from its records: the share that met the SLO
     (filledfirst.request_metrics.SLO_ATTAINMENT, the goodput's own test, run on the
     records in memory), with why the others missed: failed (no first token), TTFT over,
-    ITL over (both may count), and the p90 lifetime of its ok requests (scheduled arrival
-    to end), which sets the length of the probes after it."""
+    ITL over (both may count); the p90 lifetime of its ok requests (scheduled arrival to
+    end), which sets the length of the probes after it; and the growth of its backlog
+    (filledfirst.frontier.verdict.backlog_growth)."""
     con = duckdb.connect()
     try:
         con.register("probe_requests", to_table(requests, REQUEST_SCHEMA))
@@ -76,13 +99,17 @@ def probe_attainment(requests, tokens, slo: Slo) -> dict:
         con.execute("CREATE VIEW requests AS SELECT 'probe' AS run_id, * FROM probe_requests")
         con.execute("CREATE VIEW tokens AS SELECT 'probe' AS run_id, * FROM probe_tokens")
         row = con.execute(SLO_ATTAINMENT, {"slo_ttft": slo.ttft_ms, "slo_itl": slo.itl_ms}).fetchone()
+        waits = con.execute(f"SELECT t_scheduled, ttft_ms FROM ({SLO_REQUESTS})").fetchall()
     finally:
         con.close()
     if row is None:
-        return {"requests": 0, "attainment": None, "lifetime_p90_s": None,
+        return {"requests": 0, "met": 0, "attainment": None, "lifetime_p90_s": None, "backlog_growth": None,
                 "missed": {"failed": 0, "ttft": 0, "itl": 0}}
     _, n, met, failed, ttft_over, itl_over, lifetime = row
-    return {"requests": n, "attainment": met / n, "lifetime_p90_s": lifetime,
+    growth = backlog_growth([t for t, _ in waits], [math.inf if w is None else w / 1000 for _, w in waits])
+    return {"requests": n, "met": met, "attainment": met / n, "lifetime_p90_s": lifetime,
+            "backlog_growth": None if growth is None or math.isinf(growth) else growth,
+            "backlog_unbounded": growth is not None and math.isinf(growth),
             "missed": {"failed": failed, "ttft": ttft_over, "itl": itl_over}}
 
 
@@ -92,20 +119,41 @@ def probe_outcome(meta: RunMeta) -> ProbeOutcome:
     assert f is not None, f"{meta.run_id}: not a probe"
     if f.error or f.attainment is None:
         return ProbeOutcome.failed(f.rate, f.error or f"no verdict (run status {meta.status})")
-    return ProbeOutcome(f.rate, f.attainment)
+    return ProbeOutcome(f.rate, f.attainment, requests=f.requests, growth=f.backlog_growth)
 
 
-def _verdict(meta: RunMeta, replay, slo: Slo, target: float) -> dict[str, Any]:
+def _verdict(meta: RunMeta, replay, slo: Slo, bounds: SearchBounds) -> dict[str, Any]:
     """The frontier block's measured part (its FrontierProbe fields), filled in before
-    run.json is written."""
+    run.json is written. `held` and `verdict` judge this probe alone."""
     if meta.status != "ok":
         return {"requests": None, "attainment": None, "held": None, "lifetime_p90_s": None, "missed": None,
                 "error": (meta.error or meta.status).strip()}
     # A probe whose every request failed is a failed run already (the runner's rule).
     measured = probe_attainment(replay.requests, replay.tokens, slo)
+    unbounded = measured.pop("backlog_unbounded")
     if not measured["requests"]:
         return {**measured, "requests": 0, "attainment": None, "held": None, "error": "no request in the probe"}
-    return {**measured, "held": measured["attainment"] >= target, "error": None}
+    if unbounded:  # the last third's median request never got a first token: the queue ran away
+        measured["backlog_growth"] = _UNBOUNDED_GROWTH
+    j = judge(measured["met"], measured["requests"], [measured["backlog_growth"]], target=bounds.target,
+              confidence=bounds.confidence, max_growth=bounds.backlog_max_growth)
+    return {**measured, "attainment_lo": j.attainment_lo, "attainment_hi": j.attainment_hi,
+            "verdict": j.verdict.value, "held": j.verdict is Verdict.HELD, "error": None}
+
+
+# JSON has no infinity: a backlog whose median request of the last third never got a first
+# token is recorded as this growth (s/s), beyond any sensible backlog_max_growth.
+_UNBOUNDED_GROWTH = 1e9
+
+
+def reference_throughput(run_dir: Path, concurrency: int) -> tuple[int, float | None]:
+    """(ok requests, completions per second after the first `concurrency` completions) of
+    a closed loop's run folder: the rate a full batch sustains, its ramp left out."""
+    req = pl.read_parquet(Path(run_dir) / folder.REQUESTS).filter(pl.col("status") == "ok")
+    done = sorted(req["t_done"].to_list())
+    if len(done) <= concurrency or done[-1] <= done[concurrency - 1]:
+        return len(done), None
+    return len(done), (len(done) - concurrency) / (done[-1] - done[concurrency - 1])
 
 
 class Prober:
@@ -128,25 +176,26 @@ class Prober:
         self.shared = SharedServer(server, self.scratch / folder.SERVER_LOG)
         self.log_from = 0
 
-    def probe_spec(self, name: str, description: str, workload: Workload) -> ExperimentSpec:
+    def probe_spec(self, name: str, description: str, workload: Workload,
+                   concurrency: int | None = None) -> ExperimentSpec:
         return probe_spec(self.study, self.plan, self.setting, experiment=name, description=description,
-                          workload=workload)
+                          workload=workload, concurrency=concurrency)
 
-    def workload(self, rate: float, schedule: Path, probe_s: float) -> Workload:
-        """Write the probe's schedule (and its stats beside it); returns its workload."""
+    def workload(self, rate: float, schedule: Path, probe_s: float) -> tuple[Workload, ScheduleStats]:
+        """Write the probe's schedule (and its stats beside it); returns its workload and
+        the stats (what it offered: frontier.probes.offered_rate)."""
         wl = self.plan.workload
         if isinstance(wl, SyntheticWorkload):
             from filledfirst.workloads.synthetic import write_synthetic_schedule
 
             probe = synthetic_probe(wl, rate, probe_s)
-            write_synthetic_schedule(probe, schedule)
-            return probe
-        from filledfirst.trace.subsample import subsample_to_parquet, window_of
+            return probe, write_synthetic_schedule(probe, schedule)
 
-        probe = trace_probe(wl, self.kept_per_s, rate, probe_s)
-        subsample_to_parquet(self.trace_csv, schedule, **window_of(probe), time_scale=float(probe.time_scale),
-                             max_model_len=self.study.model.max_model_len)
-        return probe
+        trace = trace_probe(wl, self.kept_per_s, rate, probe_s, self.plan.probe_stretches)
+        if len(trace.starts_s) < self.plan.probe_stretches:
+            log.info("%s: %.3g s of trace at %.4g req/s cover the %g-minute window: one stretch from its start",
+                     self.plan.name, trace.stretch_s, rate, wl.minutes)
+        return trace.workload, trace.write(self.trace_csv, schedule, self.study.model.max_model_len)
 
     def measure(self, probe: int, rate: float, probe_s: float | None = None) -> RunMeta:
         """Probe `rate` for `probe_s` seconds of arrivals (the plan's probe_s by default)."""
@@ -158,14 +207,16 @@ class Prober:
         probe_s = plan.probe_s if probe_s is None else probe_s
         description = (f"capacity search {plan.name}, setting {setting}: "
                        f"probe {probe} at {rate:.4g} req/s for {probe_s:.3g} s")
-        spec = self.probe_spec(name, description, self.workload(rate, schedule, probe_s))
-        block = FrontierProbe(name=plan.name, setting=setting, probe=probe, rate=rate, probe_s=probe_s, slo=plan.slo,
-                              target=plan.bounds.target, fingerprint=self.fingerprint)
+        workload, stats = self.workload(rate, schedule, probe_s)
+        spec = self.probe_spec(name, description, workload)
+        block = FrontierProbe(name=plan.name, setting=setting, probe=probe, rate=rate, probe_s=probe_s,
+                              offered_rps=offered_rate(stats, probe_s), slo=plan.slo, target=plan.bounds.target,
+                              fingerprint=self.fingerprint)
         about = {**spec_meta(spec.to_doc()), "part": "frontier", "expect": None, "frontier": block,
                  "server": ServerInfo(launcher=spec.engine.launcher, settings=spec.server)}
 
         def annotate(run_meta: RunMeta, replay) -> None:
-            verdict = _verdict(run_meta, replay, plan.slo, plan.bounds.target)
+            verdict = _verdict(run_meta, replay, plan.slo, plan.bounds)
             run_meta.frontier = msgspec.structs.replace(block, **verdict)
 
         log.info("%s: probing %.4g req/s for %.3g s (%s)", plan.name + "/" + setting, rate, probe_s, name)
@@ -174,6 +225,40 @@ class Prober:
             progress=self.progress, log_from=self.log_from, annotate=annotate,
         )
         return run_meta
+
+    def reference(self, tag: str, concurrency: int) -> Reference:
+        """The closed loop of the shape at `concurrency` (the estimate before the search,
+        the drift check after it) in `DIR/<tag>`: FrontierPlan.reference_requests spread over
+        the shape as a probe's are. A finished folder of the same spec is read
+        back instead of measured again."""
+        from filledfirst.run.runner import run_on_server, spec_meta
+
+        plan, setting = self.plan, self.setting
+        assert plan.estimate_batches
+        name, out = f"{plan.name}/{setting}/{tag}", self.out / tag
+        n = plan.reference_requests(concurrency)
+        schedule = self.scratch / f"{tag}.parquet"
+        description = (f"capacity search {plan.name}, setting {setting}: {tag}, a closed loop of {concurrency} "
+                       f"({n} requests of the shape)")
+        spec = self.probe_spec(name, description, self.workload(n / plan.probe_s, schedule, plan.probe_s)[0],
+                               concurrency)
+        doc = spec.to_doc()
+        meta, why = _read_run(out)
+        if meta is not None and (meta.status != "ok" or meta.spec_fingerprint != spec_meta(doc)["spec_fingerprint"]):
+            meta, why = None, f"status {meta.status}" if meta.status != "ok" else "measured for another spec"
+        if meta is None:
+            if out.exists():
+                log.info("%s: measuring %s again (%s)", self.out, tag, why)
+            about = {**spec_meta(doc), "part": "frontier", "expect": None,
+                     "server": ServerInfo(launcher=spec.engine.launcher, settings=spec.server)}
+            log.info("%s/%s: %s, a closed loop of %d (%d requests)", plan.name, setting, tag, concurrency, n)
+            meta, self.log_from = run_on_server(self.shared, name, schedule, out, spec, about,
+                                                progress=self.progress, log_from=self.log_from)
+        ok, rps = reference_throughput(out, concurrency) if meta.status == "ok" else (None, None)
+        error = None if rps is not None else (meta.error or f"status {meta.status}, {ok} ok requests").strip()
+        log.info("%s/%s: %s sustains %s req/s", plan.name, setting, tag, "?" if rps is None else f"{rps:.4g}")
+        return Reference(run_dir=tag, run_id=meta.run_id, status=meta.status, concurrency=concurrency, requests=ok,
+                         throughput_rps=rps, error=error)
 
     def close(self) -> None:
         self.shared.stop()
@@ -195,19 +280,28 @@ def _probe_dirs(out: Path) -> dict[int, Path]:
     return {int(m.group(1)): p for p in out.iterdir() if (m := _PROBE_DIR.match(p.name)) and p.is_dir()}
 
 
+def _read_run(run_dir: Path) -> tuple[RunMeta | None, str | None]:
+    """A run folder's run.json, typed, or why it cannot be read back."""
+    try:
+        return runmeta.decode(folder.read_run_json(run_dir)), None
+    except (folder.IncompleteRunDir, ValueError, FileNotFoundError) as exc:
+        return None, f"unfinished ({exc})"
+
+
 def _read_probe(run_dir: Path) -> tuple[RunMeta | None, str | None]:
     """A probe folder's run.json, typed, or why it cannot be read back."""
-    try:
-        meta = runmeta.decode(folder.read_run_json(run_dir))
-    except (folder.IncompleteRunDir, ValueError) as exc:
-        return None, f"unfinished ({exc})"
-    return (meta, None) if meta.frontier is not None else (None, "not a probe (run.json has no frontier block)")
+    meta, why = _read_run(run_dir)
+    if meta is None or meta.frontier is not None:
+        return meta, why
+    return None, "not a probe (run.json has no frontier block)"
 
 
-def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[CapacitySearch, list[ProbeRecord]]:
-    """The search as far as the finished probe folders take it; every folder from the
-    first one that cannot be reused on is removed (it is measured again)."""
-    search = CapacitySearch(plan.bounds)
+def resume(out: Path, plan: FrontierPlan, setting: str, fp: str,
+           first: float | None = None) -> tuple[CapacitySearch, list[ProbeRecord]]:
+    """The search (from `first`, a capacity estimate, if given) as far as the finished
+    probe folders take it; every folder from the first one that cannot be reused on is
+    removed (it is measured again)."""
+    search = CapacitySearch(plan.bounds, first=first)
     records: list[ProbeRecord] = []
     dirs = _probe_dirs(out) if out.is_dir() else {}
     probe = 1
@@ -215,7 +309,7 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
         meta, why = _read_probe(dirs[probe])
         f = meta.frontier if meta is not None else None
         expected = search.next_rate()
-        length = plan.probe_duration(_lifetimes(records))
+        length = plan.probe_duration(_lifetimes(records), expected) if expected is not None else None
         if why is None:
             assert meta is not None and f is not None
             if meta.status != "ok" or f.attainment is None:
@@ -224,8 +318,8 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
                 why = "measured for another search (config changed)"
             elif expected is None or not math.isclose(f.rate, expected, rel_tol=1e-9):
                 why = f"at {f.rate:g}/s where the search asks for {expected}"
-            elif f.probe_s is None or not math.isclose(f.probe_s, length, rel_tol=1e-9):
-                why = f"{f.probe_s} s long where the search asks for {length:g} s"
+            elif f.probe_s is None or length is None or not math.isclose(f.probe_s, length, rel_tol=1e-9):
+                why = f"{f.probe_s} s long where the search asks for {length} s"
         if why is not None:
             log.info("%s: measuring probe %d again (%s)", out, probe, why)
             break
@@ -239,6 +333,26 @@ def resume(out: Path, plan: FrontierPlan, setting: str, fp: str) -> tuple[Capaci
     return search, records
 
 
+def probe_to_the_end(prober: Prober, search: CapacitySearch, records: list[ProbeRecord]) -> bool:
+    """Probe what the search asks for until it stops, each probe's record appended to
+    `records`; whether any probe was measured."""
+    measured = False
+    while (rate := search.next_rate()) is not None:
+        meta = prober.measure(len(search.probes) + 1, rate, prober.plan.probe_duration(_lifetimes(records), rate))
+        search.record(probe_outcome(meta))
+        records.append(_probe_record(meta, reused=False))
+        measured = True
+    return measured
+
+
+def _drift(plan: FrontierPlan, start: Reference | None, end: Reference | None) -> Drift | None:
+    if start is None or end is None or not start.throughput_rps or end.throughput_rps is None:
+        return None
+    change = end.throughput_rps / start.throughput_rps - 1
+    return Drift(start_rps=start.throughput_rps, end_rps=end.throughput_rps, change=change,
+                 max_change=plan.drift_max, drifted=abs(change) > plan.drift_max)
+
+
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
                  trace_csv: Path | None = None, shape_stats: Path | None = None) -> SearchRecord:
     """The search of `setting` of `frontier` in the study, to its end; returns its search.json.
@@ -246,31 +360,49 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
     plan = search_plan(study, frontier, setting)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*")]:
+    for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*"),
+                  *out.glob(f".{ESTIMATE}.*-*"), *out.glob(f".{CHECK}.*-*")]:
         shutil.rmtree(stale, ignore_errors=True)  # left by a SIGKILL
     (out / SEARCH_JSON).unlink(missing_ok=True)
     install_interrupt_handlers()
     watch_owners()
     prober = Prober(study, plan, setting, out, fingerprint, trace_csv, shape_stats, progress)
+    concurrency = plan.estimate_concurrency(setting)
+    estimate = check = None
     try:
-        search, records = resume(out, plan, setting, prober.fingerprint)
-        while (rate := search.next_rate()) is not None:
-            meta = prober.measure(len(search.probes) + 1, rate, plan.probe_duration(_lifetimes(records)))
-            search.record(probe_outcome(meta))
-            records.append(_probe_record(meta, reused=False))
+        first = None
+        if concurrency is not None:
+            estimate = prober.reference(ESTIMATE, concurrency)
+            first = estimate.throughput_rps
+            if first is None:
+                log.warning("%s/%s: no capacity estimate (%s): the search grows from %g req/s",
+                            frontier, setting, estimate.error, plan.bounds.start)
+        elif plan.estimate_batches:
+            log.info("%s/%s: no max_num_seqs to fill for a capacity estimate: the search grows from %g req/s",
+                     frontier, setting, plan.bounds.start)
+        search, records = resume(out, plan, setting, prober.fingerprint, first)
+        # A check measured before these probes would not be the search's end.
+        if probe_to_the_end(prober, search, records):
+            shutil.rmtree(out / CHECK, ignore_errors=True)
+        result = search.result()
+        assert result is not None
+        if estimate is not None and first is not None and result.reason is not StopReason.PROBE_FAILED:
+            check = prober.reference(CHECK, concurrency)
     except Interrupted as exc:  # during a probe (its folder is published) or between probes
         log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
         raise
     finally:
         prober.close()
-    result = search.result()
-    assert result is not None
+    drift = _drift(plan, estimate, check)
     record = SearchRecord(
         frontier=frontier, setting=setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
         slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
-        bounds=plan.bounds, probes=records, result=result.record(),
+        probe_stretches=plan.probe_stretches, bounds=plan.bounds, probes=records, result=result.record(),
+        estimate=estimate,
+        estimate_rps=search.first if first is not None else None, check=check, drift=drift,
     )
     record.write(out / SEARCH_JSON)
-    log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s", frontier, setting, result.reason,
-             result.lo, result.hi, len(records), f" ({result.error})" if result.error else "")
+    log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s%s", frontier, setting, result.reason,
+             result.lo, result.hi, len(records), f" ({result.error})" if result.error else "",
+             f"; the server's speed changed {drift.change:+.1%} over the search" if drift else "")
     return record

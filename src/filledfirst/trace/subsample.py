@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,7 +32,7 @@ from filledfirst.trace.timestamps import NS_PER_S as _NS_PER_S
 from filledfirst.trace.timestamps import format_ns, parse_one
 from filledfirst.trace.window import NotBisectable, open_sorted
 
-__all__ = ["COLUMNS", "read_trace", "subsample", "subsample_to_parquet"]
+__all__ = ["COLUMNS", "read_trace", "stretches_to_parquet", "subsample", "subsample_to_parquet"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,42 @@ class _Window:
     trace_requests: int | None  # known only when the whole file was read
     skipped: dict[str, int]  # reason -> rows dropped (in what was read)
     read: str  # "bisect" (header + the window's bytes) or "full"
+
+
+@dataclass(frozen=True)
+class _Stretches:
+    """Stretch i is [window start + starts_s[i], + stretch_s) of trace time (stretches_to_parquet)."""
+
+    starts_s: tuple[float, ...]
+    stretch_s: float
+
+    def __post_init__(self) -> None:
+        s, length = self.starts_s, self.stretch_s
+        if not (math.isfinite(length) and length > 0):
+            raise UserError(f"a stretch must last > 0 s, got {length}")
+        if not s or s[0] < 0 or any(b - a < length for a, b in zip(s, s[1:])):
+            raise UserError(f"stretches of {length:g} s must start at >= 0 s, in order, without overlap: {list(s)}")
+
+    @property
+    def end_s(self) -> float:
+        return self.starts_s[-1] + self.stretch_s
+
+    @property
+    def length_ns(self) -> int:
+        return round(self.stretch_s * _NS_PER_S)
+
+    def cut(self, w: _Window, kept: pl.DataFrame) -> tuple[pl.DataFrame, list[Window]]:
+        """The kept rows inside the stretches, with `laid_ns`, their trace time with the
+        stretches laid end to end from 0 (whole nanoseconds: arrivals stay in order), and
+        each stretch as a window (its requests counted before keep_every)."""
+        parts, taken = [], []
+        for i, offset_s in enumerate(self.starts_s):
+            a = w.start_ns + round(offset_s * _NS_PER_S)
+            inside = (pl.col("t_ns") >= a) & (pl.col("t_ns") < a + self.length_ns)
+            parts.append(kept.filter(inside).with_columns((pl.col("t_ns") - a + i * self.length_ns).alias("laid_ns")))
+            taken.append(Window(start=format_ns(a), start_offset_s=(a - w.first_ns) / _NS_PER_S,
+                                minutes=self.stretch_s / 60, requests=w.rows.filter(inside).height))
+        return pl.concat(parts), taken
 
 
 def _window_full(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool) -> _Window:
@@ -177,24 +214,33 @@ def _subsample(
     skip_bad: bool = False,
     scan: str = "auto",
     relative: Callable[[int, float], tuple[float, dict]] | None = None,
+    stretches: _Stretches | None = None,
 ) -> tuple[pl.DataFrame, dict]:
     """`relative` instead of `time_scale`: (requests kept, trace seconds they span) -> the
     time scale and what it was resolved from (a time scale relative to a knee: the
     caller's resolver, filledfirst.frontier.relative.trace_scale_resolver). A ValueError
-    it raises is the user's to fix, as is the window it was given."""
+    it raises is the user's to fix, as is the window it was given. `stretches`: only
+    those parts of the window, laid end to end (stretches_to_parquet), at `time_scale`."""
     _check_params(start_offset_s, start, minutes, keep_every, phase, 1.0 if relative else time_scale,
                   max_model_len)
+    if stretches is not None:
+        assert relative is None, "stretches take an absolute time_scale"
+        minutes = max(minutes, stretches.end_s / 60)  # read from the window's start to the later end
     w = _read_window(source, _Spec(start_offset_s, start, minutes), skip_bad, scan)
     name = w.source.name
     if w.end_ns > w.last_ns:
         log.warning("%s: the window runs %.1f s past the last request", name, (w.end_ns - w.last_ns) / _NS_PER_S)
     window = w.rows
     kept = window.gather_every(keep_every, offset=phase) if phase < window.height else window.clear()
+    where, held = f"the window [{format_ns(w.start_ns)}, {format_ns(w.end_ns)})", window.height
+    taken = None
+    if stretches is not None:
+        kept, taken = stretches.cut(w, kept)
+        where = f"{len(taken)} stretch(es) of {stretches.stretch_s:g} s of {where}"
+        held = sum(t.requests for t in taken)
     if kept.height == 0:
-        raise UserError(
-            f"{name}: no request kept: the window [{format_ns(w.start_ns)}, {format_ns(w.end_ns)}) "
-            f"holds {window.height} request(s), phase {phase}, keep_every {keep_every}"
-        )
+        raise UserError(f"{name}: no request kept: {where} holds {held} request(s), phase {phase}, "
+                        f"keep_every {keep_every}")
     kept, fit = _fit_sizes(kept, max_model_len)
     resolved = None
     if relative is not None:
@@ -203,9 +249,11 @@ def _subsample(
             time_scale, resolved = relative(kept.height, trace_s)
         except ValueError as exc:
             raise UserError(f"{name}: {exc}") from None
+    # What the arrivals are spread over: the window, cut short where the trace ends; or the stretches.
+    spread_ns = min(w.end_ns, w.last_ns) - w.start_ns if taken is None else len(taken) * stretches.length_ns
     schedule = as_schedule(
         kept.select(
-            _offset_seconds(kept["t_ns"] - w.start_ns, time_scale),
+            _offset_seconds(kept["t_ns"] - w.start_ns if taken is None else kept["laid_ns"], time_scale),
             pl.col("prompt").alias("prompt_tokens"),
             pl.col("output").alias("output_tokens"),
             pl.lit(role, dtype=pl.String).alias("role"),
@@ -228,8 +276,8 @@ def _subsample(
         "skipped_by_reason": w.skipped,
         **fit,
         **({"relative": [resolved]} if resolved else {}),
-        # What the arrivals are spread over: the window, cut short where the trace ends.
-        "duration_s": (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S * time_scale,
+        **({"stretches": taken} if taken is not None else {}),
+        "duration_s": spread_ns / _NS_PER_S * time_scale,
     }
     return schedule, info
 
@@ -267,3 +315,20 @@ def subsample_to_parquet(csv: Path, out: Path, **spec) -> ScheduleStats:
         info["source"], stats.requests, duration_s, info["clipped"], out,
     )
     return stats
+
+
+def stretches_to_parquet(csv: Path, out: Path, *, starts_s: Sequence[float], stretch_s: float,
+                         **spec) -> ScheduleStats:
+    """Write the schedule of stretches of a trace window laid end to end, and its stats
+    (as subsample_to_parquet); return the stats.
+
+    Stretch i is [window start + starts_s[i], + stretch_s) of trace time (starts in order,
+    no overlap). The window's rows are read once, from its start to its end or the last
+    stretch's end, whichever is later (`window` in the stats), and kept as the window's own
+    schedule keeps them (every keep_every-th from phase, counted from the window's start):
+    the stretches hold the window's own requests. Stretch i's arrivals are scaled by
+    time_scale and begin at i x stretch_s x time_scale, so the schedule lasts
+    len(starts_s) x stretch_s x time_scale seconds (its duration_s), its requests numbered
+    in arrival order. The stats record each stretch as a window under `stretches`.
+    `spec`: subsample's keywords, with an absolute time_scale."""
+    return subsample_to_parquet(csv, out, stretches=_Stretches(tuple(map(float, starts_s)), stretch_s), **spec)
