@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import msgspec
 import yaml
 
 from filledfirst.errors import UserError
@@ -192,14 +193,17 @@ def search_fingerprint(cfg: dict, frontier: str, setting: str) -> str:
     or the search's path does (Snakemake re-runs the search; its probes measured before
     are not reused). Hashed from the config as written, as spec_document is: a probe's
     server, model, engine, scrape, its loadgen (the study's, open loop), the shape, and
-    the search's SLO, lengths and bounds."""
+    the search's SLO, lengths and bounds; an intervention's, what it relaxes too."""
     from filledfirst.frontier.plan import search_plan, search_terms
 
     plan = search_plan(Study.from_dict(cfg), frontier, setting)
     f = cfg["frontiers"][frontier]
     loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
+    relaxed = plan.interventions.get(setting)
+    own = f["settings"][setting] if relaxed is None else deep_merge(f["settings"][relaxed.parent], relaxed.changes)
     return fingerprint({
-        "server": deep_merge(cfg["engine"].get("server", {}), f["settings"][setting]),
+        "server": deep_merge(cfg["engine"].get("server", {}), own),
+        **({} if relaxed is None else {"intervention": msgspec.to_builtins(relaxed)}),
         "loadgen": {**loadgen, "mode": "open"},
         **_model_engine_scrape(cfg),
         "workload": cfg["workloads"][f["workload"]],

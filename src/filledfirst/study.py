@@ -72,6 +72,8 @@ class ServerSettings(_Struct):
     enable_chunked_prefill: bool | None = None
     gpu_memory_utilization: float | None = None
     num_gpu_blocks_override: int | None = None
+    kv_tokens: int | None = None  # the KV budget in tokens: filledfirst.engine.command.kv_blocks
+    block_size: int | None = None
     kv_cache_space_gib: int | None = None
     enforce_eager: bool | None = None
     extra_args: list[str] | None = None
@@ -292,6 +294,9 @@ class Frontier(_Struct):
     estimate_batches: int = _d("frontiers", "*", "estimate_batches")
     estimate_step: float = _d("frontiers", "*", "estimate_step")
     drift_max: float = _d("frontiers", "*", "drift_max")
+    # true: every setting; a list: those settings (filledfirst.frontier.interventions)
+    verify: bool | list[str] = _d("frontiers", "*", "verify")
+    verify_min_shift: float = _d("frontiers", "*", "verify_min_shift")
 
 
 class ReferenceRole(_Struct):

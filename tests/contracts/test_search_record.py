@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from filledfirst.contracts.search import SearchRecord, StopReason
+from filledfirst.contracts.search import Knob, SearchRecord, StopReason
 from filledfirst.errors import UserError
 
 # A search.json as `filledfirst frontier run` writes it (two probes and both closed loops).
@@ -25,6 +25,7 @@ WRITTEN = {
     "estimate_rps": 15.29,
     "fingerprint": "9e2f6f0839d0a145",
     "frontier": "azure",
+    "intervention": None,
     "probe_lifetimes": 4.0,
     "probe_max_s": 120.0,
     "probe_s": 10.0,
@@ -44,12 +45,14 @@ WRITTEN = {
                "hi_inconclusive": False, "lo": 16.0, "ratio": 1.0905077326652577, "reason": "converged"},
     "setting": "default",
     "slo": {"itl_ms": 2000.0, "ttft_ms": 4000.0},
+    "start_rps": None,
     "workload": "azure_conv",
 }
 
 # One written before searches had an interval, an estimate and a drift check: it still reads.
 WRITTEN_BEFORE = {k: v for k, v in WRITTEN.items()
-                  if k not in ("check", "drift", "estimate", "estimate_rps", "probe_stretches")} | {
+                  if k not in ("check", "drift", "estimate", "estimate_rps", "probe_stretches", "intervention",
+                               "start_rps")} | {
     "bounds": {k: WRITTEN["bounds"][k] for k in ("budget", "growth", "maximum", "precision", "repeats", "start",
                                                   "target")},
     "probes": [{k: v for k, v in p.items() if k not in ("attainment_hi", "attainment_lo", "backlog_growth", "met",
@@ -77,6 +80,16 @@ def test_a_search_json_as_written_today_round_trips(tmp_path):
     again = tmp_path / "again.json"
     search.write(again)
     assert again.read_text() == path.read_text()
+
+
+def test_an_intervention_keeps_what_it_relaxed_and_where_it_started():
+    doc = {**WRITTEN, "setting": "default_seqs_x2", "estimate": None, "check": None, "drift": None,
+           "estimate_rps": None, "start_rps": 16.0,
+           "intervention": {"after": 128, "before": 64, "changes": {"max_num_seqs": 128}, "knob": "max_num_seqs",
+                            "min_shift": 0.3, "parent": "default"}}
+    search = SearchRecord.decode(doc, "s.json")
+    assert search.intervention.knob is Knob.SEQS and search.intervention.parent == "default"
+    assert search.to_doc() == doc
 
 
 def test_unknown_keys_are_allowed():

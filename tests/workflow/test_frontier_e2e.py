@@ -1,8 +1,11 @@
 """A capacity search on the real vLLM CPU engine, through Snakemake to the DuckDB file:
 two settings of tests/configs/frontier.yaml (the default cap and max_num_seqs 2), a
 capacity estimate, then at most 4 probes of at least 5 s each, one server start per
-setting. Asserts what holds at any CPU speed: files, statuses, one start per search,
-the probes' rates being the search's, the tables.
+setting; then seq2's two interventions (its cap doubled, its KV budget doubled), each
+from seq2's knee, and the verdict. Asserts what holds at any CPU speed: files, statuses,
+one start per search, the probes' rates being the search's, the tables, the verdict
+being the one the knees give, the report's table, and an interrupted intervention
+resumed from its probes.
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
 import json
@@ -12,9 +15,11 @@ import sys
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 import yaml
 
+from filledfirst.analysis.frontiers import IMPLICATED, confirmation, moved
 from filledfirst.contracts.search import SearchBounds, StopReason
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 
@@ -86,13 +91,32 @@ def test_capacity_search_on_the_engine(tmp_path):
             assert meta["request_status_counts"].get("not_sent", 0) == 0
     assert not list(base.glob("*/.server-*"))  # the scratch log is gone
 
+    # The interventions: each from seq2's knee, on its own server start, with its limit doubled.
+    seq2 = json.loads((base / "seq2" / "search.json").read_text())
+    for setting, knob, before, after, flag in (("seq2_seqs_x2", "max_num_seqs", 2, 4, ("max_num_seqs", 4)),
+                                               ("seq2_kv_x2", "KV tokens", 32768, 65536, ("kv_tokens", 65536))):
+        doc = json.loads((base / setting / "search.json").read_text())
+        assert doc["intervention"] == {"parent": "seq2", "knob": knob, "before": before, "after": after,
+                                       "changes": dict([flag]), "min_shift": 0.3}
+        knee = seq2["result"]["lo"]  # None: seq2 broke at start, and the intervention grows from it
+        assert doc["estimate"] is None and doc["check"] is None
+        assert doc["start_rps"] == (None if knee is None else min(max(knee, f["start"]), f["maximum"]))
+        assert 1 <= len(doc["probes"]) <= 4 and doc["probes"][0]["rate"] == (doc["start_rps"] or f["start"])
+        first = json.loads((base / setting / "p01" / "run.json").read_text())
+        assert first["server"]["settings"][flag[0]] == flag[1] and "startup_s" in first["timings"]
+        search = CapacitySearch(bounds, [ProbeOutcome(p["rate"], p["attainment"], requests=p["requests"],
+                                                      growth=p["backlog_growth"]) for p in doc["probes"]],
+                                first=doc["start_rps"])
+        assert (doc["result"]["lo"], doc["result"]["hi"]) == (search.result().lo, search.result().hi)
+
     con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
-    n_probes = sum(len(json.loads((base / s / "search.json").read_text())["probes"]) for s in ("default", "seq2"))
+    settings = ("default", "seq2", "seq2_seqs_x2", "seq2_kv_x2")
+    n_probes = sum(len(json.loads((base / s / "search.json").read_text())["probes"]) for s in settings)
     assert con.execute("SELECT count(*) FROM runs WHERE experiment LIKE 'knee/%'").fetchall()[0][0] == n_probes
     assert con.execute("SELECT count(*) FROM diagnosis WHERE experiment LIKE 'knee/%'").fetchall()[0][0] == n_probes
     rows = {r[0]: r[1:] for r in con.execute(
         "SELECT setting, probes, lo_rps, hi_rps, reason FROM frontiers WHERE frontier = 'knee'").fetchall()}
-    assert set(rows) == {"default", "seq2"}
+    assert set(rows) == set(settings)
     for setting, (n, lo, hi, reason) in rows.items():
         doc = json.loads((base / setting / "search.json").read_text())
         assert (n, lo, hi, reason) == (len(doc["probes"]), doc["result"]["lo"], doc["result"]["hi"],
@@ -103,12 +127,43 @@ def test_capacity_search_on_the_engine(tmp_path):
         " WHERE experiment LIKE 'knee/seq2/%' AND window_running_max IS NOT NULL"
     ).fetchall())
 
-    # The report folds each search's probes under Capacity search.
+    # The verdict is the one the two knees give against seq2's, the roles the ones its label names.
+    table = pl.from_arrow(con.sql("SELECT * FROM frontiers WHERE frontier = 'knee'").to_arrow_table())
+    by = {r["setting"]: r for r in table.to_dicts()}
+    implicated = IMPLICATED.get(by["seq2"]["knee_label"])
+    for setting in ("seq2_seqs_x2", "seq2_kv_x2"):
+        r = by[setting]
+        assert r["parent"] == "seq2" and r["moved"] == moved(by["seq2"], r, 0.3)
+        assert r["role"] == (None if implicated is None else "relaxed" if r["knob"] == implicated else "control")
+    relaxed = next((r for r in by.values() if r["role"] == "relaxed"), None)
+    control = next((r for r in by.values() if r["role"] == "control"), None)
+    verdict, _ = confirmation(by["seq2"]["knee_label"], relaxed, control)
+    assert by["seq2"]["verdict"] == (verdict.value if verdict else None)
+    assert by["default"]["verdict"] is None and by["default"]["parent"] is None
+    con.close()
+
+    # The report folds each search's probes under Capacity search, and says what moved the knee.
     html = (tmp_path / "reports" / "report.html").read_text()
     assert "<summary>default: its " in html and "<summary>seq2: its " in html
     assert "knee/default/p01" in html and "knee/seq2/p01" in html
+    assert "What moved the knee" in html and "seq2_seqs_x2: max_num_seqs 2 -&gt; 4" in html
+    assert "seq2_kv_x2: KV tokens 32,768 -&gt; 65,536" in html
 
     # Done is done: a second call has nothing to do.
     again = subprocess.run(snakemake_argv(tmp_path, cfg, *targets, "-n"), env=pipeline_env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    # An intervention interrupted after its probes (no search.json) resumes from them: none is
+    # measured again, no server starts, and the result is the same.
+    kv = base / "seq2_kv_x2" / "search.json"
+    written = json.loads(kv.read_text())
+    kv.unlink()
+    resumed = subprocess.run(snakemake_argv(tmp_path, cfg, str(kv.relative_to(tmp_path))), env=pipeline_env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    again_doc = json.loads(kv.read_text())
+    assert all(p["reused"] for p in again_doc["probes"]) and again_doc["result"] == written["result"]
+    assert [p["run_id"] for p in again_doc["probes"]] == [p["run_id"] for p in written["probes"]]
+    log = (tmp_path / "results" / "logs" / "frontier-knee-seq2_kv_x2.log").read_text()
+    assert "reusing probe 1" in log and "probing" not in log

@@ -65,15 +65,22 @@ def test_dry_run_plans_one_search_job_per_frontier_setting(tmp_path):
     assert proc.returncode == 0, out
     stats = job_stats(out)
     assert stats["frontier_knee_default"] == 1 and stats["frontier_knee_seq2"] == 1
+    # seq2 is verified: one job per intervention
+    assert stats["frontier_knee_seq2_seqs_x2"] == 1 and stats["frontier_knee_seq2_kv_x2"] == 1
     assert stats["ingest"] == 1 and stats["report"] == 1
     searches = [line for line in out.splitlines() if " -m filledfirst frontier run " in line]
-    assert len(searches) == 2
-    for setting in ("default", "seq2"):
+    assert len(searches) == 4
+    # each intervention after the search whose knee it starts from
+    order = [next(s for s in ("seq2_seqs_x2", "seq2_kv_x2", "seq2", "default") if f"--setting {s} " in line)
+             for line in searches]
+    assert order.index("seq2") < order.index("seq2_seqs_x2") and order.index("seq2") < order.index("seq2_kv_x2")
+    for setting in ("default", "seq2", "seq2_seqs_x2", "seq2_kv_x2"):
         line = next(s for s in searches if f"--setting {setting} " in s)
         assert f"--frontier knee --setting {setting} --out results/frontiers/knee/{setting} --no-progress" in line
         assert f"tee results/logs/frontier-knee-{setting}.log" in line
     ingest = next(line for line in out.splitlines() if " -m filledfirst ingest " in line)
     assert "results/frontiers/knee/default/search.json results/frontiers/knee/seq2/search.json" in ingest
+    assert "results/frontiers/knee/seq2_kv_x2/search.json" in ingest
     assert "results/runs/reference" in ingest
 
 

@@ -130,8 +130,13 @@ def workload_fingerprint(wildcards):
     return fingerprint(config["workloads"][wildcards.workload])
 
 
-# Capacity searches (the config's `frontiers`): one job per frontier and setting.
-FRONTIER_SETTINGS = {name: list(f["settings"]) for name, f in config.get("frontiers", {}).items()}
+# Capacity searches (the config's `frontiers`): one job per frontier and setting, then
+# one per intervention of a verified setting (filledfirst.frontier.interventions), after
+# the search whose knee it starts from.
+from filledfirst.frontier.plan import frontier_plan
+
+FRONTIER_PLANS = {name: frontier_plan(STUDY, name) for name in STUDY.frontiers}
+FRONTIER_SETTINGS = {name: list(plan.settings) for name, plan in FRONTIER_PLANS.items()}
 
 
 def frontier_dir(frontier, setting):
@@ -151,12 +156,16 @@ def search_dir(wildcards, output):
 FRONTIER_SEARCHES = [frontier_search(f, s) for f, settings in FRONTIER_SETTINGS.items() for s in settings]
 
 
-def frontier_inputs(frontier):
+def frontier_inputs(frontier, setting):
     """The model, and for a trace workload its CSV and its schedule's stats (the trace's
-    density, which each probe's time_scale is worked out from)."""
+    density, which each probe's time_scale is worked out from); for an intervention, the
+    search.json of the setting it relaxes."""
     workload = config["frontiers"][frontier]["workload"]
     wl = config["workloads"][workload]
     inputs = {"model": model_inputs()}
+    relaxed = FRONTIER_PLANS[frontier].interventions.get(setting)
+    if relaxed is not None:
+        inputs["after"] = frontier_search(frontier, relaxed.parent)
     if wl["kind"] == "trace":
         inputs["trace"] = f"data/traces/{wl['trace']}.csv"
         inputs["stats"] = f"data/schedules/{workload}.parquet.stats.json"

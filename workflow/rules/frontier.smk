@@ -10,7 +10,7 @@ for frontier, settings in FRONTIER_SETTINGS.items():
             name:
                 f"frontier_{frontier}_{setting}"
             input:
-                **frontier_inputs(frontier),
+                **frontier_inputs(frontier, setting),
             output:
                 frontier_search(frontier, setting),
             log:

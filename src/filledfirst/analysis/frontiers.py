@@ -31,14 +31,24 @@ Columns:
   probe), from the diagnosis' loaded-window shares: waiting_from_rps (waiting > 0 some
   of the time, waiting_share > 0), cap_from_rps (running at the cap, running_at_cap_share
   > 0), kv_full_from_rps (KV >= the diagnosis' kv_full_pct, kv_full_share > 0) and
-  ttft_p95_from_rps (TTFT p95 over the frontier's TTFT SLO).
+  ttft_p95_from_rps (TTFT p95 over the frontier's TTFT SLO);
+- interventions (filledfirst.frontier.interventions, from search.json): an intervention's
+  row has parent (the setting it relaxes), knob, relaxed_from and relaxed_to (ledger
+  units), role (relaxed: the knob of the limit named at the parent's knee, IMPLICATED;
+  control: the other), shift (its lo / the parent's lo - 1), min_shift (the frontier's
+  verify_min_shift) and moved (`moved`: its interval wholly above the parent's and its lo
+  at least 1 + min_shift times the parent's, the same below, or not); the parent's row has verdict
+  (`confirmation`), verdict_why and next_label (what filled first at the relaxed knee).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -47,7 +57,7 @@ from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
-from filledfirst.contracts.search import SearchRecord
+from filledfirst.contracts.search import Knob, SearchRecord, StopReason
 from filledfirst.errors import UserError
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
@@ -66,7 +76,98 @@ SCHEMA = {
     "knee_run_id": pl.String, "knee_label": pl.String, "knee_clue": pl.String,
     "waiting_from_rps": pl.Float64, "cap_from_rps": pl.Float64, "kv_full_from_rps": pl.Float64,
     "ttft_p95_from_rps": pl.Float64,
+    "parent": pl.String, "knob": pl.String, "relaxed_from": pl.Int64, "relaxed_to": pl.Int64, "min_shift": pl.Float64,
+    "role": pl.String, "shift": pl.Float64, "moved": pl.String,
+    "verdict": pl.String, "verdict_why": pl.String, "next_label": pl.String,
 }
+
+
+class Confirmation(StrEnum):
+    """Did relaxing what filled first move the knee, and the control not?"""
+
+    CONFIRMED = "confirmed"
+    NOT_CONFIRMED = "not confirmed"
+    INCONCLUSIVE = "inconclusive"
+
+
+class Role(StrEnum):
+    RELAXED = "relaxed"  # relaxes the limit named at its parent's knee
+    CONTROL = "control"  # relaxes the other one by the same factor
+
+
+# The knee's label -> the knob that relaxes the limit it names (frontier.interventions).
+IMPLICATED = {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV}
+
+
+def knee_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """A row's knee interval [floor, hi) (hi infinite when nothing broke, floor 0 when
+    start broke; floor lo itself without an interval), None when the search measured no
+    knee (it failed)."""
+    lo, hi, floor = row.get("lo_rps"), row.get("hi_rps"), row.get("floor_rps")
+    if (lo is None and hi is None) or row.get("reason") == StopReason.PROBE_FAILED:
+        return None
+    low = floor if floor is not None else (lo if lo is not None else 0.0)
+    return low, math.inf if hi is None else hi
+
+
+def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float = 0.0) -> str | None:
+    """'up' when after's interval lies wholly above before's and its highest rate held is
+    at least (1 + min_shift) times before's, 'down' the same below, 'no' otherwise; None
+    when either has no interval."""
+    a, b = knee_span(before), knee_span(after)
+    if a is None or b is None:
+        return None
+    lo_a, lo_b = before.get("lo_rps"), after.get("lo_rps")
+    ratio = lo_b / lo_a if lo_a and lo_b is not None else None  # None: before broke at start
+    if b[0] >= a[1] and (ratio is None or ratio >= 1 + min_shift):
+        return "up"
+    if b[1] <= a[0] and (ratio is None or ratio <= 1 / (1 + min_shift)):
+        return "down"
+    return "no"
+
+
+def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
+                 control: Mapping[str, Any] | None) -> tuple[Confirmation | None, str]:
+    """The verdict on a knee's label from its two interventions' `moved` (None: the label
+    names no limit an intervention relaxes), and why."""
+    if label not in IMPLICATED:
+        return None, f"the knee names no limit to relax ({label or 'no label'})"
+    r, c = (relaxed or {}).get("moved"), (control or {}).get("moved")
+    if r is None:
+        return Confirmation.INCONCLUSIVE, "the relaxed search measured no knee"
+    if r != "up":
+        return Confirmation.NOT_CONFIRMED, f"relaxing {IMPLICATED[label]} did not move the knee above its interval"
+    if c is None:
+        return Confirmation.INCONCLUSIVE, "the knee moved, but the control measured no knee"
+    if c != "no":
+        return Confirmation.INCONCLUSIVE, f"the knee moved, and the control moved it too ({c})"
+    return Confirmation.CONFIRMED, (f"relaxing {IMPLICATED[label]} moved the knee above its interval; "
+                                    "the control did not")
+
+
+def _interventions(rows: list[dict]) -> None:
+    """Fill in the intervention columns: an intervention's role, shift and move against its
+    parent; a parent's verdict and what filled first at its relaxed knee."""
+    by_setting = {(r["frontier"], r["setting"]): r for r in rows}
+    for r in rows:
+        parent = by_setting.get((r["frontier"], r["parent"])) if r["parent"] else None
+        if parent is None:
+            continue
+        implicated = IMPLICATED.get(parent.get("knee_label"))
+        r["role"] = None if implicated is None else (Role.RELAXED if r["knob"] == implicated else Role.CONTROL)
+        r["moved"] = moved(parent, r, r.get("min_shift") or 0.0)
+        if r.get("lo_rps") and parent.get("lo_rps"):
+            r["shift"] = r["lo_rps"] / parent["lo_rps"] - 1
+    for p in rows:
+        mine = [r for r in rows if r["frontier"] == p["frontier"] and r["parent"] == p["setting"]]
+        if not mine:
+            continue
+        relaxed = next((r for r in mine if r["role"] == Role.RELAXED), None)
+        control = next((r for r in mine if r["role"] == Role.CONTROL), None)
+        verdict, p["verdict_why"] = confirmation(p.get("knee_label"), relaxed, control)
+        p["verdict"] = verdict.value if verdict else None
+        if relaxed is not None:
+            p["next_label"] = relaxed.get("knee_label") or ("nothing broke" if relaxed.get("lo_rps") else None)
 
 
 
@@ -125,7 +226,16 @@ def _interval(search: SearchRecord | None) -> dict:
             "hi_inconclusive": result.hi_inconclusive if result else None,
             "estimate_rps": search.estimate_rps if search else None,
             "drift_start_rps": drift.start_rps if drift else None, "drift_end_rps": drift.end_rps if drift else None,
-            "drift": drift.change if drift else None, "drifted": drift.drifted if drift else None}
+            "drift": drift.change if drift else None, "drifted": drift.drifted if drift else None,
+            **_relaxation(search)}
+
+
+def _relaxation(search: SearchRecord | None) -> dict:
+    """What an intervention relaxes (all None for a setting of the config)."""
+    i = search.intervention if search else None
+    return {"parent": i.parent if i else None, "knob": i.knob.value if i else None,
+            "relaxed_from": i.before if i else None, "relaxed_to": i.after if i else None,
+            "min_shift": i.min_shift if i else None}
 
 
 def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -183,6 +293,7 @@ def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         row["ttft_p95_from_rps"] = lowest(
             lambda d, r: r.get("ttft_p95_ms") is not None and r["ttft_p95_ms"] > slo.ttft_ms)
         rows.append(row)
+    _interventions(rows)
     return pl.DataFrame(rows, schema=SCHEMA)
 
 

@@ -169,6 +169,26 @@ class Drift(_Record):
     drifted: bool
 
 
+class Knob(StrEnum):
+    """A limit an intervention relaxes, in the ledger's units."""
+
+    SEQS = "max_num_seqs"  # sequences in a step
+    KV = "KV tokens"  # the KV budget, in tokens (kv_tokens, or blocks x block size)
+
+
+class Intervention(_Record):
+    """A search that relaxes one limit of another search's setting (filledfirst.frontier.interventions):
+    `knob` from `before` to `after`, on the same workload shape, starting at that search's knee."""
+
+    parent: str  # the setting relaxed
+    knob: Knob
+    before: int
+    after: int
+    changes: dict[str, Any]  # the vLLM settings it starts with on top of the parent's
+    # the least shift of the knee that counts as a move (the frontier's verify_min_shift)
+    min_shift: float = schema_default("frontiers", "*", "verify_min_shift")
+
+
 class SearchRecord(_Record):
     frontier: str
     setting: str
@@ -186,6 +206,8 @@ class SearchRecord(_Record):
     estimate_rps: float | None = None  # the first rate it took from the estimate
     check: Reference | None = None
     drift: Drift | None = None
+    intervention: Intervention | None = None  # None: a setting of the config, not a relaxation
+    start_rps: float | None = None  # an intervention's first rate: its parent's knee
 
     @property
     def key(self) -> str:

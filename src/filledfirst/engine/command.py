@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from filledfirst.model.kv import kv_blocks
 from filledfirst.study import Model
 
 # setting -> flag; booleans use vLLM's --x / --no-x pairs so a False is explicit too.
@@ -18,6 +19,7 @@ _VALUE_FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "num_gpu_blocks_override": "--num-gpu-blocks-override",
+    "block_size": "--block-size",
 }
 _BOOL_FLAGS = {
     "enable_prefix_caching": "enable-prefix-caching",
@@ -97,6 +99,8 @@ def build_command(
     ]
     if model.load_format != "auto":
         argv += ["--load-format", model.load_format]
+    # the KV budget in tokens becomes the engine's own block count (the same tokens on any GPU)
+    settings = {**settings, "num_gpu_blocks_override": kv_blocks(launcher, settings)}
     for key, flag in _VALUE_FLAGS.items():
         if settings.get(key) is not None:
             argv += [flag, str(settings[key])]

@@ -10,12 +10,14 @@ from typing import Any
 
 import msgspec
 
-from filledfirst.contracts.search import SearchBounds, Slo
+from filledfirst.contracts.search import Intervention, SearchBounds, Slo
 from filledfirst.deadline import run_deadline_s
 from filledfirst.errors import UserError
+from filledfirst.frontier.interventions import intervention_name, relaxations
 from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
 from filledfirst.frontier.verdict import min_requests
+from filledfirst.model.kv import DEFAULT_BLOCK_SIZE, kv_budget_problem
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
 
 # Completions a closed loop counts, at least: with a small cap, estimate_batches rounds of
@@ -38,12 +40,16 @@ class FrontierPlan:
     probe_stretches: int = 1  # of a trace window (filledfirst.frontier.probes)
     estimate_batches: int | None = None  # None: no capacity estimate, the search grows from start
     drift_max: float = math.inf
+    # setting name -> the limit it relaxes of another setting (frontier.interventions);
+    # its vLLM settings are in `settings` like any other's
+    interventions: dict[str, Intervention] = dataclasses.field(default_factory=dict)
 
     def estimate_concurrency(self, setting: str) -> int | None:
         """The closed loop's concurrency for the capacity estimate: the setting's
-        max_num_seqs (None: no estimate, for want of one or of a cap to fill)."""
+        max_num_seqs (None: no estimate, for want of one or of a cap to fill, and none
+        for an intervention, which starts from its parent's knee)."""
         cap = self.settings[setting].get("max_num_seqs")
-        return int(cap) if self.estimate_batches and cap else None
+        return int(cap) if self.estimate_batches and cap and setting not in self.interventions else None
 
     def reference_requests(self, concurrency: int) -> int:
         """The closed loop's requests: estimate_batches rounds of `concurrency`, and at
@@ -61,15 +67,37 @@ class FrontierPlan:
         return max(self.probe_s, self.probe_max_s)
 
 
+def verified(study: Study, name: str) -> dict[str, tuple[list[Intervention], list[str]]]:
+    """The frontier's settings its `verify` names -> their interventions and why any
+    cannot be made (filledfirst.frontier.interventions.relaxations)."""
+    f = study.frontiers[name]
+    names = list(f.settings) if f.verify is True else list(f.verify or [])
+    base = study.engine.server.given()
+    return {s: relaxations(s, {**base, **f.settings[s].given()}, study.engine.launcher, f.verify_min_shift)
+            for s in names if s in f.settings}
+
+
+def searched_settings(study: Study, name: str) -> tuple[dict[str, dict[str, Any]], dict[str, Intervention]]:
+    """The frontier's searches: setting name -> vLLM settings (engine.server's under the
+    setting's), its settings first, then each verified setting's interventions; and the
+    interventions by name."""
+    f = study.frontiers[name]
+    base = study.engine.server.given()
+    settings = {s: {**base, **over.given()} for s, over in f.settings.items()}
+    interventions = {intervention_name(s, i.knob): i for s, (made, _) in verified(study, name).items() for i in made}
+    return {**settings, **{n: {**settings[i.parent], **i.changes} for n, i in interventions.items()}}, interventions
+
+
 def frontier_plan(study: Study, name: str) -> FrontierPlan:
     """The frontier `name` of the study."""
     f = study.frontiers[name]
-    base = study.engine.server.given()
+    settings, interventions = searched_settings(study, name)
     return FrontierPlan(
         name=name,
         workload_name=f.workload,
         workload=study.workloads[f.workload],
-        settings={s: {**base, **over.given()} for s, over in f.settings.items()},
+        settings=settings,
+        interventions=interventions,
         slo=f.slo,
         probe_s=float(f.probe_s),
         probe_lifetimes=float(f.probe_lifetimes),
@@ -156,4 +184,15 @@ def frontier_problems(study: Study) -> list[str]:
                             "(every request must then meet the SLO)")
         if not f.start < f.maximum:
             problems.append(f"{where}: start ({f.start:g}) must be below maximum ({f.maximum:g})")
+        if isinstance(f.verify, list):
+            problems += [f"{where}.verify: {s!r} is not one of its settings ({sorted(f.settings)})"
+                         for s in f.verify if s not in f.settings]
+        for s, server in searched_settings(study, name)[0].items():
+            if study.engine.launcher in DEFAULT_BLOCK_SIZE and (
+                    why := kv_budget_problem(study.engine.launcher, server, study.model.max_model_len)):
+                problems.append(f"{where}.settings.{s}: {why}")
+        for s, (made, why) in verified(study, name).items():
+            problems += [f"{where}.verify: {w}" for w in why]
+            problems += [f"{where}.settings: {n!r} is the name of an intervention of {s!r}: rename it"
+                         for n in (intervention_name(s, i.knob) for i in made) if n in f.settings]
     return problems + relative_problems(study)

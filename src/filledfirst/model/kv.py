@@ -6,11 +6,15 @@ Only for the families whose KV is plain per-token K and V (2 x layers x KV heads
 dim x dtype bytes), or MLA's one latent and rope key per layer; everything else is None
 with the reason, never a wrong number. What the engine itself reports (its KV memory over
 its KV tokens) comes first in the diagnosis; this is the fallback.
+
+A KV budget given in tokens (the `kv_tokens` server setting) becomes the engine's block
+count here too (`kv_blocks`), so that a budget means the same tokens on any machine.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +84,38 @@ def kv_bytes_per_token(elements_per_token: float | None, why: str | None, config
     if nbytes is None:
         return None, f"bytes of KV dtype {dtype} not known"
     return elements_per_token * nbytes, ""
+
+
+# vLLM's KV block size when none is given (vllm.platforms: the CPU's, a CUDA GPU's).
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "gpu": 16}
+
+
+def block_size(launcher: str, settings: Mapping[str, Any]) -> int:
+    """Tokens per KV block of a server started with `settings`."""
+    return int(settings.get("block_size") or DEFAULT_BLOCK_SIZE[launcher])
+
+
+def kv_blocks(launcher: str, settings: Mapping[str, Any]) -> int | None:
+    """The KV blocks a setting asks for: num_gpu_blocks_override, or its KV budget in
+    tokens (kv_tokens) in whole blocks, rounded up (None: what the memory allows)."""
+    if settings.get("kv_tokens") is not None:
+        if settings.get("num_gpu_blocks_override") is not None:
+            raise ValueError("kv_tokens and num_gpu_blocks_override both set the KV budget: give one")
+        return -(-int(settings["kv_tokens"]) // block_size(launcher, settings))
+    blocks = settings.get("num_gpu_blocks_override")
+    return None if blocks is None else int(blocks)
+
+
+def kv_budget_problem(launcher: str, settings: Mapping[str, Any], max_model_len: int) -> str | None:
+    """Why vLLM would refuse to start with this KV budget (None: it fits one request of
+    max_model_len tokens, which vLLM requires, in blocks beside the one it keeps back)."""
+    try:
+        blocks = kv_blocks(launcher, settings)
+    except ValueError as exc:
+        return str(exc)
+    size = block_size(launcher, settings)
+    need = -(-max_model_len // size) + 1
+    if blocks is not None and blocks < need:
+        return (f"{blocks} KV blocks of {size} tokens cannot hold one request of max_model_len "
+                f"({max_model_len}): vLLM needs at least {need} ({need * size} kv_tokens)")
+    return None

@@ -7,7 +7,11 @@ table per setting: what held, what filled first at the knee, which scheduler sig
 crossed first and how far ahead of the break, and what would move the knee.
 
 `summary_rows` is the top of the report: one line per designed experiment (by part) and
-per (frontier, setting), what filled first and the one number that shows it.
+per (frontier, setting), what filled first and the one number that shows it, and where
+the setting was verified, whether relaxing that limit confirmed it and what filled next.
+
+`moved_table_html`: what moved the knee, a line per intervention of a verified setting
+(filledfirst.frontier.interventions; roles and verdicts from table `frontiers`).
 """
 
 from __future__ import annotations
@@ -171,6 +175,65 @@ FRONTIER_COLUMNS: list[Column] = [
 def frontier_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows of one frontier, a line per setting."""
     return column_table(FRONTIER_COLUMNS, rows)
+
+
+# --- what moved the knee --------------------------------------------------------------------------
+
+
+def relaxation_text(r: Mapping[str, Any]) -> str:
+    """'max_num_seqs 8 -> 16', 'KV tokens 20,480 -> 40,960'."""
+    return f"{r['knob']} {numbers.count(r.get('relaxed_from'))} -> {numbers.count(r.get('relaxed_to'))}"
+
+
+def _shift(r: Mapping[str, Any]) -> str:
+    shift = r.get("shift")
+    if shift is None:
+        return DASH
+    where = {"up": "above its interval", "down": "below its interval", "no": "within the intervals"}
+    return f"{100 * shift:+.0f} %" + (f" ({where[r['moved']]})" if r.get("moved") in where else "")
+
+
+def _role(r: Mapping[str, Any]) -> str:
+    return r.get("role") or "no limit named at the knee"
+
+
+def _verdict_cell(parent: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], str]:
+    def cell(r: Mapping[str, Any]) -> str:
+        if r.get("role") != "relaxed":
+            return DASH if r.get("role") else (parent.get("verdict_why") or DASH)
+        return f"{parent.get('verdict') or DASH}: {parent.get('verdict_why') or ''}".rstrip(": ")
+    return cell
+
+
+def moved_rows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], list[Mapping[str, Any]]]]:
+    """(a setting of one frontier, its interventions: the relaxed one first), for the
+    settings that have interventions."""
+    out = []
+    for p in rows:
+        mine = [r for r in rows if r.get("parent") == p["setting"]]
+        if mine:
+            out.append((p, sorted(mine, key=lambda r: (r.get("role") != "relaxed", r["setting"]))))
+    return out
+
+
+def moved_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What moved the knee: a line per intervention of each verified setting, with the
+    knee before and after, the shift of the highest rate that held, the verdict (on the
+    relaxed line) and what filled first at the new knee."""
+    lines = [{**r, "_parent": parent, "_verdict": _verdict_cell(parent)(r)}
+             for parent, mine in moved_rows(rows) for r in mine]
+    cells: list[Column] = [
+        ("setting", lambda r: r["_parent"]["setting"]),
+        ("what filled first", lambda r: r["_parent"].get("knee_label") or DASH),
+        ("intervention", lambda r: f"{r['setting']}: {relaxation_text(r)}"),
+        ("its role", _role),
+        ("knee before", lambda r: knee_interval(r["_parent"])),
+        ("knee after", knee_interval),
+        ("shift of the highest rate held", _shift),
+        ("verdict", lambda r: r["_verdict"]),
+        ("what filled first at the new knee", lambda r: r.get("knee_label") or DASH),
+    ]
+    return column_table(cells, lines)
 
 
 def frontier_intro(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -378,6 +441,8 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
                     "designed": expect or DASH, "found": found, "number": key_number(d, rules),
                     "mark": "" if not expect else ("as designed" if expect == label else "DIFFERS")})
     for r in frontiers:
+        if r.get("parent"):
+            continue  # an intervention: its parent's line gives the verdict
         if r.get("hi_rps") is None:
             number = f"held up to {numbers.rps(r.get('lo_rps'))}, never broke"
         else:
@@ -386,8 +451,12 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
             number += f"; capacity {knee_interval(r)}"
         if r.get("drift") is not None:
             number += f"; drift {100 * r['drift']:+.0f} %" + (" (DRIFTED)" if r.get("drifted") else "")
+        found = r.get("knee_label") or DASH
+        if r.get("verdict"):
+            found += f" ({r['verdict']} by intervention" + (
+                f"; next: {r['next_label']})" if r.get("next_label") else ")")
         out.append({"part": f"frontier {r['frontier']}", "what": r["setting"], "designed": DASH,
-                    "found": r.get("knee_label") or DASH, "number": number, "mark": ""})
+                    "found": found, "number": number, "mark": ""})
     return out
 
 

@@ -108,6 +108,12 @@ def capacity_search(data: ReportData) -> list[str]:
             if points:
                 out.append(charts.embed(frontiers.frontier_chart(rows, points)))
             out.append(frontiers.frontier_table_html(rows))
+            if frontiers.moved_rows(rows):
+                out.append(markup.para(
+                    "What moved the knee: each verified setting searched again with one limit doubled, "
+                    "from its knee. The intervention that relaxes what filled first must move the knee "
+                    "above its interval, and the control (the other limit doubled) must not."))
+                out.append(frontiers.moved_table_html(rows))
         else:
             out.append(_no_diagnosis())
         out += [search_probes(data, setting, probes, checks)

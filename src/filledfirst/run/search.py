@@ -6,6 +6,10 @@ first rate (filledfirst.frontier.search). The same closed loop runs after the la
 (`DIR/check`); the change between the two is the search's drift. Both are ordinary run
 folders, not ingested (search.json keeps what they measured: contracts.search.Reference).
 
+An intervention (a setting that relaxes one limit of another, frontier.interventions)
+has no closed loops: its first rate is its parent's knee, read from the parent's
+search.json beside its folder (`parent_knee`), and search.json records what it relaxed.
+
 Each probe is an ordinary open-loop run folder (`DIR/p01`, `DIR/p02`, ...: schedule,
 requests, tokens, samples, server.log, run.json), made by the runner's `run_on_server`
 against one `SharedServer` (started for the first run, reused once idle by the next,
@@ -50,6 +54,7 @@ from filledfirst.contracts.runmeta import FrontierProbe, RunMeta, ServerInfo
 from filledfirst.contracts.search import (
     SEARCH_JSON,
     Drift,
+    Intervention,
     ProbeRecord,
     Reference,
     SearchBounds,
@@ -353,6 +358,19 @@ def _drift(plan: FrontierPlan, start: Reference | None, end: Reference | None) -
                  max_change=plan.drift_max, drifted=abs(change) > plan.drift_max)
 
 
+def parent_knee(out: Path, relaxed: Intervention) -> float | None:
+    """An intervention's first rate: the knee (highest rate that held) of the search it
+    relaxes, read from that search's search.json beside its own folder (None: that
+    search held nothing, and this one grows from `start`)."""
+    path = Path(out).parent / relaxed.parent / SEARCH_JSON
+    try:
+        parent = SearchRecord.read(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no search.json; an intervention on {relaxed.parent!r} starts from its knee: "
+                        "run that search first") from None
+    return parent.result.lo
+
+
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
                  trace_csv: Path | None = None, shape_stats: Path | None = None) -> SearchRecord:
     """The search of `setting` of `frontier` in the study, to its end; returns its search.json.
@@ -366,17 +384,23 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
     (out / SEARCH_JSON).unlink(missing_ok=True)
     install_interrupt_handlers()
     watch_owners()
+    relaxed = plan.interventions.get(setting)
+    start_rps = parent_knee(out, relaxed) if relaxed is not None else None
     prober = Prober(study, plan, setting, out, fingerprint, trace_csv, shape_stats, progress)
     concurrency = plan.estimate_concurrency(setting)
     estimate = check = None
     try:
-        first = None
+        first = start_rps
         if concurrency is not None:
             estimate = prober.reference(ESTIMATE, concurrency)
             first = estimate.throughput_rps
             if first is None:
                 log.warning("%s/%s: no capacity estimate (%s): the search grows from %g req/s",
                             frontier, setting, estimate.error, plan.bounds.start)
+        elif relaxed is not None:
+            knee = "none: it grows from start" if first is None else f"{first:.4g} req/s"
+            log.info("%s/%s: %s %d -> %d, from %s's knee (%s)", frontier, setting, relaxed.knob,
+                     relaxed.before, relaxed.after, relaxed.parent, knee)
         elif plan.estimate_batches:
             log.info("%s/%s: no max_num_seqs to fill for a capacity estimate: the search grows from %g req/s",
                      frontier, setting, plan.bounds.start)
@@ -399,7 +423,8 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
         slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
         probe_stretches=plan.probe_stretches, bounds=plan.bounds, probes=records, result=result.record(),
         estimate=estimate,
-        estimate_rps=search.first if first is not None else None, check=check, drift=drift,
+        estimate_rps=search.first if estimate is not None and first is not None else None, check=check,
+        drift=drift, intervention=relaxed, start_rps=search.first if start_rps is not None else None,
     )
     record.write(out / SEARCH_JSON)
     log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s%s", frontier, setting, result.reason,

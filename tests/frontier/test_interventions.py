@@ -1,0 +1,161 @@
+"""Interventions: the settings a verified setting derives, the KV budget in tokens, and the
+verdict table `frontiers` gives from the knees before and after."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.frontiers import (
+    Confirmation,
+    Role,
+    _interventions,
+    confirmation,
+    knee_span,
+    moved,
+)
+from filledfirst.config import load_config, search_fingerprint, validate_config
+from filledfirst.contracts.search import Knob
+from filledfirst.engine.command import build_command
+from filledfirst.errors import UserError
+from filledfirst.frontier.plan import frontier_plan
+from filledfirst.model.kv import kv_blocks
+from filledfirst.study import Study
+
+from conftest import REPO
+
+E2E = REPO / "tests" / "configs" / "e2e.yaml"
+
+
+@pytest.fixture
+def cfg():
+    cfg = copy.deepcopy(load_config([E2E]))
+    cfg["workloads"]["light"]["phases"][0]["interval_s"] = 0.5
+    cfg["frontiers"] = {"capacity": {
+        "workload": "light", "slo": {"ttft_ms": 1000, "itl_ms": 200}, "start": 1, "maximum": 64,
+        "settings": {"default": {}, "seq8": {"max_num_seqs": 8, "kv_tokens": 40960},
+                     "kv160": {"num_gpu_blocks_override": 160}},
+        "verify": ["seq8", "kv160"]}}
+    return cfg
+
+
+def test_each_verified_setting_gets_its_cap_and_its_kv_budget_doubled(cfg):
+    validate_config(cfg)
+    plan = frontier_plan(Study.from_dict(cfg), "capacity")
+    engine = cfg["engine"]["server"]
+    assert list(plan.settings) == ["default", "seq8", "kv160", "seq8_seqs_x2", "seq8_kv_x2",
+                                   "kv160_seqs_x2", "kv160_kv_x2"]
+    assert plan.settings["seq8_seqs_x2"] == {**engine, "max_num_seqs": 16, "kv_tokens": 40960}
+    assert plan.settings["seq8_kv_x2"] == {**engine, "max_num_seqs": 8, "kv_tokens": 81920}
+    assert plan.settings["kv160_seqs_x2"] == {**engine, "num_gpu_blocks_override": 160, "max_num_seqs": 128}
+    assert plan.settings["kv160_kv_x2"] == {**engine, "num_gpu_blocks_override": 320}
+    # the ledger's units: 160 CPU blocks of 128 tokens
+    kv = plan.interventions["kv160_kv_x2"]
+    assert (kv.parent, kv.knob, kv.before, kv.after, kv.min_shift) == ("kv160", Knob.KV, 20480, 40960, 0.3)
+    seqs = plan.interventions["seq8_seqs_x2"]
+    assert (seqs.parent, seqs.knob, seqs.before, seqs.after) == ("seq8", Knob.SEQS, 8, 16)
+    # an intervention starts from its parent's knee, not from an estimate of its own
+    assert plan.estimate_concurrency("seq8") == 8 and plan.estimate_concurrency("seq8_seqs_x2") is None
+    # each is its own search, with its own identity
+    prints = {s: search_fingerprint(cfg, "capacity", s) for s in plan.settings}
+    assert len(set(prints.values())) == len(prints)
+
+
+def test_verify_true_verifies_every_setting_and_false_none(cfg):
+    f = cfg["frontiers"]["capacity"]
+    f["settings"]["default"] = {"kv_tokens": 150000}
+    f["verify"] = True
+    validate_config(cfg)
+    assert len(frontier_plan(Study.from_dict(cfg), "capacity").interventions) == 6
+    f["verify"] = False
+    validate_config(cfg)
+    assert frontier_plan(Study.from_dict(cfg), "capacity").interventions == {}
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda f: f.update(verify=["nope"]), "frontiers.capacity.verify: 'nope' is not one of its settings"),
+    (lambda f: f.update(verify=["default"]),
+     "frontiers.capacity.verify: setting 'default': state its KV budget (kv_tokens) to relax it"),
+    # vLLM would not start: its KV must hold one request of max_model_len, beside a block it keeps
+    (lambda f: f["settings"]["seq8"].update(kv_tokens=1024),
+     "frontiers.capacity.settings.seq8: 8 KV blocks of 128 tokens cannot hold one request of max_model_len"),
+    (lambda f: f["settings"]["seq8"].update(num_gpu_blocks_override=10),
+     "frontiers.capacity.settings.seq8: kv_tokens and num_gpu_blocks_override both set the KV budget"),
+    (lambda f: f["settings"].update(seq8_seqs_x2={}),
+     "frontiers.capacity.settings: 'seq8_seqs_x2' is the name of an intervention of 'seq8': rename it"),
+])
+def test_what_cannot_be_verified_is_refused(cfg, mutate, expected):
+    mutate(cfg["frontiers"]["capacity"])
+    with pytest.raises(UserError) as err:
+        validate_config(cfg)
+    assert expected in str(err.value)
+
+
+def test_the_kv_budget_in_tokens_becomes_the_engine_block_count():
+    assert kv_blocks("cpu", {"kv_tokens": 20480}) == 160  # 128-token blocks
+    assert kv_blocks("gpu", {"kv_tokens": 20480}) == 1280  # 16-token blocks
+    assert kv_blocks("gpu", {"kv_tokens": 20481, "block_size": 32}) == 641  # rounded up
+    assert kv_blocks("cpu", {"num_gpu_blocks_override": 7}) == 7 and kv_blocks("cpu", {}) is None
+    with pytest.raises(ValueError, match="both set the KV budget"):
+        kv_blocks("cpu", {"kv_tokens": 1, "num_gpu_blocks_override": 1})
+    model = Study.from_dict(load_config([E2E])).model
+    argv = build_command(launcher="cpu", model=model, settings={"kv_tokens": 40960}, host="h", port=1, seed=0,
+                         extra_env={}, per_request_metrics=False).argv
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "320" and "kv_tokens" not in " ".join(argv)
+
+
+def row(setting, lo, hi, floor=None, label=None, parent=None, knob=None, reason="converged"):
+    return {"frontier": "f", "setting": setting, "lo_rps": lo, "hi_rps": hi, "floor_rps": floor,
+            "knee_label": label, "parent": parent, "knob": knob, "reason": reason}
+
+
+def test_a_knee_moves_only_beyond_both_intervals():
+    before = row("seq8", 10, 11, floor=9.5)
+    assert knee_span(before) == (9.5, 11)
+    assert moved(before, row("x", 20, 22, floor=18)) == "up"
+    assert moved(before, row("x", 11, 12, floor=10.5)) == "no"  # overlaps: noise
+    assert moved(before, row("x", 4, 5, floor=3.8)) == "down"
+    assert moved(before, row("x", 64, None, floor=60)) == "up"  # held at maximum
+    assert knee_span(row("x", None, 1)) == (0.0, 1)  # broke at start
+    assert moved(before, row("x", 3, 4, reason="probe_failed")) is None
+    assert knee_span(row("x", 5, None)) == (5, math.inf)
+    # beyond the intervals, but by less than the least shift that counts: noise between searches
+    assert moved(before, row("x", 12, 13, floor=11.2), min_shift=0.3) == "no"
+    assert moved(before, row("x", 13, 14, floor=11.2), min_shift=0.3) == "up"
+    assert moved(before, row("x", 7.6, 8, floor=7), min_shift=0.3) == "down"
+    assert moved(before, row("x", 8, 9, floor=7), min_shift=0.3) == "no"
+
+
+@pytest.mark.parametrize("label, relaxed, control, verdict", [
+    (Label.SEQ_LIMIT, "up", "no", Confirmation.CONFIRMED),
+    (Label.SEQ_LIMIT, "no", "no", Confirmation.NOT_CONFIRMED),
+    (Label.SEQ_LIMIT, "no", "up", Confirmation.NOT_CONFIRMED),
+    (Label.KV_PRESSURE, "down", "no", Confirmation.NOT_CONFIRMED),
+    (Label.KV_PRESSURE, "up", "up", Confirmation.INCONCLUSIVE),
+    (Label.KV_PRESSURE, "up", None, Confirmation.INCONCLUSIVE),
+    (Label.KV_PRESSURE, None, "no", Confirmation.INCONCLUSIVE),
+    ("compute-bound", "up", "no", None),
+])
+def test_the_verdict_needs_the_relaxed_knee_to_move_and_the_control_not(label, relaxed, control, verdict):
+    got, why = confirmation(label, {"moved": relaxed}, {"moved": control})
+    assert got == verdict and why
+
+
+def test_the_roles_follow_what_filled_first_at_the_parents_knee():
+    rows = [row("seq8", 10, 11, floor=9.5, label=Label.SEQ_LIMIT),
+            row("seq8_seqs_x2", 20, 22, floor=18, label="compute-bound", parent="seq8", knob=Knob.SEQS.value),
+            row("seq8_kv_x2", 10.5, 11, floor=9.8, label=Label.SEQ_LIMIT, parent="seq8", knob=Knob.KV.value),
+            row("kv160", 4, 4.4, floor=3.9, label=Label.KV_PRESSURE),
+            row("kv160_seqs_x2", 8, 9, floor=7.5, label=Label.KV_PRESSURE, parent="kv160", knob=Knob.SEQS.value),
+            row("kv160_kv_x2", 8, 9, floor=7.5, label=Label.SEQ_LIMIT, parent="kv160", knob=Knob.KV.value)]
+    _interventions(rows)
+    by = {r["setting"]: r for r in rows}
+    assert by["seq8_seqs_x2"]["role"] == Role.RELAXED and by["seq8_kv_x2"]["role"] == Role.CONTROL
+    assert by["seq8_seqs_x2"]["moved"] == "up" and by["seq8_seqs_x2"]["shift"] == pytest.approx(1.0)
+    assert by["seq8"]["verdict"] == Confirmation.CONFIRMED and by["seq8"]["next_label"] == "compute-bound"
+    assert by["kv160_kv_x2"]["role"] == Role.RELAXED and by["kv160_seqs_x2"]["role"] == Role.CONTROL
+    # both moved: the knee's label is not what the interventions show
+    assert by["kv160"]["verdict"] == Confirmation.INCONCLUSIVE
