@@ -110,6 +110,12 @@ def knee_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
     return low, math.inf if hi is None else hi
 
 
+def _lo_ratio(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """after's highest rate held over before's (None when either held nothing)."""
+    lo_a, lo_b = before.get("lo_rps"), after.get("lo_rps")
+    return lo_b / lo_a if lo_a and lo_b is not None else None
+
+
 def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float = 0.0) -> str | None:
     """'up' when after's interval lies wholly above before's and its highest rate held is
     at least (1 + min_shift) times before's, 'down' the same below, 'no' otherwise; None
@@ -117,8 +123,7 @@ def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float 
     a, b = knee_span(before), knee_span(after)
     if a is None or b is None:
         return None
-    lo_a, lo_b = before.get("lo_rps"), after.get("lo_rps")
-    ratio = lo_b / lo_a if lo_a and lo_b is not None else None  # None: before broke at start
+    ratio = _lo_ratio(before, after)  # None: one of them held nothing
     if b[0] >= a[1] and (ratio is None or ratio >= 1 + min_shift):
         return "up"
     if b[1] <= a[0] and (ratio is None or ratio <= 1 / (1 + min_shift)):
@@ -156,8 +161,8 @@ def _interventions(rows: list[dict]) -> None:
         implicated = IMPLICATED.get(parent.get("knee_label"))
         r["role"] = None if implicated is None else (Role.RELAXED if r["knob"] == implicated else Role.CONTROL)
         r["moved"] = moved(parent, r, r.get("min_shift") or 0.0)
-        if r.get("lo_rps") and parent.get("lo_rps"):
-            r["shift"] = r["lo_rps"] / parent["lo_rps"] - 1
+        if (ratio := _lo_ratio(parent, r)) is not None:
+            r["shift"] = ratio - 1
     for p in rows:
         mine = [r for r in rows if r["frontier"] == p["frontier"] and r["parent"] == p["setting"]]
         if not mine:

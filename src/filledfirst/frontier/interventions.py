@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from filledfirst.contracts.search import Intervention, Knob
-from filledfirst.model.kv import DEFAULT_BLOCK_SIZE, block_size
+from filledfirst.model.kv import block_size
 
 FACTOR = 2
 _SUFFIX = {Knob.SEQS: f"seqs_x{FACTOR}", Knob.KV: f"kv_x{FACTOR}"}
@@ -35,8 +35,6 @@ def relaxations(parent: str, server: Mapping[str, Any], launcher: str,
     """The interventions of `parent`, whose vLLM settings (the engine's under the setting's)
     are `server`, and why any cannot be made; `min_shift`: the frontier's verify_min_shift."""
     out, problems = [], []
-    if launcher not in DEFAULT_BLOCK_SIZE or server.get("url"):
-        return [], [f"setting {parent!r}: a server filledfirst does not start cannot be relaxed"]
     cap = server.get("max_num_seqs")
     if cap is None:
         problems.append(f"setting {parent!r}: state max_num_seqs (in engine.server or the setting) to relax it")

@@ -17,7 +17,7 @@ from filledfirst.frontier.interventions import intervention_name, relaxations
 from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
 from filledfirst.frontier.verdict import min_requests
-from filledfirst.model.kv import DEFAULT_BLOCK_SIZE, kv_budget_problem
+from filledfirst.model.kv import kv_budget_problem
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
 
 # Completions a closed loop counts, at least: with a small cap, estimate_batches rounds of
@@ -67,23 +67,26 @@ class FrontierPlan:
         return max(self.probe_s, self.probe_max_s)
 
 
+def _own_settings(study: Study, name: str) -> dict[str, dict[str, Any]]:
+    """The frontier's settings as vLLM settings, engine.server's under the setting's."""
+    base = study.engine.server.given()
+    return {s: {**base, **over.given()} for s, over in study.frontiers[name].settings.items()}
+
+
 def verified(study: Study, name: str) -> dict[str, tuple[list[Intervention], list[str]]]:
     """The frontier's settings its `verify` names -> their interventions and why any
     cannot be made (filledfirst.frontier.interventions.relaxations)."""
     f = study.frontiers[name]
-    names = list(f.settings) if f.verify is True else list(f.verify or [])
-    base = study.engine.server.given()
-    return {s: relaxations(s, {**base, **f.settings[s].given()}, study.engine.launcher, f.verify_min_shift)
-            for s in names if s in f.settings}
+    own = _own_settings(study, name)
+    names = list(own) if f.verify is True else list(f.verify or [])
+    return {s: relaxations(s, own[s], study.engine.launcher, f.verify_min_shift) for s in names if s in own}
 
 
 def searched_settings(study: Study, name: str) -> tuple[dict[str, dict[str, Any]], dict[str, Intervention]]:
     """The frontier's searches: setting name -> vLLM settings (engine.server's under the
     setting's), its settings first, then each verified setting's interventions; and the
     interventions by name."""
-    f = study.frontiers[name]
-    base = study.engine.server.given()
-    settings = {s: {**base, **over.given()} for s, over in f.settings.items()}
+    settings = _own_settings(study, name)
     interventions = {intervention_name(s, i.knob): i for s, (made, _) in verified(study, name).items() for i in made}
     return {**settings, **{n: {**settings[i.parent], **i.changes} for n, i in interventions.items()}}, interventions
 
@@ -188,8 +191,7 @@ def frontier_problems(study: Study) -> list[str]:
             problems += [f"{where}.verify: {s!r} is not one of its settings ({sorted(f.settings)})"
                          for s in f.verify if s not in f.settings]
         for s, server in searched_settings(study, name)[0].items():
-            if study.engine.launcher in DEFAULT_BLOCK_SIZE and (
-                    why := kv_budget_problem(study.engine.launcher, server, study.model.max_model_len)):
+            if why := kv_budget_problem(study.engine.launcher, server, study.model.max_model_len):
                 problems.append(f"{where}.settings.{s}: {why}")
         for s, (made, why) in verified(study, name).items():
             problems += [f"{where}.verify: {w}" for w in why]

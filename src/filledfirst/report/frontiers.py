@@ -197,12 +197,12 @@ def _role(r: Mapping[str, Any]) -> str:
     return r.get("role") or "no limit named at the knee"
 
 
-def _verdict_cell(parent: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], str]:
-    def cell(r: Mapping[str, Any]) -> str:
-        if r.get("role") != "relaxed":
-            return DASH if r.get("role") else (parent.get("verdict_why") or DASH)
-        return f"{parent.get('verdict') or DASH}: {parent.get('verdict_why') or ''}".rstrip(": ")
-    return cell
+def _verdict(r: Mapping[str, Any]) -> str:
+    """The parent's verdict on the relaxed line; on a line with no role, why there is none."""
+    parent = r["_parent"]
+    if r.get("role") != "relaxed":
+        return DASH if r.get("role") else (parent.get("verdict_why") or DASH)
+    return f"{parent.get('verdict') or DASH}: {parent.get('verdict_why') or ''}".rstrip(": ")
 
 
 def moved_rows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], list[Mapping[str, Any]]]]:
@@ -220,8 +220,7 @@ def moved_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
     """What moved the knee: a line per intervention of each verified setting, with the
     knee before and after, the shift of the highest rate that held, the verdict (on the
     relaxed line) and what filled first at the new knee."""
-    lines = [{**r, "_parent": parent, "_verdict": _verdict_cell(parent)(r)}
-             for parent, mine in moved_rows(rows) for r in mine]
+    lines = [{**r, "_parent": parent} for parent, mine in moved_rows(rows) for r in mine]
     cells: list[Column] = [
         ("setting", lambda r: r["_parent"]["setting"]),
         ("what filled first", lambda r: r["_parent"].get("knee_label") or DASH),
@@ -230,7 +229,7 @@ def moved_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
         ("knee before", lambda r: knee_interval(r["_parent"])),
         ("knee after", knee_interval),
         ("shift of the highest rate held", _shift),
-        ("verdict", lambda r: r["_verdict"]),
+        ("verdict", _verdict),
         ("what filled first at the new knee", lambda r: r.get("knee_label") or DASH),
     ]
     return column_table(cells, lines)
