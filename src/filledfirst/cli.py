@@ -419,6 +419,9 @@ def _add_diagnose(sub) -> None:
                    "at all; without it --db is labelled in place")
     p.add_argument("--config", action="append", type=Path, dest="configs", default=[],
                    help="thresholds from its `diagnosis` section, designed-for labels from its experiments")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when a run's label is not the one its experiment was designed for (`expect`), "
+                   "one line per run")
     p.set_defaults(func=_cmd_diagnose)
 
 
@@ -444,12 +447,12 @@ def _cmd_diagnose(args) -> int:
         # --db's lock too: its rename must not drop what another writer put there meanwhile.
         with write_lock(args.db), atomic.atomic_path(args.db, suffix=".duckdb") as work:
             shutil.copyfile(args.source, work)
-            code = _diagnose_in_place(work, rules, expect, parts)
+            code = _diagnose_in_place(work, rules, expect, parts, args.check)
         return code
-    return _diagnose_in_place(args.db, rules, expect, parts)
+    return _diagnose_in_place(args.db, rules, expect, parts, args.check)
 
 
-def _diagnose_in_place(db: Path, rules, expect, parts) -> int:
+def _diagnose_in_place(db: Path, rules, expect, parts, check: bool = False) -> int:
     from filledfirst.analysis.diagnosis import write_diagnosis
 
     df = write_diagnosis(db, rules, expect, parts)
@@ -473,7 +476,11 @@ def _diagnose_in_place(db: Path, rules, expect, parts) -> int:
     for f in write_frontiers(db).to_dicts():
         print(f"frontier {f['frontier']}/{f['setting']}: held {f['lo_rps']} req/s, broke {f['hi_rps']} req/s "
               f"({f['reason']}); at the knee: {f['knee_label']}")
-    return 0
+    unmet = [(run, e, label) for run, e, label, *_ in rows if e and label != e]
+    if check:
+        for run, e, label in unmet:
+            print(f"check: {run}: designed for {e}, labelled {label}", file=sys.stderr)
+    return 1 if check and unmet else 0
 
 
 def _add_report(sub) -> None:
@@ -483,14 +490,67 @@ def _add_report(sub) -> None:
     p.add_argument("--source", type=Path, default=Path("reports/report.qmd"))
     p.add_argument("--engine", choices=["auto", "quarto", "fallback"], default="auto")
     p.add_argument("--title", help="the report's title (the config's report.title); default: the .qmd's own")
+    p.add_argument("--compare", metavar="HREF",
+                   help="link the report to this study's comparison with its baseline (`filledfirst compare`)")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args) -> int:
     from filledfirst.report.render import render_report
 
-    render_report(args.source, args.db, args.out, engine=args.engine, title=args.title)
+    render_report(args.source, args.db, args.out, engine=args.engine, title=args.title, compare=args.compare)
     return 0
+
+
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="two studies side by side: setup, knees, runs, which differences are real; "
+                       "exits 1 when the gate fails (a knee dropped, a label changed)")
+    p.add_argument("base", type=Path, help="the baseline: a results database, or the results folder holding it")
+    p.add_argument("candidate", type=Path, help="the study compared with it, the same way")
+    p.add_argument("--out", required=True, type=Path, help="the comparison's HTML page")
+    p.add_argument("--db", type=Path, help="also write the comparison as tables of this DuckDB file")
+    p.add_argument("--config", action="append", type=Path, dest="configs", default=[],
+                   help="thresholds and the gate from its `compare` section (flags below override it)")
+    p.add_argument("--knee-min-shift", type=float, help="the least knee shift that counts (0.3: 30 %%)")
+    p.add_argument("--run-min-change", type=float, help="the least relative change of a run's figure that counts")
+    p.add_argument("--knee-drop", type=float, help="fail when a knee is significantly lower by this share")
+    p.add_argument("--label-change", action=argparse.BooleanOptionalAction, default=None,
+                   help="fail when what filled first changed at a knee or in a run")
+    p.add_argument("--no-fail", action="store_true", help="write the comparison and exit 0 whatever the gate says")
+    p.add_argument("--title", help="the page's title")
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args) -> int:
+    import msgspec
+
+    from filledfirst import atomic
+    from filledfirst.compare import compare, gate, page, store
+    from filledfirst.compare.verdicts import Rules
+    from filledfirst.study import Compare
+
+    section = Compare()
+    if args.configs:
+        from filledfirst.config import load_study
+
+        section = load_study(args.configs).compare
+    section = msgspec.structs.replace(section, **{k: v for k, v in (
+        ("knee_min_shift", args.knee_min_shift), ("run_min_change", args.run_min_change)) if v is not None})
+    fail_on = msgspec.structs.replace(section.fail_on, **{k: v for k, v in (
+        ("knee_drop", args.knee_drop), ("label_change", args.label_change)) if v is not None})
+    comparison = compare(args.base, args.candidate, Rules.of(section))
+    reasons = gate.reasons(comparison, fail_on)
+    if args.db is not None:
+        store.write(comparison, args.db)
+    atomic.write_text(page.page_html(comparison, reasons, args.title), args.out)
+    counts = ", ".join(f"{n} {v}" for v, n in comparison.verdicts.items() if n)
+    log.info("compared %d knees and %d run figures: %s; %s", len(comparison.knees), len(comparison.runs),
+             counts or "nothing to compare", args.out)
+    for line in comparison.warnings:
+        log.warning("%s", line)
+    for line in reasons:
+        print(f"gate: {line}", file=sys.stderr)
+    return 1 if reasons and not args.no_fail else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -498,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
     for add in (_add_model, _add_trace, _add_workload, _add_run, _add_frontier, _add_replay, _add_ingest,
-                _add_diagnose, _add_report):
+                _add_diagnose, _add_report, _add_compare):
         add(sub)
     return parser
 

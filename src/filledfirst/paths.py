@@ -7,3 +7,11 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 SCHEMA_PATH = _HERE / "schemas" / "config.schema.yaml"
 PARTS_DIR = _HERE / "parts"  # the shipped studies' parts files (`parts: seed-study.yaml`)
+# The results database's name in a results folder (the workflow's results/filledfirst.duckdb).
+RESULTS_DB = "filledfirst.duckdb"
+
+
+def results_database(path: str | Path) -> Path:
+    """The results database a path names: the file, or the results folder holding it."""
+    path = Path(path)
+    return path / RESULTS_DB if path.is_dir() else path

@@ -210,6 +210,23 @@ class Report(_Struct):
     title: str | None = None
 
 
+class CompareGate(_Struct):
+    knee_drop: float | None = _d("compare", "fail_on", "knee_drop")
+    label_change: bool = _d("compare", "fail_on", "label_change")
+
+
+class Compare(_Struct):
+    """The config's `compare` section (filledfirst.compare): the baseline, when a
+    difference counts, and what fails a scheduled job."""
+
+    baseline: str | None = _d("compare", "baseline")
+    knee_min_shift: float = _d("compare", "knee_min_shift")
+    run_min_change: float = _d("compare", "run_min_change")
+    confidence: float = _d("compare", "confidence")
+    resamples: int = _d("compare", "resamples")
+    fail_on: CompareGate = CompareGate()
+
+
 class Cluster(_Struct):
     gpus_per_job: int | None = None  # None: 1 with the gpu launcher, 0 with the cpu one
     gpu_model: str | None = None
@@ -329,6 +346,7 @@ class Study(_Struct):
     report: Report = Report()
     cluster: Cluster = Cluster()
     diagnosis: DiagnosisRules = DiagnosisRules()
+    compare: Compare = Compare()
     frontiers: dict[str, Frontier] = {}
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
     parts: dict[str, Part] | str = {}

@@ -18,14 +18,17 @@ from filledfirst.analysis.frontiers import (
     moved,
 )
 from filledfirst.config import load_config, search_fingerprint, validate_config
-from filledfirst.contracts.search import Knob
+from filledfirst.contracts.search import Knob, SearchBounds, StopReason
 from filledfirst.engine.command import build_command
 from filledfirst.errors import UserError
+from filledfirst.frontier.interventions import Move, Span, decided, move
 from filledfirst.frontier.plan import frontier_plan
+from filledfirst.frontier.search import CapacitySearch
 from filledfirst.model.kv import kv_blocks
 from filledfirst.study import Study
 
 from conftest import REPO
+from helpers.queue_server import QueueServer
 
 E2E = REPO / "tests" / "configs" / "e2e.yaml"
 
@@ -159,3 +162,64 @@ def test_the_roles_follow_what_filled_first_at_the_parents_knee():
     assert by["kv160_kv_x2"]["role"] == Role.RELAXED and by["kv160_seqs_x2"]["role"] == Role.CONTROL
     # both moved: the knee's label is not what the interventions show
     assert by["kv160"]["verdict"] == Confirmation.INCONCLUSIVE
+
+
+def test_the_closed_loop_fills_only_what_the_kv_budget_holds(cfg):
+    """1,000 in / 400 out is 11 CPU blocks a request: 160 blocks (one kept back) hold 14
+    of them, so the estimate's loop runs 14, not the cap of 64 (more would only wait)."""
+    cfg["workloads"]["big"] = {"kind": "synthetic", "phases": [
+        {"role": "kv_heavy", "count": 10, "interval_s": 0.5, "prompt_tokens": 1000, "output_tokens": 400}]}
+    cfg["frontiers"]["capacity"]["workload"] = "big"
+    plan = frontier_plan(Study.from_dict(cfg), "capacity")
+    assert plan.kv_fit("kv160") == 14 and plan.estimate_concurrency("kv160") == 14
+    assert plan.kv_fit("seq8") == 29 and plan.estimate_concurrency("seq8") == 8  # 320 blocks; the cap is less
+    assert plan.kv_fit("default") is None and plan.estimate_concurrency("default") == 64  # no budget stated
+    assert plan.reference_requests(14) == 114
+
+
+def test_whether_a_knee_moved_is_decided_before_the_bracket_converges():
+    before = Span.of(10.0, 11.0, 9.5)  # held 10, broke 11
+    # every rate of [13.5, 20) bisection could still hold stays wholly above 11 and 30 % up
+    assert decided(before, 13.5, 20.0, 0.05, 0.3) is Move.UP
+    # broke at 12.5: the highest rate held can no longer reach 13 (30 % up), and held 10 is no drop
+    assert decided(before, 10.0, 12.5, 0.05, 0.3) is Move.NO
+    assert decided(before, 5.0, 7.0, 0.05, 0.3) is Move.DOWN
+    assert decided(before, 10.0, 16.0, 0.05, 0.3) is None  # 16 could still hold: not decided
+    assert decided(before, 6.0, 10.0, 0.05, 0.3) is None  # could end up down or not
+    # a parent that held nothing: only the intervals count
+    assert decided(Span.of(None, 1.0, None), 1.2, 2.0, 0.05, 0.3) is Move.UP
+    # a parent that never broke cannot be moved above
+    assert decided(Span.of(64.0, None, 61.0), 62.0, 70.0, 0.05, 0.3) is Move.NO
+    assert move(before, Span.of(14.0, 15.0, 13.3), 0.3) is Move.UP
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0])
+def test_an_intervention_stops_once_its_move_is_decided(factor):
+    """On simulated servers: a parent's knee, then an intervention from it on a server
+    `factor` times as fast. It stops `decided` with the move the search run to
+    convergence gives, in fewer probes, after a rate has broken (what fills next)."""
+    bounds = SearchBounds(start=0.5, maximum=256, budget=20)
+    parent_server = QueueServer(life_s=1.9)
+    parent = CapacitySearch(bounds, first=parent_server.closed_loop(3, 1))
+    while (rate := parent.next_rate()) is not None:
+        parent.record(parent_server.probe(rate, 40.0, len(parent.probes)))
+    knee = parent.result()
+    against = Span.of(knee.lo, knee.hi, knee.floor)
+    server = QueueServer(life_s=1.9 / factor)
+
+    def run(early: bool) -> CapacitySearch:
+        s = CapacitySearch(bounds, first=knee.lo, against=against if early else None, min_shift=0.3)
+        while (rate := s.next_rate()) is not None:
+            s.record(server.probe(rate, 40.0, 100 + len(s.probes)))
+        return s
+
+    early, full = run(True), run(False)
+    r_early, r_full = early.result(), full.result()
+    assert r_early.reason == StopReason.DECIDED and r_full.reason == StopReason.CONVERGED
+    span = lambda r: Span.of(r.lo, r.hi, r.floor)  # noqa: E731
+    assert move(against, span(r_early), 0.3) == move(against, span(r_full), 0.3)
+    assert move(against, span(r_early), 0.3) is (Move.UP if factor == 2 else Move.NO)
+    assert r_early.hi is not None and len(early.probes) < len(full.probes)
+    # resumed from its probes, the search stops at the same place
+    again = CapacitySearch(bounds, early.probes, first=knee.lo, against=against, min_shift=0.3)
+    assert again.finished and again.result().reason == StopReason.DECIDED

@@ -170,9 +170,10 @@ def test_a_database_not_yet_diagnosed_says_how_to_diagnose_it(tmp_path):
 def test_the_report_shows_every_section():
     """report.qmd is layout only: each section function is displayed once, in a loop."""
     qmd = QMD.read_text()
-    shown = re.findall(r"^for block in sections\.(\w+)\((?:data)?\):\n    display\(HTML\(block\)\)$", qmd, re.M)
-    public = ["page_head", "at_a_glance", "runs", "what_filled_first", "part_by_part", "capacity_search", "setup",
-              "side_by_side", "measurement_checks", "request_checks", "each_run"]
+    shown = re.findall(r"^for block in sections\.(\w+)\((?:data|COMPARE)?\):\n    display\(HTML\(block\)\)$",
+                       qmd, re.M)
+    public = ["page_head", "compare_link", "at_a_glance", "runs", "what_filled_first", "part_by_part",
+              "capacity_search", "setup", "side_by_side", "measurement_checks", "request_checks", "each_run"]
     assert shown == public
     assert all(callable(getattr(sections, name)) for name in public)
     # its heading as Markdown, right before it: the table of contents lists it

@@ -21,6 +21,7 @@ import yaml
 
 from filledfirst.analysis.frontiers import IMPLICATED, confirmation, moved
 from filledfirst.contracts.search import SearchBounds, StopReason
+from filledfirst.frontier.interventions import Span
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 
 from conftest import REPO, snakemake_argv
@@ -104,10 +105,13 @@ def test_capacity_search_on_the_engine(tmp_path):
         assert 1 <= len(doc["probes"]) <= 4 and doc["probes"][0]["rate"] == (doc["start_rps"] or f["start"])
         first = json.loads((base / setting / "p01" / "run.json").read_text())
         assert first["server"]["settings"][flag[0]] == flag[1] and "startup_s" in first["timings"]
+        # judged against seq2's knee: it may stop once its move from that knee is decided
+        against = Span.of(seq2["result"]["lo"], seq2["result"]["hi"], seq2["result"]["floor"])
         search = CapacitySearch(bounds, [ProbeOutcome(p["rate"], p["attainment"], requests=p["requests"],
                                                       growth=p["backlog_growth"]) for p in doc["probes"]],
-                                first=doc["start_rps"])
+                                first=doc["start_rps"], against=against, min_shift=0.3)
         assert (doc["result"]["lo"], doc["result"]["hi"]) == (search.result().lo, search.result().hi)
+        assert doc["result"]["reason"] == str(search.result().reason)
 
     con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
     settings = ("default", "seq2", "seq2_seqs_x2", "seq2_kv_x2")

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from filledfirst.cluster import job_request, runtime_minutes
+from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.config import SCHEMA_PATH, fingerprint, group_fingerprint, schema_problem, server_groups
 from filledfirst.study import Study
 
@@ -51,13 +52,16 @@ TRACE_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] 
 SYNTHETIC_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "synthetic")
 # What ingest measured, and the same with the diagnosis's tables (what the report reads).
 INGESTED = "results/ingested.duckdb"
-DB = "results/filledfirst.duckdb"
+DB = f"results/{RESULTS_DB}"
 # What the labels depend on besides the measurements: a change re-runs `diagnose` alone.
 DIAGNOSIS_RULES = json.dumps(
     {"diagnosis": config.get("diagnosis", {}),
      "expect": {name: e.get("expect") for name, e in sorted(config["experiments"].items())}},
     sort_keys=True,
 )
+# The comparison with a baseline study (`compare.baseline`): `all` makes it when one is set.
+COMPARE_BASELINE = str(results_database(STUDY.compare.baseline)) if STUDY.compare.baseline else None
+COMPARE_HTML, COMPARE_DB = "reports/compare.html", "results/compare.duckdb"
 # The report's source lives with the workflow, so --directory elsewhere still finds it.
 REPORT_SOURCE = f"{workflow.basedir}/reports/report.qmd"
 

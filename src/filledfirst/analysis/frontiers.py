@@ -43,7 +43,6 @@ Columns:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -59,6 +58,7 @@ from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
 from filledfirst.contracts.search import Knob, SearchRecord, StopReason
 from filledfirst.errors import UserError
+from filledfirst.frontier.interventions import Span, lo_ratio, move
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
 
@@ -99,36 +99,28 @@ class Role(StrEnum):
 IMPLICATED = {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV}
 
 
+def _span(row: Mapping[str, Any]) -> Span | None:
+    """A row's knee (filledfirst.frontier.interventions.Span), None when the search measured
+    no knee (it failed)."""
+    lo, hi = row.get("lo_rps"), row.get("hi_rps")
+    if (lo is None and hi is None) or row.get("reason") == StopReason.PROBE_FAILED:
+        return None
+    return Span.of(lo, hi, row.get("floor_rps"))
+
+
 def knee_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
     """A row's knee interval [floor, hi) (hi infinite when nothing broke, floor 0 when
     start broke; floor lo itself without an interval), None when the search measured no
     knee (it failed)."""
-    lo, hi, floor = row.get("lo_rps"), row.get("hi_rps"), row.get("floor_rps")
-    if (lo is None and hi is None) or row.get("reason") == StopReason.PROBE_FAILED:
-        return None
-    low = floor if floor is not None else (lo if lo is not None else 0.0)
-    return low, math.inf if hi is None else hi
-
-
-def _lo_ratio(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
-    """after's highest rate held over before's (None when either held nothing)."""
-    lo_a, lo_b = before.get("lo_rps"), after.get("lo_rps")
-    return lo_b / lo_a if lo_a and lo_b is not None else None
+    span = _span(row)
+    return None if span is None else (span.floor, span.hi)
 
 
 def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float = 0.0) -> str | None:
-    """'up' when after's interval lies wholly above before's and its highest rate held is
-    at least (1 + min_shift) times before's, 'down' the same below, 'no' otherwise; None
-    when either has no interval."""
-    a, b = knee_span(before), knee_span(after)
-    if a is None or b is None:
-        return None
-    ratio = _lo_ratio(before, after)  # None: one of them held nothing
-    if b[0] >= a[1] and (ratio is None or ratio >= 1 + min_shift):
-        return "up"
-    if b[1] <= a[0] and (ratio is None or ratio <= 1 / (1 + min_shift)):
-        return "down"
-    return "no"
+    """Whether after's knee moved from before's (filledfirst.frontier.interventions.move:
+    'up', 'down' or 'no'), None when either has no interval."""
+    a, b = _span(before), _span(after)
+    return None if a is None or b is None else str(move(a, b, min_shift))
 
 
 def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
@@ -161,7 +153,7 @@ def _interventions(rows: list[dict]) -> None:
         implicated = IMPLICATED.get(parent.get("knee_label"))
         r["role"] = None if implicated is None else (Role.RELAXED if r["knob"] == implicated else Role.CONTROL)
         r["moved"] = moved(parent, r, r.get("min_shift") or 0.0)
-        if (ratio := _lo_ratio(parent, r)) is not None:
+        if (ratio := lo_ratio(parent.get("lo_rps"), r.get("lo_rps"))) is not None:
             r["shift"] = ratio - 1
     for p in rows:
         mine = [r for r in rows if r["frontier"] == p["frontier"] and r["parent"] == p["setting"]]

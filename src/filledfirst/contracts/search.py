@@ -44,6 +44,8 @@ class StopReason(StrEnum):
     HOLDS_AT_MAXIMUM = "holds_at_maximum"  # maximum held: the capacity is at least maximum
     BREAKS_AT_START = "breaks_at_start"  # start broke: the capacity is below start
     PROBE_FAILED = "probe_failed"  # a probe failed outright (server died, ...)
+    # an intervention's search: whether its knee moved from its parent's can no longer change
+    DECIDED = "decided"
 
 
 @dataclass(frozen=True, slots=True)

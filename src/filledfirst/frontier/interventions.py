@@ -7,6 +7,11 @@ known only once the knee's probe is diagnosed, so table `frontiers` assigns the 
 (filledfirst.analysis.frontiers). The workflow can then name every search before any of
 them has run. Each intervention starts from its parent's knee (filledfirst.run.search).
 
+Whether a knee moved (`move`) is decided by both knees' intervals and a least shift of the
+highest rate held; an intervention's search stops as soon as further probes could not
+change that answer and it has seen a rate break (`decided`), since its purpose is the
+verdict and what fills next, not a knee as precise as its parent's.
+
 The KV budget is relaxed in the unit the setting states it in: `kv_tokens` doubles, or
 `num_gpu_blocks_override` doubles (blocks of block_size tokens: the same tokens). A
 setting with neither has no KV budget to double (a share of GPU memory is not one), and
@@ -15,10 +20,14 @@ setting with neither has no KV budget to double (a share of GPU memory is not on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from filledfirst.contracts.search import Intervention, Knob
+from filledfirst.contracts.search import Intervention, Knob, ResultRecord, StopReason
+from filledfirst.frontier.verdict import interval_floor
 from filledfirst.model.kv import block_size
 
 FACTOR = 2
@@ -55,3 +64,65 @@ def relaxations(parent: str, server: Mapping[str, Any], launcher: str,
         out.append(Intervention(parent=parent, knob=Knob.KV, before=tokens, after=tokens * FACTOR, changes=changes,
                                 min_shift=min_shift))
     return out, problems
+
+
+class Move(StrEnum):
+    UP = "up"
+    DOWN = "down"
+    NO = "no"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A knee as an interval [floor, hi) (floor 0 when nothing held, hi infinite when
+    nothing broke) and `lo`, the highest rate held (None: none held)."""
+
+    floor: float
+    hi: float
+    lo: float | None
+
+    @classmethod
+    def of(cls, lo: float | None, hi: float | None, floor: float | None) -> Span:
+        low = floor if floor is not None else (lo if lo is not None else 0.0)
+        return cls(floor=low, hi=math.inf if hi is None else hi, lo=lo)
+
+    @classmethod
+    def of_result(cls, result: ResultRecord) -> Span | None:
+        """A search's knee (None: it failed, or measured nothing)."""
+        if result.reason is StopReason.PROBE_FAILED or (result.lo is None and result.hi is None):
+            return None
+        return cls.of(result.lo, result.hi, result.floor)
+
+
+def lo_ratio(before_lo: float | None, after_lo: float | None) -> float | None:
+    """The highest rate held after over before (None when either held nothing)."""
+    return after_lo / before_lo if before_lo and after_lo is not None else None
+
+
+def move(before: Span, after: Span, min_shift: float = 0.0) -> Move:
+    """UP when after's interval lies wholly above before's and its highest rate held is at
+    least (1 + min_shift) times before's, DOWN the same below, NO otherwise (the ratio is
+    not asked for when either held nothing)."""
+    ratio = lo_ratio(before.lo, after.lo)
+    if after.floor >= before.hi and (ratio is None or ratio >= 1 + min_shift):
+        return Move.UP
+    if after.hi <= before.floor and (ratio is None or ratio <= 1 / (1 + min_shift)):
+        return Move.DOWN
+    return Move.NO
+
+
+def decided(before: Span, lo: float, hi: float, tolerance: float | None, min_shift: float) -> Move | None:
+    """The `move` from `before` that a search whose bracket is [lo held, hi broke) must end
+    with, whatever it probes next (None: not decided yet). Bisecting only raises lo and
+    lowers hi within the bracket, so the final highest rate held is in [lo, hi) and the
+    final lowest break in (lo, hi]; `tolerance`: the backlog growth the interval's floor
+    allows for (interval_floor)."""
+    up = before.lo * (1 + min_shift) if before.lo else 0.0
+    down = before.lo / (1 + min_shift) if before.lo else math.inf
+    if interval_floor(lo, tolerance) >= before.hi and lo >= up:
+        return Move.UP
+    if hi <= before.floor and hi <= down:
+        return Move.DOWN
+    up_impossible = interval_floor(hi, tolerance) <= before.hi or hi <= up
+    down_impossible = lo >= before.floor or lo > down
+    return Move.NO if up_impossible and down_impossible else None

@@ -17,7 +17,7 @@ from filledfirst.frontier.interventions import intervention_name, relaxations
 from filledfirst.frontier.probes import probe_duration, shape_rate
 from filledfirst.frontier.relative import relative_problems, relative_refs
 from filledfirst.frontier.verdict import min_requests
-from filledfirst.model.kv import kv_budget_problem
+from filledfirst.model.kv import block_size, kv_blocks, kv_budget_problem
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
 
 # Completions a closed loop counts, at least: with a small cap, estimate_batches rounds of
@@ -43,13 +43,28 @@ class FrontierPlan:
     # setting name -> the limit it relaxes of another setting (frontier.interventions);
     # its vLLM settings are in `settings` like any other's
     interventions: dict[str, Intervention] = dataclasses.field(default_factory=dict)
+    launcher: str = "cpu"  # the engine's (a KV budget's block size is the platform's)
 
     def estimate_concurrency(self, setting: str) -> int | None:
         """The closed loop's concurrency for the capacity estimate: the setting's
-        max_num_seqs (None: no estimate, for want of one or of a cap to fill, and none
-        for an intervention, which starts from its parent's knee)."""
+        max_num_seqs, or fewer when its KV budget holds fewer requests of the shape
+        (`kv_fit`: beyond them the loop's requests only wait, or are preempted, and the
+        loop lasts longer for the same rate); None: no estimate, for want of one or of a
+        cap to fill, and none for an intervention, which starts from its parent's knee."""
         cap = self.settings[setting].get("max_num_seqs")
-        return int(cap) if self.estimate_batches and cap and setting not in self.interventions else None
+        if not (self.estimate_batches and cap and setting not in self.interventions):
+            return None
+        return min(int(cap), self.kv_fit(setting) or int(cap))
+
+    def kv_fit(self, setting: str) -> int | None:
+        """How many of the shape's largest requests the setting's KV budget holds at once
+        (vLLM keeps one block back); None: no budget stated, or a trace's sizes vary."""
+        blocks = kv_blocks(self.launcher, self.settings[setting])
+        if blocks is None or not isinstance(self.workload, SyntheticWorkload):
+            return None
+        size = block_size(self.launcher, self.settings[setting])
+        per = max(-(-(p.prompt_tokens + p.output_tokens) // size) for p in self.workload.phases)
+        return max(1, (blocks - 1) // per)
 
     def reference_requests(self, concurrency: int) -> int:
         """The closed loop's requests: estimate_batches rounds of `concurrency`, and at
@@ -101,6 +116,7 @@ def frontier_plan(study: Study, name: str) -> FrontierPlan:
         workload=study.workloads[f.workload],
         settings=settings,
         interventions=interventions,
+        launcher=study.engine.launcher,
         slo=f.slo,
         probe_s=float(f.probe_s),
         probe_lifetimes=float(f.probe_lifetimes),

@@ -23,6 +23,11 @@ capacity estimate (`CapacitySearch(..., first=)`, clamped to [start, maximum]):
    break, lo becomes the new hi, the next lower held rate the new lo, and bisection
    resumes.
 
+An intervention's search (`against=` its parent's knee) also stops, `decided`, once a
+rate has held and one has broken and no further probe could change whether its knee
+moved from the parent's (filledfirst.frontier.interventions.decided): the verdict is
+what it is for, and a control that breaks just above its parent's knee has given it.
+
 The state is a function of the probes done alone (lo = highest rate that held below hi,
 hi = lowest that broke), so `CapacitySearch(bounds, done, first=)` resumes an interrupted
 search exactly: it proposes what the uninterrupted search would have proposed next. The
@@ -46,6 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from filledfirst.contracts.search import ResultRecord, SearchBounds, StopReason
+from filledfirst.frontier.interventions import Span, decided
 from filledfirst.frontier.verdict import Judgement, Verdict, interval_floor, judge
 
 # Relative tolerance for "the same rate": a rate read back from a probe's run.json, or
@@ -177,10 +183,13 @@ def _state(probes: list[ProbeOutcome], bounds: SearchBounds) -> _State:
 class CapacitySearch:
     """`CapacitySearch(bounds)` starts a search at `bounds.start`; `first=` starts it at a
     capacity estimate instead. `done`: the probes already done, in the order they ran (a
-    resumed search)."""
+    resumed search). `against`: the knee an intervention's search is judged against, by
+    a move of at least `min_shift` (it stops once that is decided)."""
 
-    def __init__(self, bounds: SearchBounds, done: Iterable[ProbeOutcome] = (), *, first: float | None = None) -> None:
+    def __init__(self, bounds: SearchBounds, done: Iterable[ProbeOutcome] = (), *, first: float | None = None,
+                 against: Span | None = None, min_shift: float = 0.0) -> None:
         self.bounds = bounds
+        self.against, self.min_shift = against, min_shift
         self.first = bounds.start if first is None else min(max(float(first), bounds.start), bounds.maximum)
         self.from_start = first is None
         self.step = bounds.growth if first is None else bounds.estimate_step
@@ -209,6 +218,8 @@ class CapacitySearch:
             rate = self.first
         elif s.pending is not None:
             rate = s.pending
+        elif self._decided(s):
+            return None, StopReason.DECIDED
         elif s.hi is None:  # every rate so far held: grow
             if s.lo >= b.maximum * (1 - _REL_TOL):
                 if s.lo_probes > b.repeats:
@@ -231,6 +242,13 @@ class CapacitySearch:
         if len(self._probes) >= b.budget:
             return None, StopReason.BUDGET
         return rate, None
+
+    def _decided(self, s: _State) -> bool:
+        """Whether an intervention's move from its parent's knee can no longer change (a
+        re-probe of lo could break it, so a search with repeats never stops early)."""
+        if self.against is None or s.lo is None or s.hi is None or self.bounds.repeats:
+            return False
+        return decided(self.against, s.lo, s.hi, self.bounds.backlog_max_growth, self.min_shift) is not None
 
     def _step(self) -> float:
         """The bracket's next step: `growth` from start; from an estimate, `estimate_step`

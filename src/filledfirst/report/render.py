@@ -29,6 +29,7 @@ from filledfirst.errors import UserError
 log = logging.getLogger(__name__)
 
 DB_ENV = "FILLEDFIRST_DB"
+COMPARE_ENV = "FILLEDFIRST_COMPARE"  # the href of the study's comparison with its baseline, if any
 ENGINES = ("auto", "quarto", "fallback")
 CELL_TIMEOUT_S = 600
 
@@ -40,9 +41,10 @@ class RenderError(UserError):
 # --- entry point ---------------------------------------------------------------------------
 
 
-def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title: str | None = None) -> None:
+def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title: str | None = None,
+                  compare: str | None = None) -> None:
     """Render `source` against `db` into `out` (whole or not at all); `title` in place of
-    the document's own."""
+    the document's own; `compare`: the link to this study's comparison with its baseline."""
     source, db, out = Path(source).resolve(), Path(db).resolve(), Path(out).resolve()
     if engine not in ENGINES:
         raise RenderError(f"unknown report engine {engine!r}; use one of {ENGINES}")
@@ -54,9 +56,9 @@ def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title
     if engine == "quarto" and quarto is None:
         raise RenderError("--engine quarto but `quarto` is not on PATH (conda-forge has it)")
     if quarto is not None and engine in ("auto", "quarto"):
-        html = _render_quarto(quarto, source, db, title)
+        html = _render_quarto(quarto, source, _report_env(db, compare), title)
     else:
-        html = _render_fallback(source, db, title)
+        html = _render_fallback(source, _report_env(db, compare), title)
     remote = remote_references(html)
     if remote:
         raise RenderError(f"rendered report loads remote resources, refusing: {remote[:3]}")
@@ -67,8 +69,8 @@ def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title
 # --- Quarto --------------------------------------------------------------------------------
 
 
-def _render_quarto(quarto: str, source: Path, db: Path, title: str | None) -> str:
-    env = {**os.environ, DB_ENV: str(db), "QUARTO_PYTHON": sys.executable, **_absolute_pythonpath()}
+def _render_quarto(quarto: str, source: Path, report_env: dict[str, str], title: str | None) -> str:
+    env = {**os.environ, **report_env, "QUARTO_PYTHON": sys.executable}
     with tempfile.TemporaryDirectory(prefix="filledfirst-quarto-") as tmp:
         # --output-dir keeps Quarto's side files out of the source tree.
         argv = [quarto, "render", str(source), "--to", "html", "--output-dir", tmp]
@@ -177,7 +179,12 @@ def _absolute_pythonpath() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in value.split(os.pathsep) if p)} if value else {}
 
 
-def _kernel_manager(kernel_dir: Path, db: Path):
+def _report_env(db: Path, compare: str | None) -> dict[str, str]:
+    """What the report's cells read from the environment, whichever engine runs them."""
+    return {DB_ENV: str(db), **({COMPARE_ENV: compare} if compare else {}), **_absolute_pythonpath()}
+
+
+def _kernel_manager(kernel_dir: Path, report_env: dict[str, str]):
     """A kernel on *this* interpreter, so it imports the same filledfirst and packages.
 
     A `python3` spec found on the machine may point at another Python; an explicit spec
@@ -193,19 +200,19 @@ def _kernel_manager(kernel_dir: Path, db: Path):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "filledfirst report",
         "language": "python",
-        "env": {DB_ENV: str(db), **_absolute_pythonpath()},
+        "env": report_env,
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return KernelManager(kernel_name=name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
 
 
-def execute_notebook(nb, cwd: Path, db: Path, timeout_s: int = CELL_TIMEOUT_S) -> None:
+def execute_notebook(nb, cwd: Path, report_env: dict[str, str], timeout_s: int = CELL_TIMEOUT_S) -> None:
     """Run every code cell in order; the first error aborts with the cell and its error."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     with tempfile.TemporaryDirectory(prefix="filledfirst-kernel-") as kdir:
-        km = _kernel_manager(Path(kdir), db)
+        km = _kernel_manager(Path(kdir), report_env)
         client = NotebookClient(
             nb, km=km, timeout=timeout_s, allow_errors=False,
             resources={"metadata": {"path": str(cwd)}},  # Quarto runs in the .qmd's folder too
@@ -258,12 +265,12 @@ def export_html(nb) -> str:
     return _EMPTY_SCRIPT.sub("", body)
 
 
-def _render_fallback(source: Path, db: Path, title: str | None) -> str:
+def _render_fallback(source: Path, report_env: dict[str, str], title: str | None) -> str:
     front, cells = parse_qmd(source.read_text())
     if title:
         front = {**front, "title": title}
     nb = build_notebook(front, cells)
-    execute_notebook(nb, source.parent, db)
+    execute_notebook(nb, source.parent, report_env)
     _apply_output_options(nb, front)
     html = export_html(nb)
     toc = (front.get("format") or {}).get("html") or {}

@@ -28,6 +28,14 @@ def page_head() -> list[str]:
     return [charts.vega_bundle_html() + markup.style_html()]
 
 
+def compare_link(href: str | None) -> list[str]:
+    """A line to the study's comparison with its baseline, when the workflow made one."""
+    if not href:
+        return []
+    return [f"<p>Compared with its baseline: <a href='{markup.esc(href)}'>what changed, and whether it is "
+            "more than noise</a>.</p>"]
+
+
 def at_a_glance(data: ReportData) -> list[str]:
     if not (data.diagnosis or data.frontier_rows):
         return [_no_diagnosis()]

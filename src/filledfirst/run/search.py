@@ -65,6 +65,7 @@ from filledfirst.contracts.search import (
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
+from filledfirst.frontier.interventions import Span
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import offered_rate, synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
@@ -301,12 +302,13 @@ def _read_probe(run_dir: Path) -> tuple[RunMeta | None, str | None]:
     return None, "not a probe (run.json has no frontier block)"
 
 
-def resume(out: Path, plan: FrontierPlan, setting: str, fp: str,
-           first: float | None = None) -> tuple[CapacitySearch, list[ProbeRecord]]:
-    """The search (from `first`, a capacity estimate, if given) as far as the finished
-    probe folders take it; every folder from the first one that cannot be reused on is
-    removed (it is measured again)."""
-    search = CapacitySearch(plan.bounds, first=first)
+def resume(out: Path, plan: FrontierPlan, setting: str, fp: str, first: float | None = None,
+           against: Span | None = None, min_shift: float = 0.0) -> tuple[CapacitySearch, list[ProbeRecord]]:
+    """The search (from `first`, a capacity estimate or its parent's knee, if given; an
+    intervention's judged `against` its parent's knee) as far as the finished probe
+    folders take it; every folder from the first one that cannot be reused on is removed
+    (it is measured again)."""
+    search = CapacitySearch(plan.bounds, first=first, against=against, min_shift=min_shift)
     records: list[ProbeRecord] = []
     dirs = _probe_dirs(out) if out.is_dir() else {}
     probe = 1
@@ -358,17 +360,18 @@ def _drift(plan: FrontierPlan, start: Reference | None, end: Reference | None) -
                  max_change=plan.drift_max, drifted=abs(change) > plan.drift_max)
 
 
-def parent_knee(out: Path, relaxed: Intervention) -> float | None:
-    """An intervention's first rate: the knee (highest rate that held) of the search it
-    relaxes, read from that search's search.json beside its own folder (None: that
-    search held nothing, and this one grows from `start`)."""
+def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | None]:
+    """An intervention's first rate, the knee (highest rate that held) of the search it
+    relaxes (None: that search held nothing, and this one grows from `start`), and that
+    knee's interval, which it is judged against (None: that search failed); read from
+    that search's search.json beside its own folder."""
     path = Path(out).parent / relaxed.parent / SEARCH_JSON
     try:
         parent = SearchRecord.read(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no search.json; an intervention on {relaxed.parent!r} starts from its knee: "
                         "run that search first") from None
-    return parent.result.lo
+    return parent.result.lo, Span.of_result(parent.result)
 
 
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
@@ -385,7 +388,7 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
     install_interrupt_handlers()
     watch_owners()
     relaxed = plan.interventions.get(setting)
-    start_rps = parent_knee(out, relaxed) if relaxed is not None else None
+    start_rps, against = parent_knee(out, relaxed) if relaxed is not None else (None, None)
     prober = Prober(study, plan, setting, out, fingerprint, trace_csv, shape_stats, progress)
     concurrency = plan.estimate_concurrency(setting)
     estimate = check = None
@@ -404,7 +407,8 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
         elif plan.estimate_batches:
             log.info("%s/%s: no max_num_seqs to fill for a capacity estimate: the search grows from %g req/s",
                      frontier, setting, plan.bounds.start)
-        search, records = resume(out, plan, setting, prober.fingerprint, first)
+        search, records = resume(out, plan, setting, prober.fingerprint, first, against,
+                                 relaxed.min_shift if relaxed is not None else 0.0)
         # A check measured before these probes would not be the search's end.
         if probe_to_the_end(prober, search, records):
             shutil.rmtree(out / CHECK, ignore_errors=True)

@@ -1,0 +1,45 @@
+"""The capacity searches matched by (frontier, setting): both knees with their intervals
+(table `frontiers`, filledfirst.analysis.frontiers), the shift of the highest rate held and
+a verdict: higher or lower when the candidate's interval lies wholly beyond the baseline's
+and the shift is at least `knee_min_shift` (the same test as an intervention's `moved`),
+else no significant change; and what filled first at each side's knee."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from filledfirst.analysis.frontiers import knee_span, moved
+from filledfirst.compare.verdicts import Change, Rules
+from filledfirst.frontier.interventions import lo_ratio
+
+_MOVED = {"up": Change.HIGHER, "down": Change.LOWER, "no": Change.SAME, None: Change.NOT_COMPARABLE}
+
+
+def knee_row(key: tuple[str, str], base: Mapping[str, Any], cand: Mapping[str, Any], rules: Rules) -> dict[str, Any]:
+    b_lo, c_lo = base.get("lo_rps"), cand.get("lo_rps")
+    span_b, span_c = knee_span(base), knee_span(cand)
+    return {
+        "frontier": key[0], "setting": key[1],
+        "base_lo_rps": b_lo, "base_floor_rps": span_b[0] if span_b else None, "base_hi_rps": base.get("hi_rps"),
+        "cand_lo_rps": c_lo, "cand_floor_rps": span_c[0] if span_c else None, "cand_hi_rps": cand.get("hi_rps"),
+        "shift": None if (ratio := lo_ratio(b_lo, c_lo)) is None else ratio - 1,
+        "verdict": str(_MOVED[moved(base, cand, rules.knee_min_shift)]),
+        "base_label": base.get("knee_label"), "cand_label": cand.get("knee_label"),
+        "label_changed": label_changed(base.get("knee_label"), cand.get("knee_label")),
+        "base_drifted": base.get("drifted"), "cand_drifted": cand.get("drifted"),
+    }
+
+
+def label_changed(a: str | None, b: str | None) -> bool | None:
+    """Whether what filled first differs (None: a side has no label)."""
+    return None if a is None or b is None else a != b
+
+
+def knee_rows(base: list[Mapping[str, Any]], cand: list[Mapping[str, Any]], rules: Rules
+              ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The matched knees, and the (frontier/setting) names on the baseline or candidate only."""
+    b = {(r["frontier"], r["setting"]): r for r in base}
+    c = {(r["frontier"], r["setting"]): r for r in cand}
+    rows = [knee_row(k, b[k], c[k], rules) for k in b if k in c]
+    return rows, [f"{f}/{s}" for f, s in b if (f, s) not in c], [f"{f}/{s}" for f, s in c if (f, s) not in b]

@@ -1,0 +1,177 @@
+"""filledfirst compare on synthetic databases (helpers/synthetic_db.py): the verdicts of
+knees and run figures, what is on one side only, the gate and its exit status, the tables,
+and the page drawn offline in a real browser. The bootstrap's false-alarm rate and power
+are checked on seeded samples of known distributions."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from filledfirst.analysis.diagnosis import write_diagnosis
+from filledfirst.cli import main
+from filledfirst.compare import compare
+from filledfirst.compare.figures import FIGURES, _quantile, _sample, judge
+from filledfirst.compare.gate import reasons
+from filledfirst.compare.verdicts import Change, Rules
+from filledfirst.study import Compare, CompareGate, DiagnosisRules
+
+from helpers.chromium import ChartDivs, chromium_run
+from helpers.synthetic_db import every, gauges, kv_pressure_run, make_db, queue, reference_run
+
+RULES = Rules.of(Compare())
+
+
+def _run(run_id, ttft_s=0.05, failed=0):
+    reqs = queue(every(0.1, 200), 0.5, 64, ttft_s=ttft_s)
+    for r in reqs[:failed]:
+        r.update(status="error", t_first_token=None)
+    tokens = {r["request_id"]: [r["t_first_token"] + 0.01 * k for k in range(1, 5)]
+              for r in reqs if r["t_first_token"] is not None}
+    return {"run_id": run_id, "requests": reqs, "samples": gauges(reqs, 21, lambda n: 0.5 * n), "tokens": tokens,
+            "meta": {"part": "decode", "spec": {"server": {"max_num_seqs": 64}}}}
+
+
+KNEE_COLUMNS = "frontier VARCHAR, setting VARCHAR, lo_rps DOUBLE, hi_rps DOUBLE, floor_rps DOUBLE, reason VARCHAR, " \
+               "knee_label VARCHAR, drifted BOOLEAN"
+
+
+def _db(path, runs, knees, vllm="0.32.0"):
+    for r in runs:
+        r["meta"]["versions"] = {"vllm_package": vllm}
+    make_db(path, runs)
+    write_diagnosis(path, DiagnosisRules())
+    with duckdb.connect(str(path)) as con:
+        con.execute(f"CREATE OR REPLACE TABLE frontiers ({KNEE_COLUMNS})")
+        for k in knees:
+            con.execute("INSERT INTO frontiers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", k)
+    return path
+
+
+@pytest.fixture
+def dbs(tmp_path):
+    base = _db(tmp_path / "base.duckdb", [_run("ref"), _run("slow"), _run("gone")], [
+        ("decode", "default", 10.0, 11.0, 9.5, "converged", "active-sequence limit", False),
+        ("decode", "seq8", 4.0, 4.4, 3.8, "converged", "active-sequence limit", False),
+        ("kv", "kv160", 1.6, 1.76, 1.52, "converged", "KV-capacity pressure", False)])
+    cand = _db(tmp_path / "cand.duckdb", [_run("ref"), _run("slow", ttft_s=0.4, failed=20), _run("new")], [
+        ("decode", "default", 11.0, 12.1, 10.4, "converged", "active-sequence limit", False),  # inside the noise
+        ("decode", "seq8", 2.0, 2.2, 1.9, "converged", "active-sequence limit", False),  # halved
+        ("kv", "kv320", 2.4, 2.64, 2.28, "converged", "KV-capacity pressure", False)], vllm="0.33.0")
+    return base, cand
+
+
+def test_verdicts_of_knees_runs_and_one_side(dbs):
+    c = compare(*dbs, RULES)
+    knees = {(k["frontier"], k["setting"]): k for k in c.knees}
+    assert set(knees) == {("decode", "default"), ("decode", "seq8")}
+    assert knees[("decode", "default")]["verdict"] == Change.SAME  # +10 %, intervals overlap
+    seq8 = knees[("decode", "seq8")]
+    assert seq8["verdict"] == Change.LOWER and seq8["shift"] == pytest.approx(-0.5)
+    assert seq8["label_changed"] is False
+    figs = {(r["experiment"], r["figure"]): r for r in c.runs}
+    assert len(c.runs) == 2 * len(FIGURES)  # ref and slow on both sides
+    assert all(figs[("ref", f.name)]["verdict"] == Change.SAME for f in FIGURES)
+    slow = {f: figs[("slow", f)] for f in ("TTFT p50", "TTFT p90", "failed", "goodput")}
+    assert slow["TTFT p50"]["verdict"] == Change.HIGHER and slow["TTFT p50"]["change"] == pytest.approx(7.0)
+    assert slow["failed"]["verdict"] == Change.HIGHER and slow["failed"]["candidate"] == pytest.approx(0.1)
+    assert slow["failed"]["by"] == "difference" and slow["failed"]["change_low"] > 0
+    # 0.4 s is within the diagnosis SLO: the 10 % that failed cost 10 % of goodput, less than run_min_change
+    assert slow["goodput"]["change"] == pytest.approx(-0.1) and slow["goodput"]["verdict"] == Change.SAME
+    assert figs[("slow", "ITL p50")]["verdict"] == Change.SAME
+    sides = {(r["kind"], r["name"], r["side"]) for r in c.one_side}
+    assert sides == {("capacity search", "kv/kv160", "baseline"), ("capacity search", "kv/kv320", "candidate"),
+                     ("experiment", "gone", "baseline"), ("experiment", "new", "candidate")}
+    assert {"key": "versions.vllm_package", "base": "0.32.0", "candidate": "0.33.0"} in c.setup
+    n = c.verdicts
+    assert sum(n.values()) == len(c.knees) + len(c.runs)
+
+
+def test_the_gate(dbs):
+    c = compare(*dbs, RULES)
+    lines = reasons(c, CompareGate())
+    assert len(lines) == 1 and lines[0].startswith("knee decode/seq8: 4 -> 2 req/s (-50%)")
+    assert reasons(c, CompareGate(knee_drop=0.6)) == []  # a 50 % drop is within a 60 % allowance
+    assert reasons(c, CompareGate(knee_drop=None)) == []
+
+
+def test_a_study_against_itself(dbs):
+    c = compare(dbs[0], dbs[0], RULES)
+    assert {k["verdict"] for k in c.knees} == {Change.SAME}
+    assert {r["verdict"] for r in c.runs} == {Change.SAME}
+    assert c.setup == [] and c.one_side == [] and reasons(c, CompareGate()) == []
+
+
+def test_a_changed_label_fails_the_gate(tmp_path):
+    base = _db(tmp_path / "a.duckdb", [_run("ref")], [("d", "s", 4.0, 4.4, 3.8, "converged", "active-sequence limit",
+                                                        False)])
+    cand = _db(tmp_path / "b.duckdb", [_run("ref")], [("d", "s", 4.0, 4.4, 3.8, "converged", "compute-bound", False)])
+    c = compare(base, cand, RULES)
+    assert reasons(c, CompareGate()) == ["knee d/s: what filled first changed, active-sequence limit -> compute-bound"]
+    assert reasons(c, CompareGate(label_change=False)) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_bootstrap_false_alarms_and_power(seed):
+    """Two samples of one distribution: no change in (nearly) every pair even with no
+    minimum change; a 30 % shift of the same spread is found in (nearly) every pair."""
+    rng = np.random.default_rng(seed)
+    strict = Rules(knee_min_shift=0.3, run_min_change=0.0, confidence=0.95, resamples=200)
+    fig = next(f for f in FIGURES if f.name == "TTFT p50")
+
+    def sample(scale):
+        v = rng.lognormal(np.log(100 * scale), 0.3, 200)
+        return _sample(v, np.arange(len(v)), _quantile(0.5))
+
+    alarms = sum(judge(fig, sample(1.0), sample(1.0), strict).verdict != Change.SAME for _ in range(20))
+    found = sum(judge(fig, sample(1.0), sample(1.3), strict).verdict == Change.HIGHER for _ in range(20))
+    assert alarms <= 3 and found >= 18, (alarms, found)
+
+
+def test_cli_exit_status_tables_and_page(dbs, tmp_path, capsys):
+    out, db = tmp_path / "compare.html", tmp_path / "compare.duckdb"
+    assert main(["compare", str(dbs[0]), str(dbs[1]), "--out", str(out), "--db", str(db)]) == 1
+    assert "gate: knee decode/seq8" in capsys.readouterr().err
+    assert main(["compare", str(dbs[0]), str(dbs[1]), "--out", str(out), "--no-fail"]) == 0
+    assert main(["compare", str(dbs[0]), str(dbs[1]), "--out", str(out), "--knee-drop", "0.6"]) == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        knees = pl.from_arrow(con.sql("SELECT * FROM compare_knees").to_arrow_table())
+    assert tables == {"compare_setup", "compare_knees", "compare_runs", "compare_labels", "compare_one_side",
+                      "compare_about"}
+    assert knees.filter(pl.col("setting") == "seq8")["verdict"].to_list() == ["lower"]
+    text = out.read_text()
+    assert "The gate passes" in text and "CHANGED" not in text and "kv/kv320" in text
+    assert main(["compare", str(tmp_path / "nothing"), str(dbs[1]), "--out", str(out)]) == 2
+
+
+@pytest.mark.browser
+@pytest.mark.usefixtures("chromium")
+def test_the_page_draws_offline(dbs, tmp_path):
+    out = tmp_path / "compare.html"
+    main(["compare", str(dbs[0]), str(dbs[1]), "--out", str(out), "--no-fail"])
+    run = chromium_run("--dump-dom", out.as_uri(), profile=tmp_path / "profile")
+    parser = ChartDivs()
+    parser.feed(run.stdout)
+    assert len(parser.charts) == 2 and all(parser.charts.values()), parser.charts
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+
+
+@pytest.mark.parametrize("expect", [None, "KV-capacity pressure"])
+def test_a_run_label_change_fails_the_gate_only_for_a_designed_run(tmp_path, expect):
+    """A run designed for nothing (a sweep point, a replay) may change its label between two
+    nights: it is marked on the page, and fails the gate only when the run had an `expect`."""
+    base, cand = kv_pressure_run("kv"), reference_run("kv")
+    for run in (base, cand):
+        run["meta"] = {"part": "kv", **({"expect": expect} if expect else {})}
+    a = _db(tmp_path / "a.duckdb", [base], [])
+    b = _db(tmp_path / "b.duckdb", [cand], [])
+    c = compare(a, b, RULES)
+    (row,) = c.labels
+    assert (row["base_label"], row["cand_label"], row["label_changed"]) == (
+        "KV-capacity pressure", "reference", True)
+    expected = ["run kv: what filled first changed, KV-capacity pressure -> reference"] if expect else []
+    assert reasons(c, CompareGate()) == expected

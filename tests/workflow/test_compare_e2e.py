@@ -1,0 +1,120 @@
+"""filledfirst compare on the real vLLM CPU engine, through Snakemake: one small study (a
+capacity search of a capped setting, and one experiment) run twice from scratch, the
+second with the first as its `compare.baseline`, and a variant differing only in the cap
+(max_num_seqs 2 against 8). What the design guarantees at any CPU speed:
+- the same study twice: every knee and run figure compared says no significant change,
+  the gate passes, and `all` made the comparison and linked it from the report;
+- the variant: its knee is higher than the capped one's beyond both intervals (a 2-sequence
+  cap serves about a quarter of what 8 do on the tiny model, whose step time barely grows
+  with the batch), so the capped study against it is lower and fails the gate;
+- the comparison page draws every chart offline in headless Chromium.
+The slower and faster test engines (tests/configs/slower.yaml, faster.yaml) were run by
+hand, as for the other engine tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from conftest import REPO, snakemake_argv
+from helpers.chromium import ChartDivs, chromium_run
+
+pytestmark = pytest.mark.engine
+
+FIGURES_PER_RUN = 5  # filledfirst.compare.figures.FIGURES
+
+
+def study_config(folder: Path, cap: int, baseline: Path | None = None) -> Path:
+    cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
+    cfg["workloads"] = {"light": cfg["workloads"]["light"],
+                        "paced": {"kind": "synthetic", "phases": [
+                            {"role": "decode", "count": 10, "interval_s": 0.5, "prompt_tokens": 100,
+                             "output_tokens": 64}]}}
+    cfg["workloads"]["light"]["phases"][0]["interval_s"] = 0.3
+    cfg["experiments"] = {"reference": {"workload": "light"}}
+    cfg["frontiers"] = {"knee": {
+        "description": "the paced shape under a sequence cap", "workload": "paced",
+        "settings": {"capped": {"max_num_seqs": cap}}, "slo": {"ttft_ms": 1000, "itl_ms": 500},
+        "start": 1, "maximum": 512, "probe_s": 5, "budget": 6, "estimate_batches": 2}}
+    if baseline is not None:
+        cfg["compare"] = {"baseline": str(baseline)}
+    folder.mkdir(parents=True)
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    made = {}
+    for name, cap, baseline in (("first", 2, None), ("again", 2, root / "first" / "results"), ("eight", 8, None)):
+        folder = root / name
+        cfg = study_config(folder, cap, baseline)
+        proc = subprocess.run(snakemake_argv(folder, cfg, "all"), env=env, capture_output=True, text=True,
+                              timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        made[name] = folder
+    return made
+
+
+def compare(base: Path, cand: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "filledfirst", "compare", str(base), str(cand), "--out", str(out),
+                           "--db", str(out.with_suffix(".duckdb")), *flags], capture_output=True, text=True,
+                          timeout=300)
+
+
+def tables(db: Path) -> dict[str, list[dict]]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return {t: con.sql(f"SELECT * FROM {t}").pl().to_dicts()
+                for t in ("compare_knees", "compare_runs", "compare_labels", "compare_setup", "compare_one_side")}
+
+
+def test_the_same_study_twice_changes_nothing(studies):
+    again = studies["again"]
+    # `all` with a baseline made the comparison and linked it from the report
+    assert 'href="compare.html"' in (again / "reports" / "report.html").read_text()
+    t = tables(again / "results" / "compare.duckdb")
+    assert len(t["compare_knees"]) == 1 and len(t["compare_runs"]) == FIGURES_PER_RUN
+    verdicts = [r["verdict"] for r in t["compare_knees"] + t["compare_runs"]]
+    assert verdicts == ["no significant change"] * (1 + FIGURES_PER_RUN), (t["compare_knees"], t["compare_runs"])
+    assert [r["label_changed"] for r in t["compare_labels"]] == [False]
+    assert t["compare_one_side"] == []
+    assert not any(r["key"].endswith("server.max_num_seqs") for r in t["compare_setup"])
+    # the gate passes on the same databases
+    run = compare(studies["first"] / "results", again / "results", again / "gate.html")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_a_smaller_cap_lowers_the_knee_and_fails_the_gate(studies, tmp_path):
+    out = tmp_path / "capped.html"
+    run = compare(studies["eight"] / "results", studies["first"] / "results", out)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "gate: knee knee/capped:" in run.stderr
+    t = tables(out.with_suffix(".duckdb"))
+    (knee,) = t["compare_knees"]
+    assert knee["verdict"] == "lower" and knee["shift"] < -0.3, knee
+    assert knee["cand_hi_rps"] <= knee["base_floor_rps"]  # beyond both intervals
+    assert {"key": "knee/capped: server.max_num_seqs", "base": "8", "candidate": "2"} in t["compare_setup"]
+    # the other way round it is higher, and a higher knee fails nothing
+    up = compare(studies["first"] / "results", studies["eight"] / "results", tmp_path / "up.html")
+    assert tables(tmp_path / "up.duckdb")["compare_knees"][0]["verdict"] == "higher"
+    assert up.returncode == 0 or "what filled first changed" in up.stderr, up.stderr[-3000:]
+
+
+@pytest.mark.browser
+@pytest.mark.usefixtures("chromium")
+def test_the_comparison_draws_offline(studies, tmp_path):
+    page = studies["again"] / "reports" / "compare.html"
+    run = chromium_run("--dump-dom", page.as_uri(), profile=tmp_path / "profile")
+    parser = ChartDivs()
+    parser.feed(run.stdout)
+    assert len(parser.charts) == 2 and all(parser.charts.values()), parser.charts
+    assert [line for line in run.stderr.splitlines() if ":CONSOLE" in line] == []
