@@ -175,3 +175,16 @@ def test_a_run_label_change_fails_the_gate_only_for_a_designed_run(tmp_path, exp
         "KV-capacity pressure", "reference", True)
     expected = ["run kv: what filled first changed, KV-capacity pressure -> reference"] if expect else []
     assert reasons(c, CompareGate()) == expected
+
+
+def test_a_drifting_search_widens_the_least_shift_that_counts():
+    """The same study twice on a VM whose speed moved by 50 % over the second search:
+    12.5 then 19.1 req/s (+53 %) is no change; the same knees with no drift are higher."""
+    from filledfirst.compare.knees import knee_row
+
+    base = {"lo_rps": 12.5, "hi_rps": 13.2, "floor_rps": 11.4, "reason": "converged", "drift": 0.07}
+    cand = {"lo_rps": 19.1, "hi_rps": 20.2, "floor_rps": 17.4, "reason": "converged", "drift": 0.50}
+    row = knee_row(("knee", "capped"), base, cand, RULES)
+    assert row["min_shift"] == pytest.approx(1.5 * 1.07 * 1.5 - 1) and row["verdict"] == Change.SAME
+    still = knee_row(("knee", "capped"), {**base, "drift": None}, {**cand, "drift": None}, RULES)
+    assert still["min_shift"] == pytest.approx(0.5) and still["verdict"] == Change.HIGHER

@@ -1,8 +1,14 @@
 """The capacity searches matched by (frontier, setting): both knees with their intervals
 (table `frontiers`, filledfirst.analysis.frontiers), the shift of the highest rate held and
 a verdict: higher or lower when the candidate's interval lies wholly beyond the baseline's
-and the shift is at least `knee_min_shift` (the same test as an intervention's `moved`),
-else no significant change; and what filled first at each side's knee."""
+and the shift is beyond the least that counts (the same test as an intervention's
+`moved`), else no significant change; and what filled first at each side's knee.
+
+The least shift that counts is `knee_min_shift`, widened by each side's drift (the
+server's speed on the search's closed loop after it against before it): a knee measured
+while the server's speed moved by 50 % cannot tell a 50 % change of the setup from it.
+The same small study run twice gave 12.5 and 19.1 req/s, its second search's server
+speeding up by 50 % over the search."""
 
 from __future__ import annotations
 
@@ -16,18 +22,26 @@ from filledfirst.frontier.interventions import lo_ratio
 _MOVED = {"up": Change.HIGHER, "down": Change.LOWER, "no": Change.SAME, None: Change.NOT_COMPARABLE}
 
 
+def least_shift(base: Mapping[str, Any], cand: Mapping[str, Any], rules: Rules) -> float:
+    """knee_min_shift widened by both sides' drift (none measured: none)."""
+    widen = (1 + abs(base.get("drift") or 0.0)) * (1 + abs(cand.get("drift") or 0.0))
+    return (1 + rules.knee_min_shift) * widen - 1
+
+
 def knee_row(key: tuple[str, str], base: Mapping[str, Any], cand: Mapping[str, Any], rules: Rules) -> dict[str, Any]:
     b_lo, c_lo = base.get("lo_rps"), cand.get("lo_rps")
+    shift = least_shift(base, cand, rules)
     span_b, span_c = knee_span(base), knee_span(cand)
     return {
         "frontier": key[0], "setting": key[1],
         "base_lo_rps": b_lo, "base_floor_rps": span_b[0] if span_b else None, "base_hi_rps": base.get("hi_rps"),
         "cand_lo_rps": c_lo, "cand_floor_rps": span_c[0] if span_c else None, "cand_hi_rps": cand.get("hi_rps"),
         "shift": None if (ratio := lo_ratio(b_lo, c_lo)) is None else ratio - 1,
-        "verdict": str(_MOVED[moved(base, cand, rules.knee_min_shift)]),
+        "min_shift": shift,
+        "verdict": str(_MOVED[moved(base, cand, shift)]),
         "base_label": base.get("knee_label"), "cand_label": cand.get("knee_label"),
         "label_changed": label_changed(base.get("knee_label"), cand.get("knee_label")),
-        "base_drifted": base.get("drifted"), "cand_drifted": cand.get("drifted"),
+        "base_drift": base.get("drift"), "cand_drift": cand.get("drift"),
     }
 
 

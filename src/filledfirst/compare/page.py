@@ -69,10 +69,10 @@ KNEE_COLUMNS: list[markup.Column] = [
     (f"{_BASE} knee (interval)", lambda r: _knee(r["base_lo_rps"], r["base_floor_rps"], r["base_hi_rps"])),
     (f"{_CAND} knee (interval)", lambda r: _knee(r["cand_lo_rps"], r["cand_floor_rps"], r["cand_hi_rps"])),
     ("shift", lambda r: _percent(r["shift"])),
+    ("least that counts", lambda r: _percent(r["min_shift"])),
     ("verdict", lambda r: r["verdict"]),
     ("what filled first at the knee", lambda r: _label_pair(r["base_label"], r["cand_label"], r["label_changed"])),
-    ("drifted", lambda r: ", ".join(s for s, d in ((_BASE, r["base_drifted"]), (_CAND, r["cand_drifted"])) if d)
-     or "no"),
+    ("drift over each search", lambda r: f"{_percent(r['base_drift'])} / {_percent(r['cand_drift'])}"),
 ]
 
 
@@ -164,8 +164,8 @@ def page_html(c: Comparison, reasons: Sequence[str], title: str | None = None) -
     body = [charts.vega_bundle_html(), markup.style_html(), _h(1, title),
             markup.para(f"Baseline: {c.base}. Candidate: {c.candidate}. A knee changed when the two intervals do "
                         f"not overlap and its highest rate held moved by at least "
-                        f"{c.rules.knee_min_shift:.0%}; a run's figure changed when its "
-                        f"{c.rules.confidence:.0%} bootstrap interval over requests excludes no change and it "
+                        f"{c.rules.knee_min_shift:.0%}, widened by each search's drift; a run's figure changed "
+                        f"when its {c.rules.confidence:.0%} bootstrap interval over requests excludes no change and it "
                         f"moved by at least {c.rules.run_min_change:.0%} (a share: its interval alone)."),
             summary(c, reasons), _h(2, "What differs in the setup"), setup_html(c), _h(2, "Knees")]
     if c.knees:

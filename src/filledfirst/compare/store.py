@@ -20,9 +20,9 @@ SCHEMAS = {
     "compare_knees": {
         "frontier": pl.String, "setting": pl.String, "base_lo_rps": pl.Float64, "base_floor_rps": pl.Float64,
         "base_hi_rps": pl.Float64, "cand_lo_rps": pl.Float64, "cand_floor_rps": pl.Float64,
-        "cand_hi_rps": pl.Float64, "shift": pl.Float64, "verdict": pl.String, "base_label": pl.String,
-        "cand_label": pl.String, "label_changed": pl.Boolean, "base_drifted": pl.Boolean,
-        "cand_drifted": pl.Boolean},
+        "cand_hi_rps": pl.Float64, "shift": pl.Float64, "min_shift": pl.Float64, "verdict": pl.String,
+        "base_label": pl.String, "cand_label": pl.String, "label_changed": pl.Boolean, "base_drift": pl.Float64,
+        "cand_drift": pl.Float64},
     "compare_runs": {
         "experiment": pl.String, "figure": pl.String, "unit": pl.String, "better": pl.String,
         "base": pl.Float64, "candidate": pl.Float64, "change": pl.Float64, "change_low": pl.Float64,
