@@ -56,7 +56,7 @@ from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
-from filledfirst.contracts.search import Knob, SearchRecord, StopReason
+from filledfirst.contracts.search import Knob, SearchRecord
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import Span, lo_ratio, move
 from filledfirst.store.tables import table_exists
@@ -102,10 +102,7 @@ IMPLICATED = {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV}
 def _span(row: Mapping[str, Any]) -> Span | None:
     """A row's knee (filledfirst.frontier.interventions.Span), None when the search measured
     no knee (it failed)."""
-    lo, hi = row.get("lo_rps"), row.get("hi_rps")
-    if (lo is None and hi is None) or row.get("reason") == StopReason.PROBE_FAILED:
-        return None
-    return Span.of(lo, hi, row.get("floor_rps"))
+    return Span.measured(row.get("lo_rps"), row.get("hi_rps"), row.get("floor_rps"), row.get("reason"))
 
 
 def knee_span(row: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from filledfirst.analysis import signals
+from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.compare.figures import FIGURES, judge, samples
 from filledfirst.compare.knees import knee_rows, label_changed
 from filledfirst.compare.setup import setup_rows
@@ -23,6 +24,7 @@ from filledfirst.errors import UserError
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.report.frontiers import frontier_rows
 from filledfirst.store.tables import table_exists
+from filledfirst.study import DiagnosisRules
 
 
 def database(path: str | Path) -> Path:
@@ -42,6 +44,7 @@ class Side:
     documents: dict[str, dict[str, Any]]  # run id -> run.json, study runs only
     labels: dict[str, str | None]  # run id -> what filled first (table `diagnosis`)
     status: dict[str, str]  # run id -> the run's status
+    rules: DiagnosisRules  # the diagnosis' (the goodput's SLO)
     knees: list[dict[str, Any]]  # table `frontiers`
     searches: dict[str, dict[str, Any]]  # "<frontier>/<setting>" -> one of its probes' run.json
     diagnosed: bool
@@ -61,7 +64,7 @@ class Side:
         diagnosed = table_exists(con, "diagnosis")
         labels = dict(con.execute("SELECT run_id, label FROM diagnosis").fetchall()) if diagnosed else {}
         return cls(path=path, runs=runs, documents={rid: docs[rid] for rid in study if rid in docs},
-                   labels=labels, status={rid: m.status for rid, m in study.items()},
+                   labels=labels, status={rid: m.status for rid, m in study.items()}, rules=stored_rules(con),
                    knees=frontier_rows(con), searches=searches, diagnosed=diagnosed)
 
 
@@ -88,7 +91,6 @@ class Comparison:
 
 def compare(base: str | Path, candidate: str | Path, rules: Rules) -> Comparison:
     paths = database(base), database(candidate)
-    sides = []
     cons = [duckdb.connect(str(p), read_only=True) for p in paths]
     try:
         sides = [Side.read(con, p) for con, p in zip(cons, paths)]
@@ -109,13 +111,13 @@ def compare(base: str | Path, candidate: str | Path, rules: Rules) -> Comparison
                                "base_status": b.status[rb], "cand_status": c.status[rc],
                                "expect": c.documents.get(rc, {}).get("expect") or b.documents.get(rb, {}).get("expect"),
                                "base_label": lb, "cand_label": lc, "label_changed": label_changed(lb, lc)})
-            sb, sc = samples(cons[0], rb), samples(cons[1], rc)
+            sb, sc = samples(cons[0], rb, b.rules), samples(cons[1], rc, c.rules)
             for fig in FIGURES:
                 j = judge(fig, sb[fig.name], sc[fig.name], rules)
                 out.runs.append({"experiment": name, "figure": fig.name, "unit": fig.unit, "better": fig.better,
                                  "base": j.base, "candidate": j.candidate, "change": j.change,
-                                 "change_low": j.low, "change_high": j.high, "by": "difference" if fig.share
-                                 or not j.base else "ratio", "n_base": sb[fig.name].n,
+                                 "change_low": j.low, "change_high": j.high,
+                                 "by": "ratio" if j.by_ratio else "difference", "n_base": sb[fig.name].n,
                                  "n_cand": sc[fig.name].n, "verdict": str(j.verdict)})
         out.one_side = (
             [{"kind": "capacity search", "name": n, "side": "baseline"} for n in only_b]

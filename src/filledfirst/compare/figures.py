@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
-from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.analysis.signals import OFFERED
 from filledfirst.compare.verdicts import Change, Rules
 from filledfirst.request_metrics import FAILED, ITL_GAPS, NOT_SENT, REQUEST_STALL, slo_met, ttft_ms
+from filledfirst.study import DiagnosisRules
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,8 @@ def _sample(values, groups, stat) -> Sample:
     return Sample(values=values[order], group=index[order], n=len(uniq), stat=stat)
 
 
-def samples(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Sample]:
-    """The data of every figure of one run."""
-    rules = stored_rules(con)
+def samples(con: duckdb.DuckDBPyConnection, run_id: str, rules: DiagnosisRules) -> dict[str, Sample]:
+    """The data of every figure of one run; `rules`: the database's (its goodput's SLO)."""
     ttft = con.execute(f"SELECT request_id, {ttft_ms()} AS t FROM requests WHERE run_id = ? AND status = 'ok'",
                        [run_id]).fetchall()
     gaps = con.execute(f"SELECT request_id, itl_ms FROM ({ITL_GAPS}) WHERE run_id = ?", [run_id]).fetchall()
@@ -120,16 +119,17 @@ class Judged:
     low: float | None  # the change's bootstrap interval
     high: float | None
     verdict: Change
+    by_ratio: bool = True  # False: compared by difference (a share, or a baseline of 0)
 
 
 def judge(figure: Figure, base: Sample, cand: Sample, rules: Rules) -> Judged:
     b, c = base.point(), cand.point()
+    by_ratio = not figure.share and bool(b)
     if b is None or c is None or np.isnan(b) or np.isnan(c):
-        return Judged(b, c, None, None, None, Change.NOT_COMPARABLE)
+        return Judged(b, c, None, None, None, Change.NOT_COMPARABLE, by_ratio)
     rng = np.random.default_rng(rules.seed)
     rb, rc = _replicates(base, rng, rules.resamples), _replicates(cand, rng, rules.resamples)
     tail = (1 - rules.confidence) / 2 * 100
-    by_ratio = not figure.share and b > 0
     if by_ratio:
         with np.errstate(divide="ignore", invalid="ignore"):
             diffs = rc / rb - 1
@@ -138,7 +138,7 @@ def judge(figure: Figure, base: Sample, cand: Sample, rules: Rules) -> Judged:
         diffs, change = rc - rb, c - b
     diffs = diffs[np.isfinite(diffs)]
     if not len(diffs):
-        return Judged(b, c, change, None, None, Change.NOT_COMPARABLE)
+        return Judged(b, c, change, None, None, Change.NOT_COMPARABLE, by_ratio)
     low, high = (float(x) for x in np.percentile(diffs, [tail, 100 - tail]))
     beyond = low > 0 or high < 0
     large = abs(change) >= rules.run_min_change if by_ratio else True
@@ -146,4 +146,4 @@ def judge(figure: Figure, base: Sample, cand: Sample, rules: Rules) -> Judged:
         verdict = Change.SAME
     else:
         verdict = Change.HIGHER if change > 0 else Change.LOWER
-    return Judged(b, c, change, low, high, verdict)
+    return Judged(b, c, change, low, high, verdict, by_ratio)

@@ -87,11 +87,16 @@ class Span:
         return cls(floor=low, hi=math.inf if hi is None else hi, lo=lo)
 
     @classmethod
-    def of_result(cls, result: ResultRecord) -> Span | None:
-        """A search's knee (None: it failed, or measured nothing)."""
-        if result.reason is StopReason.PROBE_FAILED or (result.lo is None and result.hi is None):
+    def measured(cls, lo: float | None, hi: float | None, floor: float | None, reason: str | None) -> Span | None:
+        """A search's knee, None when it measured none (it failed, or held and broke nothing)."""
+        if reason == StopReason.PROBE_FAILED or (lo is None and hi is None):
             return None
-        return cls.of(result.lo, result.hi, result.floor)
+        return cls.of(lo, hi, floor)
+
+    @classmethod
+    def of_result(cls, result: ResultRecord) -> Span | None:
+        """A search.json's knee (`measured`)."""
+        return cls.measured(result.lo, result.hi, result.floor, result.reason)
 
 
 def lo_ratio(before_lo: float | None, after_lo: float | None) -> float | None:
