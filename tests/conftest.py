@@ -59,14 +59,25 @@ def snakemake_argv(workdir: Path, configfile: Path, *targets: str) -> list[str]:
     ]
 
 
+def mirrored(file: str) -> Path:
+    """A trace file from the mirror (never committed); the test is skipped without it."""
+    mirror = trace_mirror()
+    hits = sorted(mirror.rglob(file)) if mirror else []
+    if not hits:
+        pytest.skip(f"{file} not found under $FILLEDFIRST_TRACE_MIRROR or ../shared/data")
+    return hits[0]
+
+
 @pytest.fixture(scope="session")
 def conv_trace() -> Path:
-    """The real 2023 Azure conversation trace, from the mirror (never committed)."""
-    mirror = trace_mirror()
-    hits = sorted(mirror.rglob("AzureLLMInferenceTrace_conv.csv")) if mirror else []
-    if not hits:
-        pytest.skip("AzureLLMInferenceTrace_conv.csv not found under $FILLEDFIRST_TRACE_MIRROR or ../shared/data")
-    return hits[0]
+    """The real 2023 Azure conversation trace."""
+    return mirrored("AzureLLMInferenceTrace_conv.csv")
+
+
+@pytest.fixture(scope="session")
+def mooncake_trace() -> Path:
+    """The Mooncake conversation trace (FAST'25)."""
+    return mirrored("conversation_trace.jsonl")
 
 
 @pytest.fixture

@@ -113,6 +113,12 @@ def _add_trace(sub) -> None:
                        "its relative time_scale names")
     s.add_argument("--times", type=float, default=None, help="with --knee: the multiple of the knee's rate")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
+    s.add_argument("--length-scale", type=float, default=None,
+                   help="prompt, output and prefix block sizes x this, for a small engine (default "
+                   f"{default_of(TraceWorkload, 'length_scale')})")
+    s.add_argument("--format", default=None, choices=("azure", "mooncake"),
+                   help="the file's format (default azure; a format of your own: a trace in the config, "
+                   "with --workload)")
     s.add_argument("--role", default="trace")
     s.add_argument("--skip-bad", action="store_true",
                    help="drop bad rows (unreadable, non-positive sizes, out of order) and count them")
@@ -122,6 +128,7 @@ def _add_trace(sub) -> None:
     st = tsub.add_parser("stats", help="whole-trace figures, streamed (low memory)")
     st.add_argument("csv", type=Path)
     st.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
+    st.add_argument("--format", default=None, choices=("azure", "mooncake"), help="the file's format (default azure)")
     st.set_defaults(func=_cmd_trace_stats)
 
 
@@ -133,6 +140,7 @@ def _cmd_trace_fetch(args) -> int:
 
 
 def _cmd_trace_subsample(args) -> int:
+    from filledfirst.trace.formats import Format
     from filledfirst.trace.subsample import subsample_to_parquet
 
     if args.workload is not None:
@@ -156,12 +164,14 @@ def _cmd_trace_subsample(args) -> int:
         spec = dict(start_offset_s=given(args.start_offset, "start_offset_s"), start=args.start, minutes=args.minutes,
                     keep_every=given(args.keep_every, "keep_every"), phase=given(args.phase, "phase"),
                     max_model_len=args.max_model_len, skip_bad=args.skip_bad, relative=relative,
-                    time_scale=given(args.time_scale, "time_scale"))
+                    time_scale=given(args.time_scale, "time_scale"), fmt=Format.of(args.format),
+                    length_scale=given(args.length_scale, "length_scale"))
     subsample_to_parquet(args.csv, args.out, role=args.role, **spec)
     return 0
 
 
-_WINDOW_FLAGS = ("start", "start_offset", "minutes", "keep_every", "phase", "time_scale", "times", "max_model_len")
+_WINDOW_FLAGS = ("start", "start_offset", "minutes", "keep_every", "phase", "time_scale", "times", "max_model_len",
+                 "length_scale", "format")
 
 
 def _trace_workload_spec(args) -> dict:
@@ -169,6 +179,7 @@ def _trace_workload_spec(args) -> dict:
     one place its settings come from, so no window flag may be given beside it."""
     from filledfirst.config import load_study
     from filledfirst.frontier.relative import is_relative, load_knees, trace_scale_resolver
+    from filledfirst.trace.formats import Format
     from filledfirst.trace.subsample import window_of
 
     given = [f"--{f.replace('_', '-')}" for f in _WINDOW_FLAGS if getattr(args, f) is not None]
@@ -189,14 +200,17 @@ def _trace_workload_spec(args) -> dict:
         if args.knees:
             raise UserError(f"workloads.{args.workload}: its time_scale is not relative to a knee: drop --knee")
         relative, time_scale = None, float(wl.time_scale)
+    if wl.trace not in study.traces:
+        raise UserError(f"workloads.{args.workload}: trace {wl.trace!r} is not in the traces catalog")
     return {**window_of(wl), "skip_bad": wl.skip_bad or args.skip_bad, "max_model_len": study.model.max_model_len,
-            "time_scale": time_scale, "relative": relative}
+            "time_scale": time_scale, "relative": relative, "fmt": Format.of(study.traces[wl.trace])}
 
 
 def _cmd_trace_stats(args) -> int:
+    from filledfirst.trace.formats import Format
     from filledfirst.trace.stats import summary_text, trace_stats
 
-    stats = trace_stats(args.csv, args.out)
+    stats = trace_stats(args.csv, args.out, Format.of(args.format))
     print(summary_text(stats))
     return 0
 

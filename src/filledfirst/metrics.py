@@ -27,6 +27,10 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # The counter's sample name carries `_total`; a scraper that stores the family name keeps
 # it without. `_created` (a timestamp) must never match, hence an explicit list.
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+# The prefix cache's counters, in tokens: looked up (a request's prompt tokens, each time
+# it is scheduled) and served from the cache. Their ratio is the server's hit rate.
+PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,13 @@ SCHEDULE_POLARS_SCHEMA = pl.Schema(
         "prompt_tokens": pl.Int64,
         "output_tokens": pl.Int64,
         "role": pl.String,
+        "prefix_blocks": pl.List(pl.Int64),
+        "block_tokens": pl.Int64,
+        "ideal_cached_tokens": pl.Int64,
     }
 )
+# Columns a schedule may leave out (one without prefix structure), with the value they then hold.
+OPTIONAL = {"prefix_blocks": [], "block_tokens": 0, "ideal_cached_tokens": 0}
 
 
 # What each column may hold besides its type: (the test, what a value that fails it is).
@@ -30,9 +35,14 @@ _VALUES = {
     "t_offset_s": (pl.col("t_offset_s").is_finite() & (pl.col("t_offset_s") >= 0), "not a finite number >= 0"),
     "prompt_tokens": (pl.col("prompt_tokens") >= 1, "not a whole number >= 1"),
     "output_tokens": (pl.col("output_tokens") >= 1, "not a whole number >= 1"),
+    "block_tokens": (pl.col("block_tokens") >= 0, "not a whole number >= 0"),
+    "ideal_cached_tokens": ((pl.col("ideal_cached_tokens") >= 0)
+                            & (pl.col("ideal_cached_tokens") <= pl.col("prompt_tokens")),
+                            "not a whole number from 0 to the prompt's tokens"),
 }
 _KIND = {"request_id": "a whole number", "t_offset_s": "a number", "prompt_tokens": "a whole number",
-         "output_tokens": "a whole number", "role": "a string"}
+         "output_tokens": "a whole number", "role": "a string", "prefix_blocks": "a list of whole numbers",
+         "block_tokens": "a whole number", "ideal_cached_tokens": "a whole number"}
 
 
 def _first_misfit(col: pl.Series, want: pl.DataType) -> int:
@@ -52,7 +62,15 @@ def _type_fits(column: str, dtype: pl.DataType) -> bool:
         return dtype == pl.String
     if want == pl.Float64:  # an offset written as whole seconds is an offset too
         return dtype.is_numeric()
+    if isinstance(want, pl.List):
+        return isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)
     return dtype.is_integer()
+
+
+def with_optional(df: pl.DataFrame) -> pl.DataFrame:
+    """The optional columns a schedule left out, filled with what they mean when absent."""
+    return df.with_columns(pl.lit(value, SCHEDULE_POLARS_SCHEMA[c]).alias(c)
+                           for c, value in OPTIONAL.items() if c not in df.columns)
 
 
 def check_schedule(df: pl.DataFrame, where: str) -> None:
@@ -61,6 +79,7 @@ def check_schedule(df: pl.DataFrame, where: str) -> None:
     value, an offset that is not a finite number >= 0 (NaN or negative were sent at
     once), a token count below 1, a request_id used twice (their records overwrote each
     other)."""
+    df = with_optional(df)
     for column in SCHEDULE_POLARS_SCHEMA:
         if column not in df.columns:
             raise UserError(f"{where}: column {column} is missing (a schedule has {', '.join(SCHEDULE_POLARS_SCHEMA)})")
@@ -88,18 +107,19 @@ def load_schedule(path: Path) -> list[ScheduledRequest]:
     except Exception as exc:  # not there, not Parquet: either way nothing can start
         raise UserError(f"{path}: not a readable schedule ({type(exc).__name__}: {exc})") from None
     check_schedule(df, str(path))
-    df = df.select(pl.col(name).cast(dtype) for name, dtype in SCHEDULE_POLARS_SCHEMA.items())
-    return [ScheduledRequest(**row) for row in df.iter_rows(named=True)]
+    df = with_optional(df).select(pl.col(name).cast(dtype) for name, dtype in SCHEDULE_POLARS_SCHEMA.items())
+    return [ScheduledRequest(**row | {"prefix_blocks": tuple(row["prefix_blocks"])})
+            for row in df.iter_rows(named=True)]
 
 
 def as_schedule(df: pl.DataFrame) -> pl.DataFrame:
     """Exactly the schedule columns, in order and type, numbered 0..n-1 in row order."""
-    return df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("request_id")).select(
+    return with_optional(df).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("request_id")).select(
         pl.col(name).cast(dtype) for name, dtype in SCHEDULE_POLARS_SCHEMA.items()
     )
 
 
-def _spread(col: pl.Series) -> Spread:
+def spread(col: pl.Series) -> Spread:
     # "nearest" keeps token percentiles whole numbers that actually occur.
     return Spread(p50=int(col.quantile(0.5, "nearest")), p90=int(col.quantile(0.9, "nearest")), max=int(col.max()))
 
@@ -117,8 +137,8 @@ def schedule_stats(df: pl.DataFrame, duration_s: float | None = None) -> Schedul
         requests=n,
         duration_s=duration_s,
         mean_rate_per_s=rate,
-        prompt_tokens=_spread(df["prompt_tokens"]) if n else None,
-        output_tokens=_spread(df["output_tokens"]) if n else None,
+        prompt_tokens=spread(df["prompt_tokens"]) if n else None,
+        output_tokens=spread(df["output_tokens"]) if n else None,
         roles=dict(sorted(df["role"].value_counts().iter_rows())) if n else {},
     )
 

@@ -128,11 +128,26 @@ class LoadMode(_Struct):
     concurrency: int | None = None
 
 
+class TraceColumns(_Struct):
+    """How a trace file's rows are read (filledfirst.trace.formats): which column holds
+    what, and the unit of its arrival times. `file_type` None: from the file's suffix."""
+
+    time: str
+    prompt: str
+    output: str
+    time_unit: Literal["iso", "s", "ms", "us", "ns"] = "iso"
+    file_type: Literal["csv", "jsonl"] | None = None
+    prefix_blocks: str | None = None  # a list of block ids per request: equal leading ids, a shared prefix
+    block_tokens: int | None = None  # tokens per prefix block in the trace
+    session: str | None = None
+
+
 class Trace(_Struct):
     url: str
     file: str
     sha256: str | None = None
     size: int | None = None
+    format: str | TraceColumns = _d("traces", "*", "format")
 
 
 class RelativeRate(_Struct):
@@ -162,6 +177,7 @@ class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
     keep_every: int = 1
     phase: int = 0
     time_scale: float | RelativeRate = 1.0  # relative: resolved before the schedule is made
+    length_scale: float = 1.0  # prompt, output and prefix block sizes x this (filledfirst.trace.prefix)
 
 
 class SyntheticPhase(_Struct):
@@ -253,6 +269,8 @@ class DiagnosisRules:
     interference_min_prefill_ratio: float = _d("diagnosis", "interference_min_prefill_ratio")
     kv_full_min_share: float = _d("diagnosis", "kv_full_min_share")
     waiting_min_share: float = _d("diagnosis", "waiting_min_share")
+    eviction_min_ideal_share: float = _d("diagnosis", "eviction_min_ideal_share")
+    eviction_max_efficiency: float = _d("diagnosis", "eviction_max_efficiency")
     kv_pressure_max_cap_share: float = _d("diagnosis", "kv_pressure_max_cap_share")
     seq_limit_min_cap_share: float = _d("diagnosis", "seq_limit_min_cap_share")
     seq_limit_max_kv_full_share: float = _d("diagnosis", "seq_limit_max_kv_full_share")

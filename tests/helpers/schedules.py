@@ -15,5 +15,6 @@ def probe_schedule(path: Path, n: int, gap_s: float = 0.05, prompt: int = 8, out
     pq.write_table(pa.table({
         "request_id": list(range(n)), "t_offset_s": [gap_s * i for i in range(n)],
         "prompt_tokens": [prompt] * n, "output_tokens": [output] * n, "role": ["probe"] * n,
+        "prefix_blocks": [[]] * n, "block_tokens": [0] * n, "ideal_cached_tokens": [0] * n,
     }, schema=SCHEDULE_SCHEMA), path)
     return path

@@ -204,8 +204,10 @@ def test_workers_die_with_a_killed_main_process(tmp_path):
         "from helpers.stream_double import StreamDouble\n"
         "from test_workers import schedule, settings\n"
         "from filledfirst.loadgen.replay import Replay\n"
-        "with StreamDouble(ttft_s=0.02, itl_s=0.01).serving_in_thread() as base:\n"
-        "    asyncio.run(Replay(schedule(3000, 0.01), base, settings(workers=2), progress=False).run())\n"
+        # the guard: a spawned worker imports this file again, and must not replay it
+        "if __name__ == '__main__':\n"
+        "    with StreamDouble(ttft_s=0.02, itl_s=0.01).serving_in_thread() as base:\n"
+        "        asyncio.run(Replay(schedule(3000, 0.01), base, settings(workers=2), progress=False).run())\n"
     )
     proc = subprocess.Popen([sys.executable, str(script), str(REPO / "tests"), os.path.dirname(__file__)])
     try:

@@ -96,7 +96,7 @@ class Role(StrEnum):
 
 
 # The knee's label -> the knob that relaxes the limit it names (frontier.interventions).
-IMPLICATED = {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV}
+IMPLICATED = {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV, Label.PREFIX_EVICTION: Knob.KV}
 
 
 def _span(row: Mapping[str, Any]) -> Span | None:

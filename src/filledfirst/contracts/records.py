@@ -26,6 +26,14 @@ class ScheduledRequest:
     prompt_tokens: int
     output_tokens: int
     role: str
+    # A prompt made of shared prefix blocks (a trace with prefix structure): block i of the
+    # prompt is the tokens of block id prefix_blocks[i], block_tokens each; the tail past
+    # the listed blocks is the request's own. () and 0 where the schedule has none.
+    prefix_blocks: tuple[int, ...] = ()
+    block_tokens: int = 0
+    # The prompt tokens an unbounded prefix cache would hold for it by its arrival: whole
+    # blocks whose prefix an earlier request of the schedule sent (filledfirst.trace.prefix).
+    ideal_cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -58,6 +66,11 @@ class RequestRecord:
     server_prefill_ms: float | None = None
     server_decode_ms: float | None = None
     server_itl_ms: float | None = None
+    # Prompt tokens the server served from its prefix cache (vLLM: usage.prompt_tokens_details.
+    # cached_tokens, with --enable-prompt-tokens-details); None where it did not say.
+    cached_tokens: int | None = None
+    # What an unbounded cache would have served (the schedule's ideal_cached_tokens).
+    ideal_cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -91,6 +104,9 @@ def arrow_schema(record_type: type) -> pa.Schema:
     for name, hint in typing.get_type_hints(record_type).items():
         if isinstance(hint, types.UnionType):  # `int | None`: the column is nullable anyway
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if typing.get_origin(hint) is tuple:  # `tuple[int, ...]`: a list column
+            out.append((name, pa.list_(_ARROW[typing.get_args(hint)[0]])))
+            continue
         out.append((name, _ARROW[hint]))
     return pa.schema(out)
 

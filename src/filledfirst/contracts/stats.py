@@ -86,6 +86,16 @@ class ScheduleStats(Document):
     zero_output: Opt[int] = UNSET
     clipped: Opt[int] = UNSET
     relative: Opt[list[Placement]] = UNSET
+    # A trace read in a format other than Azure's, and one with prefix structure
+    # (filledfirst.trace.prefix): the sizes before the length scale, the block sizes, and
+    # the share of prompt tokens an unbounded prefix cache would serve.
+    format: Opt[str] = UNSET
+    length_scale: Opt[float] = UNSET
+    trace_prompt_tokens: Opt[Spread] = UNSET
+    trace_output_tokens: Opt[Spread] = UNSET
+    trace_block_tokens: Opt[int] = UNSET
+    block_tokens: Opt[int] = UNSET
+    ideal_hit_share: Opt[float] = UNSET
 
     def write(self, schedule: str | Path) -> None:
         atomic.write_json(self.to_doc(), stats_path(schedule))

@@ -31,6 +31,9 @@ _BOOL_FLAGS = {
 # from the engine's statistics.
 PER_REQUEST_METRICS_FLAG = "--enable-per-request-metrics"
 DISABLE_LOG_STATS_FLAG = "--disable-log-stats"
+# Each answer's usage then says how many prompt tokens the prefix cache served
+# (prompt_tokens_details.cached_tokens): 0 with caching off, so a control shows it too.
+PROMPT_TOKENS_DETAILS_FLAG = "--enable-prompt-tokens-details"
 # Where vLLM declares its server's front-end arguments (each field is a flag): 0.32's
 # launchers, and the OpenAI server's module of earlier versions.
 _FRONTEND_ARGS = ("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py")
@@ -110,6 +113,8 @@ def build_command(
     if settings.get("enforce_eager"):
         argv.append("--enforce-eager")
     extra = list(settings.get("extra_args", []))
+    if not _has_flag(extra, PROMPT_TOKENS_DETAILS_FLAG):
+        argv.append(PROMPT_TOKENS_DETAILS_FLAG)
     if per_request_metrics is None:
         per_request_metrics = vllm_has_per_request_metrics()
     if per_request_metrics and not _has_flag(extra, DISABLE_LOG_STATS_FLAG) and not _has_flag(

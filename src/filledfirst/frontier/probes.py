@@ -44,6 +44,7 @@ import polars as pl
 
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.study import SyntheticWorkload, TraceWorkload
+from filledfirst.trace.formats import Format
 from filledfirst.trace.subsample import stretches_to_parquet, window_of
 from filledfirst.workloads.synthetic import synthetic_schedule
 
@@ -130,11 +131,13 @@ class TraceProbe:
     starts_s: tuple[float, ...]  # each stretch's start, trace seconds from the window's start
     stretch_s: float  # each stretch's length, trace seconds
 
-    def write(self, csv: Path, out: Path, max_model_len: int | None = None) -> ScheduleStats:
-        """Write the probe's schedule, cut from the trace `csv`, and its stats beside it."""
+    def write(self, csv: Path, out: Path, max_model_len: int | None = None,
+              fmt: Format | None = None) -> ScheduleStats:
+        """Write the probe's schedule, cut from the trace `csv` (read in `fmt`), and its
+        stats beside it."""
         return stretches_to_parquet(csv, out, starts_s=self.starts_s, stretch_s=self.stretch_s,
                                     **window_of(self.workload), time_scale=float(self.workload.time_scale),
-                                    max_model_len=max_model_len)
+                                    max_model_len=max_model_len, fmt=fmt)
 
 
 def trace_probe(shape: TraceWorkload, kept_per_s: float, rate: float, probe_s: float,

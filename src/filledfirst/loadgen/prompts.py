@@ -38,21 +38,41 @@ def prompt_text(n: int, rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
+def _pieces(req: ScheduledRequest, seed: int) -> list[tuple[random.Random, int]]:
+    """(generator, tokens) of each piece of the prompt: one per prefix block, seeded by the
+    block's id alone, so requests sharing leading ids share exactly those tokens; then the
+    request's own tail, seeded by its id, so every prompt is the same whatever else the
+    schedule holds."""
+    pieces, left = [], req.prompt_tokens
+    for block in req.prefix_blocks if req.block_tokens else ():
+        if left <= 0:
+            break
+        n = min(req.block_tokens, left)
+        pieces.append((random.Random(f"{seed}:block:{block}"), n))
+        left -= n
+    if left > 0:
+        pieces.append((random.Random(f"{seed}:{req.request_id}"), left))
+    return pieces
+
+
 def completion_body(
     req: ScheduledRequest, *, model: str, low: int, high: int, seed: int,
-    api: str = "completions", prompt: str = "token_ids",
+    api: str = "completions", prompt: str = "token_ids", cache_salt: str | None = None,
 ) -> bytes:
+    """`cache_salt`: sent with prompts made of prefix blocks (vLLM keeps salted blocks
+    apart), so one run cannot hit the blocks an earlier run on the same server left."""
     if api not in APIS or prompt not in PROMPTS:
         raise ValueError(f"api {api!r} (one of {APIS}), prompt {prompt!r} (one of {PROMPTS})")
     if api == "chat" and prompt != "text":
         raise ValueError("the chat API takes text prompts only (prompt: text)")
-    # A per-request generator keeps every prompt the same whatever else the schedule holds.
-    rng = random.Random(f"{seed}:{req.request_id}")
+    pieces = _pieces(req, seed)
     if prompt == "token_ids":
-        content: object = [rng.randrange(low, high) for _ in range(req.prompt_tokens)]
+        content: object = [rng.randrange(low, high) for rng, n in pieces for _ in range(n)]
     else:
-        content = prompt_text(req.prompt_tokens, rng)
+        content = " ".join(prompt_text(n, rng) for rng, n in pieces)
     body: dict = {"model": model}
+    if cache_salt and req.prefix_blocks:
+        body["cache_salt"] = cache_salt
     if api == "chat":
         body["messages"] = [{"role": "user", "content": content}]
     else:

@@ -34,12 +34,13 @@ class Sender:
         self.bodies = {
             r.request_id: completion_body(
                 r, model=settings.model, low=settings.token_low, high=settings.token_high, seed=settings.seed,
-                api=settings.api, prompt=settings.prompt,
+                api=settings.api, prompt=settings.prompt, cache_salt=settings.cache_salt,
             )
             for r in self.schedule
         } if bodies else {}
         self.requests = [
-            RequestRecord(r.request_id, r.role, r.prompt_tokens, r.output_tokens, r.t_offset_s, status="not_sent")
+            RequestRecord(r.request_id, r.role, r.prompt_tokens, r.output_tokens, r.t_offset_s, status="not_sent",
+                          ideal_cached_tokens=r.ideal_cached_tokens if r.block_tokens else None)
             for r in self.schedule
         ]
         self.tokens = RecordColumns(TokenRecord)  # one row per streamed chunk: compact

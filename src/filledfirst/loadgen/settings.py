@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 
 from filledfirst.study import LOADGEN, SCRAPE, ExperimentSpec
 
@@ -27,6 +28,11 @@ class ReplaySettings:
     api: str = LOADGEN.api  # or "chat"
     prompt: str = LOADGEN.prompt  # or "text", for servers that refuse token ids (and chat)
     workers: int | str = LOADGEN.workers  # processes, or "auto" (filledfirst.loadgen.workers)
+    # Sent with prompts made of prefix blocks: a run's own, so it starts with a cold cache
+    # even on a server an earlier run used (filledfirst.loadgen.prompts).
+    # One per replay (all its worker processes share it), so requests of a run still share
+    # blocks with each other.
+    cache_salt: str | None = field(default_factory=lambda: secrets.token_hex(8))
 
     @classmethod
     def from_spec(cls, spec: ExperimentSpec) -> "ReplaySettings":

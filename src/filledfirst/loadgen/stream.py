@@ -25,9 +25,14 @@ _decode = msgspec.json.Decoder().decode  # several times faster than json.loads 
 _Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: _Count | None = None
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: _Count | None = None
     completion_tokens: _Count | None = None
+    prompt_tokens_details: _PromptDetails | None = None
 
 
 class _Delta(msgspec.Struct):
@@ -227,6 +232,8 @@ def _take_event(rec: RequestRecord, tokens: RecordColumns | list[TokenRecord], t
     if usage is not None:
         rec.prompt_tokens_received = usage.prompt_tokens
         rec.output_tokens_received = usage.completion_tokens
+        if usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens is not None:
+            rec.cached_tokens = usage.prompt_tokens_details.cached_tokens
     if event.metrics is not msgspec.UNSET:  # vLLM: on the final usage chunk only
         _server_timings(rec, event.metrics)
     return True
@@ -255,6 +262,10 @@ def _take_any_event(rec: RequestRecord, tokens: RecordColumns | list[TokenRecord
     if usage:
         rec.prompt_tokens_received = usage.get("prompt_tokens")
         rec.output_tokens_received = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        # a malformed detail is not worth failing a request over: its count stays unknown
+        if isinstance(details, dict) and details.get("cached_tokens") is not None and _count(details["cached_tokens"]):
+            rec.cached_tokens = details["cached_tokens"]
     if PER_REQUEST_METRICS in event:  # vLLM: on the final usage chunk only
         _server_timings(rec, event[PER_REQUEST_METRICS])
     return True

@@ -237,3 +237,33 @@ def ttft_parts_chart(rows: list[dict[str, Any]]) -> alt.Chart:
                 anchor="start", fontSize=12),
         )
     )
+
+
+def prefix_cache_chart(shares: pl.DataFrame, unreported: int) -> alt.Chart:
+    """One run's prefix cache over its time: the share of prompt tokens an unbounded cache
+    would have served against what was served, by the answers and by the server's counters.
+    `shares`: analysis.prefix_cache.over_time; `unreported`: requests sent that reported no
+    cached tokens (failed ones among them), left out of every share and said so."""
+    from filledfirst.analysis.prefix_cache import ANSWERS, IDEAL, SERVER
+
+    order = [IDEAL, ANSWERS, SERVER]
+    subtitle = "share of prompt tokens, by arrival time (the server's by scrape time)"
+    if unreported:
+        subtitle += f"; {unreported} sent request(s) reported nothing (failed or cut short) and are left out"
+    return (
+        alt.Chart(shares)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("t:Q", title="run time (s)"),
+            y=alt.Y("share:Q", title="prompt tokens served from cache", axis=alt.Axis(format="%"),
+                    scale=alt.Scale(domain=[0, 1])),
+            color=alt.Color("series:N", title=None, scale=alt.Scale(domain=order), sort=order),
+            strokeDash=alt.StrokeDash("series:N", legend=None,
+                                      scale=alt.Scale(domain=order, range=[[6, 3], [1, 0], [2, 2]])),
+            tooltip=["series:N", alt.Tooltip("t:Q", format=".1f"), alt.Tooltip("share:Q", format=".1%"),
+                     alt.Tooltip("n:Q", title="requests")],
+        )
+        .properties(width=WIDTH, height=160,
+                    title=alt.TitleParams("Prefix cache: the reuse offered against the reuse delivered",
+                                          subtitle=subtitle, anchor="start", fontSize=12))
+    )

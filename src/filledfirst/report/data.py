@@ -8,7 +8,7 @@ from typing import Any
 
 import duckdb
 
-from filledfirst.analysis import request_path, signals
+from filledfirst.analysis import prefix_cache, request_path, signals
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers
@@ -35,6 +35,8 @@ class ReportData:
     # Run ids of the capacity searches' probes (run.json has a `frontier` block): they are
     # the searches' measurements, shown under Capacity search only, not runs of the study.
     is_probe: frozenset[str]
+    # analysis.prefix_cache.counts per run id, for the runs whose schedule had prefix blocks
+    prefix_cache: dict[str, dict[str, Any]]
 
     @property
     def measured(self) -> list[dict[str, Any]]:
@@ -75,4 +77,5 @@ def load(con: duckdb.DuckDBPyConnection) -> ReportData:
         rules=stored_rules(con),
         study_parts=stored_parts(con),
         is_probe=is_probe,
+        prefix_cache={x["run_id"]: x for x in prefix_cache.counts(con).to_dicts() if x["n_with_ideal"]},
     )

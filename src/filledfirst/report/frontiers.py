@@ -107,6 +107,8 @@ def leading_text(row: Mapping[str, Any]) -> str:
 MOVE_THE_KNEE = {
     Label.SEQ_LIMIT: "more sequences (max_num_seqs): the cap is full while KV has headroom",
     Label.KV_PRESSURE: "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype",
+    Label.PREFIX_EVICTION: "more KV blocks, so the shared prefixes stay cached (or routing that keeps a "
+                           "conversation on one server)",
     Label.INTERFERENCE: "a smaller prefill chunk budget (max_num_batched_tokens)",
     Label.TOKEN_BUDGET: "a larger per-step token budget (max_num_batched_tokens), if the steps' time allows",
     NoQueueLabel.ITL_BOUND: "more compute or a smaller batch",
@@ -402,6 +404,10 @@ def key_number(d: Mapping[str, Any], rules: DiagnosisRules) -> str:
         return f"running at the cap {numbers.share(d.get('running_at_cap_share'))} of the time{queue}"
     if label == Label.KV_PRESSURE:
         return f"KV >= {rules.kv_full_pct:g} % for {numbers.share(d.get('kv_full_share'))} of the time{queue}"
+    if label == Label.PREFIX_EVICTION:
+        return (f"cache hits {numbers.share(d.get('measured_hit_share'))} of prompt tokens against "
+                f"{numbers.share(d.get('ideal_hit_share'))} offered, KV >= {rules.kv_full_pct:g} % for "
+                f"{numbers.share(d.get('kv_full_share'))} of the time{queue}")
     if label == Label.INTERFERENCE:
         ratio, unqueued = d.get("interference_ratio"), d.get("interference_prefill_ratio")
         outside = "" if unqueued is None else f" ({unqueued:.1f}x outside vLLM's queue)"

@@ -24,6 +24,8 @@ SEED_PATTERNS = {  # the seed's side-by-side table: case -> (what is happening, 
     # not one of the seed's: what its unlabelled replays showed, named (filledfirst's row)
     Label.TOKEN_BUDGET: ("long prompts take the per-step token budget chunk by chunk",
                          "requests wait while steps use the whole budget, cap and KV with room"),
+    Label.PREFIX_EVICTION: ("full KV evicts the cached prefixes the traffic shares",
+                            "cache hits fall far below the trace's reuse while KV is full and requests wait"),
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from filledfirst.analysis import prefix_cache as prefix_cache_stats
 from filledfirst.analysis import request_path, signals
 from filledfirst.report import charts, frontiers, markup, parts, patterns, run_json, tables
 from filledfirst.report.data import ReportData
@@ -255,4 +256,15 @@ def run_section(data: ReportData, r: Mapping[str, Any]) -> list[str]:
         signals.request_points(data.con, run_id), signals.timeseries(data.con, run_id), r["max_num_seqs"]
     )
     out.append(charts.embed(chart))
+    out += prefix_cache(data, run_id)
     return out
+
+
+def prefix_cache(data: ReportData, run_id: str) -> list[str]:
+    """A run whose schedule had prefix blocks: the cache's delivery against the ideal."""
+    shares = prefix_cache_stats.over_time(data.con, run_id)
+    row = data.prefix_cache.get(run_id)
+    if shares.is_empty() or row is None:
+        return []
+    return [markup.para(tables.prefix_cache_sentence(row)),
+            charts.embed(charts.prefix_cache_chart(shares, row["n_unreported"] or 0))]

@@ -139,9 +139,30 @@ def schedule_sentence(stats: ScheduleStats | None) -> str:
     dropped = [f"{n:,} {k}" for k, n in (("clipped", stats.clipped), ("skipped", stats.skipped)) if n]
     if dropped:
         text += " Changed or dropped: " + ", ".join(dropped) + "."
+    if isinstance(stats.length_scale, float) and stats.length_scale != 1:
+        text += f" Sizes scaled by {stats.length_scale:g} from the trace's for a small engine"
+        if stats.trace_prompt_tokens:  # UNSET and None are false
+            text += f" (trace median prompt about {numbers.about(stats.trace_prompt_tokens.p50)} tokens)"
+        text += "."
+    if isinstance(stats.block_tokens, int) and stats.block_tokens:
+        text += (f" Prompts share prefix blocks of {stats.block_tokens:,} tokens as the trace's do; an unbounded "
+                 f"prefix cache would serve {numbers.share(stats.ideal_hit_share)} of their tokens.")
     placed = [placement_phrase(r) for r in stats.relative or []]
     if placed:
         text += " Placed relative to a measured knee: " + "; ".join(placed) + "."
+    return text
+
+
+def prefix_cache_sentence(row: Mapping[str, Any]) -> str:
+    """One run's prefix cache in numbers (analysis.prefix_cache.counts' row)."""
+    text = (f"Prefix cache: of the prompt tokens of the {row['n_with_ideal'] - (row['n_unreported'] or 0):,} "
+            f"requests that reported it, an unbounded cache would have served {numbers.share(row['ideal_share'])}; "
+            f"the server served {numbers.share(row['answers_share'])} by its answers")
+    if row["server_share"] is not None:
+        text += f" and {numbers.share(row['server_share'])} of its lookups by its own counters"
+    text += "."
+    if row["n_unreported"]:
+        text += f" {row['n_unreported']:,} sent request(s) reported no cached tokens (failed or cut short)."
     return text
 
 

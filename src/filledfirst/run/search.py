@@ -74,6 +74,7 @@ from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watc
 from filledfirst.request_metrics import SLO_ATTAINMENT, SLO_REQUESTS
 from filledfirst.run import folder
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
+from filledfirst.trace.formats import Format
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,8 @@ class Prober:
         if len(trace.starts_s) < self.plan.probe_stretches:
             log.info("%s: %.3g s of trace at %.4g req/s cover the %g-minute window: one stretch from its start",
                      self.plan.name, trace.stretch_s, rate, wl.minutes)
-        return trace.workload, trace.write(self.trace_csv, schedule, self.study.model.max_model_len)
+        fmt = Format.of(self.study.traces[wl.trace]) if wl.trace in self.study.traces else None
+        return trace.workload, trace.write(self.trace_csv, schedule, self.study.model.max_model_len, fmt)
 
     def measure(self, probe: int, rate: float, probe_s: float | None = None) -> RunMeta:
         """Probe `rate` for `probe_s` seconds of arrivals (the plan's probe_s by default)."""

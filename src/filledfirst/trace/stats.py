@@ -19,32 +19,39 @@ import polars as pl
 from filledfirst.contracts.stats import Spread, TraceStats
 from filledfirst.errors import UserError
 from filledfirst.rates import arrival_rate
-from filledfirst.trace.rows import COLUMNS
+from filledfirst.trace.formats import OUTPUT, PROMPT, TIME, UNIT_NS, Format, decimal_ns
 from filledfirst.trace.timestamps import NS_PER_S, fast_ns, format_ns
 
 log = logging.getLogger(__name__)
 _NS_PER_MIN = 60 * NS_PER_S
 
 
-def _scan(path: Path) -> pl.LazyFrame:
+def _scan(path: Path, fmt: Format) -> pl.LazyFrame:
     if not path.is_file():
         raise UserError(f"trace file {path} does not exist")
+    cols = fmt.file_columns
     try:
-        lf = pl.scan_csv(path, infer_schema=False)
-        names = lf.collect_schema().names()
+        if fmt.file_type(path) == "csv":
+            lf = pl.scan_csv(path, infer_schema=False)
+            names = lf.collect_schema().names()
+            missing = [c for c in cols.values() if c not in names]
+            if missing:
+                raise UserError(f"{path}: missing column(s) {missing}; the {fmt.name} format reads "
+                                f"{list(cols.values())}, found {names}")
+            text = {key: pl.col(col) for key, col in cols.items()}
+        else:
+            lf = pl.scan_csv(path, has_header=False, separator="\x1f", quote_char=None, infer_schema=False,
+                             new_columns=["line"])
+            text = {key: pl.col("line").str.json_path_match("$['" + col.replace("'", "\\'") + "']")
+                    for key, col in cols.items()}
     except pl.exceptions.NoDataError:
         raise UserError(f"trace file {path} is empty") from None
     except pl.exceptions.PolarsError as exc:
-        raise UserError(f"cannot read trace file {path} as CSV: {exc}") from None
-    missing = [c for c in COLUMNS if c not in names]
-    if missing:
-        raise UserError(f"{path}: missing column(s) {missing}; expected {list(COLUMNS)}, found {names}")
-    whole = {c: pl.col(c).str.strip_chars().cast(pl.Int64, strict=False) for c in COLUMNS[1:]}
-    return lf.select(
-        fast_ns(pl.col("TIMESTAMP")).alias("t_ns"),
-        whole["ContextTokens"].alias("prompt"),
-        whole["GeneratedTokens"].alias("output"),
-    )
+        raise UserError(f"cannot read trace file {path}: {exc}") from None
+    unit = fmt.columns.time_unit
+    t_ns = fast_ns(text[TIME]) if unit == "iso" else decimal_ns(text[TIME], UNIT_NS[unit])
+    whole = {c: text[c].str.strip_chars().cast(pl.Int64, strict=False) for c in (PROMPT, OUTPUT)}
+    return lf.select(t_ns.alias("t_ns"), whole[PROMPT].alias("prompt"), whole[OUTPUT].alias("output"))
 
 
 def _percentiles(hist: pl.DataFrame, column: str) -> Spread | None:
@@ -102,16 +109,18 @@ class _Tally:
             self.hist[col] = vc if old is None else pl.concat([old, vc]).group_by(col).agg(pl.col("len").sum())
 
 
-def trace_stats(path: Path, out: Path | None = None) -> TraceStats:
-    """Requests, span, mean rate, token percentiles and requests per minute of the whole file."""
+def trace_stats(path: Path, out: Path | None = None, fmt: Format | None = None) -> TraceStats:
+    """Requests, span, mean rate, token percentiles and requests per minute of the whole
+    file (Azure's format unless `fmt` says otherwise)."""
     path = Path(path)
+    fmt = fmt or Format.of(None)
     good = (pl.col("t_ns").is_not_null() & (pl.col("prompt") >= 1) & (pl.col("output") >= 0)).fill_null(False)
     tally = _Tally()
     try:
-        for batch in _scan(path).with_columns(good.alias("good")).collect_batches(chunk_size=1 << 18):
+        for batch in _scan(path, fmt).with_columns(good.alias("good")).collect_batches(chunk_size=1 << 18):
             tally.add(batch)
     except pl.exceptions.PolarsError as exc:
-        raise UserError(f"cannot read trace file {path} as CSV: {exc}") from None
+        raise UserError(f"cannot read trace file {path}: {exc}") from None
     if tally.good == 0:
         raise UserError(f"{path}: no usable rows (header only, or every row bad)")
     span_s = (tally.max_ns - tally.min_ns) / NS_PER_S

@@ -1,5 +1,7 @@
-"""Turn an Azure-format trace (TIMESTAMP,ContextTokens,GeneratedTokens) into a schedule:
-a time window, then every K-th request in it, with arrival gaps optionally rescaled.
+"""Turn a trace (Azure's CSVs, Mooncake's JSONL, or a file of your own: formats.py) into
+a schedule: a time window, then every K-th request in it, with arrival gaps optionally
+rescaled, sizes optionally scaled down for a small engine, and its prefix blocks (where
+the trace has them) kept with the ideal cache's hits (prefix.py).
 
 Timestamps are parsed as text into integer nanoseconds (timestamps.py), so the 2023
 files' seven fractional digits and the 2024 files' mixed `.ffffff+00:00` / `+00:00` forms
@@ -25,20 +27,25 @@ import polars as pl
 
 from filledfirst.contracts.stats import ScheduleStats, Window
 from filledfirst.errors import UserError
-from filledfirst.schedule import as_schedule, write_schedule
+from filledfirst.schedule import as_schedule, spread, write_schedule
 from filledfirst.study import TraceWorkload
-from filledfirst.trace.rows import COLUMNS, Rows, Source, check_rows, read_csv, read_rows, read_trace
+from filledfirst.trace import prefix
+from filledfirst.trace.formats import PREFIX, Format, read_text
+from filledfirst.trace.rows import Rows, Source, check_rows, read_rows, read_trace
 from filledfirst.trace.timestamps import NS_PER_S as _NS_PER_S
 from filledfirst.trace.timestamps import format_ns, parse_one
 from filledfirst.trace.window import NotBisectable, open_sorted
 
-__all__ = ["COLUMNS", "read_trace", "stretches_to_parquet", "subsample", "subsample_to_parquet"]
+__all__ = ["read_trace", "stretches_to_parquet", "subsample", "subsample_to_parquet"]
 
 log = logging.getLogger(__name__)
 
 
-def _check_params(start_offset_s, start, minutes, keep_every, phase, time_scale, max_model_len) -> None:
+def _check_params(start_offset_s, start, minutes, keep_every, phase, time_scale, max_model_len,
+                  length_scale=1.0) -> None:
     problems = []
+    if not (0 < length_scale <= 1 and math.isfinite(length_scale)):
+        problems.append(f"length_scale must be > 0 and <= 1, got {length_scale}")
     if start is not None and start_offset_s:
         problems.append("give either start or start_offset_s, not both")
     if not (start_offset_s >= 0 and math.isfinite(start_offset_s)):
@@ -135,8 +142,8 @@ class _Stretches:
         return pl.concat(parts), taken
 
 
-def _window_full(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool) -> _Window:
-    rows = read_rows(source, skip_bad=skip_bad)
+def _window_full(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool, fmt: Format) -> _Window:
+    rows = read_rows(source, fmt, skip_bad=skip_bad)
     df = rows.df
     if df.height == 0:
         raise UserError(f"{rows.source.name}: no usable rows ({rows.skipped_total} skipped as bad)")
@@ -146,17 +153,18 @@ def _window_full(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool)
     return _Window(window, rows.source, first_ns, last_ns, start_ns, end_ns, df.height, rows.skipped, "full")
 
 
-def _window_bisect(path: Path, spec: _Spec, skip_bad: bool) -> _Window:
-    fh, csv = open_sorted(path)
+def _window_bisect(path: Path, spec: _Spec, skip_bad: bool, fmt: Format) -> _Window:
+    fh, csv = open_sorted(path, fmt)
     with fh:
         start_ns, end_ns = spec.bounds(csv.first_ns, csv.last_ns, csv.name)
         a, b, data = csv.window_bytes(start_ns, end_ns)
         src = Source(csv.name, csv.line_counter(a))
         if a == b:  # an empty window: nothing for polars to read
-            rows = Rows(pl.DataFrame(schema={c: pl.Int64 for c in ("_row", "t_ns", "prompt", "output")}), src)
+            empty = {c: pl.Int64 for c in ("_row", "t_ns", "prompt", "output")}
+            rows = Rows(pl.DataFrame(schema=empty | ({PREFIX: pl.List(pl.Int64)} if fmt.has_prefix else {})), src)
         else:
             # Order is checked here, not in check_rows: out of order means "read it all".
-            rows = check_rows(read_csv(path, data), src, skip_bad=skip_bad, check_order=False)
+            rows = check_rows(read_text(path, fmt, data), src, fmt, skip_bad=skip_bad, check_order=False)
     t_ns = rows.df["t_ns"]
     if not t_ns.is_sorted():
         raise NotBisectable("the window's rows are not in time order")
@@ -165,14 +173,17 @@ def _window_bisect(path: Path, spec: _Spec, skip_bad: bool) -> _Window:
     return _Window(rows.df, src, csv.first_ns, csv.last_ns, start_ns, end_ns, None, rows.skipped, "bisect")
 
 
-def _read_window(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool, scan: str) -> _Window:
-    """`scan`: "auto" bisects a file and falls back to reading it whole; "full" always reads it whole."""
-    if scan == "auto" and not isinstance(source, pl.DataFrame) and Path(source).is_file():
+def _read_window(source: str | Path | pl.DataFrame, spec: _Spec, skip_bad: bool, scan: str,
+                 fmt: Format) -> _Window:
+    """`scan`: "auto" bisects a CSV and falls back to reading it whole; "full" always reads
+    it whole (as it does a JSONL file, which is read whole anyway)."""
+    if (scan == "auto" and not isinstance(source, pl.DataFrame) and Path(source).is_file()
+            and fmt.file_type(source) == "csv"):
         try:
-            return _window_bisect(Path(source), spec, skip_bad)
+            return _window_bisect(Path(source), spec, skip_bad, fmt)
         except NotBisectable as exc:
             log.warning("%s: cannot bisect (%s); reading the whole file", source, exc)
-    return _window_full(source, spec, skip_bad)
+    return _window_full(source, spec, skip_bad, fmt)
 
 
 def _fit_sizes(df: pl.DataFrame, max_model_len: int | None) -> tuple[pl.DataFrame, dict]:
@@ -215,6 +226,8 @@ def _subsample(
     scan: str = "auto",
     relative: Callable[[int, float], tuple[float, dict]] | None = None,
     stretches: _Stretches | None = None,
+    fmt: Format | None = None,
+    length_scale: float = 1.0,
 ) -> tuple[pl.DataFrame, dict]:
     """`relative` instead of `time_scale`: (requests kept, trace seconds they span) -> the
     time scale and what it was resolved from (a time scale relative to a knee: the
@@ -222,11 +235,12 @@ def _subsample(
     it raises is the user's to fix, as is the window it was given. `stretches`: only
     those parts of the window, laid end to end (stretches_to_parquet), at `time_scale`."""
     _check_params(start_offset_s, start, minutes, keep_every, phase, 1.0 if relative else time_scale,
-                  max_model_len)
+                  max_model_len, length_scale)
+    fmt = fmt or Format.of(None)
     if stretches is not None:
         assert relative is None, "stretches take an absolute time_scale"
         minutes = max(minutes, stretches.end_s / 60)  # read from the window's start to the later end
-    w = _read_window(source, _Spec(start_offset_s, start, minutes), skip_bad, scan)
+    w = _read_window(source, _Spec(start_offset_s, start, minutes), skip_bad, scan, fmt)
     name = w.source.name
     if w.end_ns > w.last_ns:
         log.warning("%s: the window runs %.1f s past the last request", name, (w.end_ns - w.last_ns) / _NS_PER_S)
@@ -241,7 +255,10 @@ def _subsample(
     if kept.height == 0:
         raise UserError(f"{name}: no request kept: {where} holds {held} request(s), phase {phase}, "
                         f"keep_every {keep_every}")
-    kept, fit = _fit_sizes(kept, max_model_len)
+    sizes = ({"length_scale": length_scale, "trace_prompt_tokens": spread(kept["prompt"]),
+              "trace_output_tokens": spread(kept["output"])} if length_scale != 1.0 else {})
+    kept, fit = _fit_sizes(prefix.scale_lengths(kept, length_scale), max_model_len)
+    kept, blocks = _prefix_blocks(kept, fmt, length_scale)
     resolved = None
     if relative is not None:
         trace_s = (min(w.end_ns, w.last_ns) - w.start_ns) / _NS_PER_S
@@ -257,10 +274,12 @@ def _subsample(
             pl.col("prompt").alias("prompt_tokens"),
             pl.col("output").alias("output_tokens"),
             pl.lit(role, dtype=pl.String).alias("role"),
+            *([PREFIX, "block_tokens", "ideal_cached_tokens"] if blocks else []),
         )
     )
     info = {
         "source": name,
+        **({"format": fmt.name} if fmt.name != "azure" else {}),
         "read": w.read,
         "trace_requests": w.trace_requests,
         "trace_first": format_ns(w.first_ns),
@@ -275,11 +294,28 @@ def _subsample(
         "skipped": sum(w.skipped.values()),
         "skipped_by_reason": w.skipped,
         **fit,
+        **sizes,
+        **blocks,
         **({"relative": [resolved]} if resolved else {}),
         **({"stretches": taken} if taken is not None else {}),
         "duration_s": spread_ns / _NS_PER_S * time_scale,
     }
     return schedule, info
+
+
+def _prefix_blocks(kept: pl.DataFrame, fmt: Format, length_scale: float) -> tuple[pl.DataFrame, dict]:
+    """The prefix columns of a trace that has them (ids cut to what each prompt covers,
+    the sent block size, the ideal cache's hits in arrival order), and their stats."""
+    if not fmt.has_prefix:
+        return kept, {}
+    trace_block = fmt.columns.block_tokens
+    block = prefix.scaled_block_tokens(trace_block, length_scale)
+    kept = prefix.fit_blocks(kept, block)
+    ideal = pl.Series("ideal_cached_tokens", prefix.ideal_cached_tokens(
+        kept[PREFIX].to_list(), kept["prompt"].to_list(), block), pl.Int64)
+    kept = kept.with_columns(ideal, pl.lit(block, pl.Int64).alias("block_tokens"))
+    return kept, {"trace_block_tokens": trace_block, "block_tokens": block,
+                  "ideal_hit_share": prefix.ideal_hit_share(ideal, kept["prompt"])}
 
 
 def subsample(source: str | Path | pl.DataFrame, **spec) -> pl.DataFrame:
@@ -300,7 +336,7 @@ def window_of(workload: TraceWorkload) -> dict[str, Any]:
     time_scale, which may still be relative to a knee)."""
     where = {"start": workload.start} if workload.start is not None else {"start_offset_s": workload.start_offset_s}
     return {**where, "minutes": workload.minutes, "keep_every": workload.keep_every, "phase": workload.phase,
-            "skip_bad": workload.skip_bad}
+            "skip_bad": workload.skip_bad, "length_scale": workload.length_scale}
 
 
 def subsample_to_parquet(csv: Path, out: Path, **spec) -> ScheduleStats:

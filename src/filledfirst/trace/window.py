@@ -1,4 +1,4 @@
-"""Find a time window in a big time-sorted trace CSV without reading the whole file.
+"""Find a time window in a big time-sorted trace CSV (any format's columns) without reading the whole file.
 
 The trace is sorted by time, so the window's first and last byte are found by bisecting
 byte offsets: seek, skip to the next line start, read that line's timestamp. Only the
@@ -19,8 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from filledfirst.trace.rows import COLUMNS
-from filledfirst.trace.timestamps import parse_one
+from filledfirst.trace.formats import OUTPUT, PROMPT, TIME, Format
 
 _BOM = b"\xef\xbb\xbf"
 _TAIL = 1 << 16  # longest line looked for when reading backwards
@@ -34,8 +33,10 @@ class NotBisectable(Exception):
 class SortedCsv:
     """A trace CSV opened for bisecting by timestamp. Offsets are byte offsets of line starts."""
 
-    def __init__(self, fh: BinaryIO, name: str) -> None:
-        self._fh, self.name = fh, name
+    def __init__(self, fh: BinaryIO, name: str, fmt: Format) -> None:
+        if fmt.file_type(name) != "csv":
+            raise NotBisectable("only a CSV is bisected")
+        self._fh, self.name, self._fmt = fh, name, fmt
         self.size = os.fstat(fh.fileno()).st_size
         header = fh.readline()
         if not header.endswith(b"\n"):
@@ -43,10 +44,11 @@ class SortedCsv:
         self.header = header.removeprefix(_BOM).rstrip(b"\r\n")
         self.data_start = fh.tell()
         names = [c.strip().strip('"') for c in self.header.decode("utf-8", "replace").split(",")]
-        if any(c not in names for c in COLUMNS):
-            raise NotBisectable(f"header {names} lacks {list(COLUMNS)}")
-        self._ncols, self._ts_col = len(names), names.index("TIMESTAMP")
-        self._size_cols = [names.index(c) for c in COLUMNS[1:]]
+        wanted = fmt.file_columns
+        if any(c not in names for c in wanted.values()):
+            raise NotBisectable(f"header {names} lacks {list(wanted.values())}")
+        self._ncols, self._ts_col = len(names), names.index(wanted[TIME])
+        self._size_cols = [names.index(wanted[c]) for c in (PROMPT, OUTPUT)]
         self.end = self._end_of_data()
         if self.end <= self.data_start:
             raise NotBisectable("no data line after the header")
@@ -70,7 +72,8 @@ class SortedCsv:
         self._fh.seek(pos)
         line = self._fh.readline()
         fields = line.rstrip(b"\r\n").decode("utf-8", "replace").split(",")
-        ts = parse_one(fields[self._ts_col].strip().strip('"')) if len(fields) == self._ncols else None
+        ts = (self._fmt.one_time_ns(fields[self._ts_col].strip().strip('"')) if len(fields) == self._ncols
+              else None)
         if whole_row and ts is not None:
             prompt, output = (fields[i].strip() for i in self._size_cols)
             if not (_WHOLE.fullmatch(prompt) and _WHOLE.fullmatch(output) and int(prompt) >= 1):
@@ -142,11 +145,11 @@ class SortedCsv:
         return count
 
 
-def open_sorted(path: Path) -> tuple[BinaryIO, SortedCsv]:
+def open_sorted(path: Path, fmt: Format) -> tuple[BinaryIO, SortedCsv]:
     """Open `path` for bisecting; the caller closes the returned file."""
     fh = path.open("rb")
     try:
-        return fh, SortedCsv(fh, str(path))
+        return fh, SortedCsv(fh, str(path), fmt)
     except BaseException:
         fh.close()
         raise

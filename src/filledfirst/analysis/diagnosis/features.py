@@ -84,6 +84,13 @@ class Features:
     client_cpu_share: float | None
     client_cpu_ms_per_1k_tokens: float | None
     arrival_ratio: float | None  # sent over scheduled arrival rate, open loop
+    # the prefix cache over the window's answered requests: whether the server cached
+    # prefixes, the share of their prompt tokens an unbounded cache would have served (a
+    # schedule with prefix structure), the share it served, and the one over the other
+    prefix_caching: bool | None
+    ideal_hit_share: float | None
+    measured_hit_share: float | None
+    cache_efficiency: float | None
     notes: tuple[str, ...]  # what could not be checked and why
 
 
@@ -112,6 +119,8 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules) -> Featur
         **littles, **_goodput(row),
         kv_bytes_per_token=ledger.bytes_per_token, kv_capacity_tokens=ledger.capacity_tokens,
         kv_fit_concurrency=ledger.fit_concurrency,
+        prefix_caching=meta.server.settings.get("enable_prefix_caching"),
+        **_cache(row),
         notes=tuple(notes),
     )
     return Features(**{f.name: row[f.name] for f in fields(Features) if f.name not in derived}, **derived)
@@ -167,6 +176,16 @@ def _littles(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, notes: li
     ratio = big_l / lambda_w
     return {"littles_L_server": big_l, "littles_lambda_W": lambda_w, "littles_ratio": ratio,
             "littles_ok": r.littles_min_ratio <= ratio <= r.littles_max_ratio}
+
+
+def _cache(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Shares of the prompt tokens: the ideal's where the schedule had prefix blocks, the
+    cache's where the server said what it served; and the second over the first."""
+    prompt, hit, ideal = row["cache_prompt_tokens"], row["cache_hit_tokens"], row["cache_ideal_tokens"]
+    ideal_share = ideal / prompt if prompt and ideal is not None else None
+    measured = hit / prompt if prompt and hit is not None else None
+    return {"ideal_hit_share": ideal_share, "measured_hit_share": measured,
+            "cache_efficiency": hit / ideal if ideal and hit is not None else None}
 
 
 def _goodput(row: Mapping[str, Any]) -> dict[str, Any]:

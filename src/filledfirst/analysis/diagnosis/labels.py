@@ -10,6 +10,7 @@ class Label(StrEnum):
     FAILED = "failed"
     INTERFERENCE = "prefill-decode interference"
     KV_PRESSURE = "KV-capacity pressure"
+    PREFIX_EVICTION = "prefix-cache eviction"
     SEQ_LIMIT = "active-sequence limit"
     TOKEN_BUDGET = "prefill token budget"
     REFERENCE = "reference"

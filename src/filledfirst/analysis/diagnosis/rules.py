@@ -160,6 +160,40 @@ class KvPressure(_Conditions):
                 f"waiting in {share(f.waiting_share)} of the time{_cap_note(f)}{_queue_evidence(f)}")
 
 
+class PrefixEviction(_Conditions):
+    """KV pressure that cost the prefix cache its reuse: the trace offered reuse (an
+    unbounded cache would have served a good share of the prompt tokens), the cache served
+    far less of it, while KV was full and requests waited, with sequence headroom. Full KV
+    evicts the cached blocks of finished requests first, so the prompts that shared them
+    are computed again: the prefill grows with the load instead of shrinking with reuse.
+    Plain KV-capacity pressure is the same queue with no reuse to lose (none offered, the
+    cache off, or the cache still delivering it)."""
+
+    label = Label.PREFIX_EVICTION
+
+    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
+        return [
+            _check(f.prefix_caching is True, f"prefix caching {_on_off(f.prefix_caching)}", "on"),
+            _check(_ge(f.ideal_hit_share, t.eviction_min_ideal_share),
+                   f"an unbounded cache would have served {share(f.ideal_hit_share)} of the prompt tokens",
+                   f">= {share(t.eviction_min_ideal_share)}"),
+            _check(_lt(f.cache_efficiency, t.eviction_max_efficiency),
+                   f"the cache served {share(f.cache_efficiency)} of that", f"< {share(t.eviction_max_efficiency)}"),
+            *KvPressure().conditions(f, t),
+        ]
+
+    def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
+        # no reuse offered, or no cache to lose it: not a near miss worth explaining
+        return super().unmet(f, t) if f.prefix_caching and f.ideal_hit_share else []
+
+    def clue(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"the prefix cache served {share(f.measured_hit_share)} of the prompt tokens where an unbounded one "
+                f"would have served {share(f.ideal_hit_share)} ({share(f.cache_efficiency)} of the reuse the trace "
+                f"offered), while KV was at or above {t.kv_full_pct:g} % for {share(f.kv_full_share)} of the loaded "
+                f"time, {f.window_preemptions or 0:.0f} preemptions, waiting in {share(f.waiting_share)} of the "
+                f"time{_queue_evidence(f)}")
+
+
 class BothLimits(_Conditions):
     """KV full and running at the cap, with requests waiting: both limits filled in the
     loaded window. What filled first is the one whose crossing came first on the run's
@@ -319,7 +353,7 @@ class QueueNoneFull(_Labelled):
 
 GATES: tuple[Rule, ...] = (Failed(), TooFewScrapes())
 PATTERNS: tuple[Pattern, ...] = (  # in the order they win
-    Interference(), KvPressure(), SeqLimit(), BothLimits(), TokenBudget(), Reference())
+    Interference(), PrefixEviction(), KvPressure(), SeqLimit(), BothLimits(), TokenBudget(), Reference())
 # No pattern, but the evidence says why in a sentence: said so instead of every rule's unmet list.
 EXPLAINED: tuple[Rule, ...] = (FullNotLimiting(), QueueNoneFull())
 
@@ -413,6 +447,10 @@ def _budget_steps(f: Features) -> str:
         return f"no engine step while requests waited (token budget {f.token_budget})"
     return (f"the {count(f.budget_queued_steps, NA)} engine steps while requests waited used "
             f"{share(f.budget_fill)} of the token budget ({f.token_budget}) on average")
+
+
+def _on_off(flag: bool | None) -> str:
+    return "unknown" if flag is None else "on" if flag else "off"
 
 
 def _at_cap(f: Features) -> str:

@@ -111,7 +111,14 @@ SELECT run_id,
            FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
        count(*) FILTER (WHERE {request_metrics.slo_met("ttft")}) AS met,
        any_value(o.n_sent) AS n, any_value(o.offered_rps) AS offered_rps,
-       avg(prompt_tokens + output_tokens) AS mean_tokens
+       avg(prompt_tokens + output_tokens) AS mean_tokens,
+       -- the prefix cache, over the answered requests arriving in the window that say
+       -- what it served them, beside what an unbounded cache would have
+       sum(prompt_tokens) FILTER (WHERE t_scheduled BETWEEN start AND stop AND cached_tokens IS NOT NULL)
+           AS cache_prompt_tokens,
+       sum(cached_tokens) FILTER (WHERE t_scheduled BETWEEN start AND stop) AS cache_hit_tokens,
+       sum(ideal_cached_tokens) FILTER (WHERE t_scheduled BETWEEN start AND stop AND cached_tokens IS NOT NULL)
+           AS cache_ideal_tokens
 FROM r LEFT JOIN ({signals.OFFERED}) o USING (run_id) GROUP BY run_id
 """
 

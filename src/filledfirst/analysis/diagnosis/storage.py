@@ -33,6 +33,8 @@ SCHEMA = {
     "window_queue_share": pl.Float64, "window_timed": pl.Int64, "interference_prefill_ratio": pl.Float64,
     "client_cpu_share": pl.Float64, "client_cpu_ms_per_1k_tokens": pl.Float64, "arrival_ratio": pl.Float64,
     "token_budget": pl.Int64, "budget_queued_steps": pl.Int64, "budget_fill": pl.Float64,
+    "prefix_caching": pl.Boolean, "ideal_hit_share": pl.Float64, "measured_hit_share": pl.Float64,
+    "cache_efficiency": pl.Float64,
 }
 
 
