@@ -82,6 +82,31 @@ def ttft_parts(con) -> None:
             print(f"| {exp} | {role} | {cells[0]} | {cells[1]} |")
 
 
+def prefix_cache(con) -> None:
+    """The runs whose schedule had prefix blocks: the ideal against what the cache served,
+    over all their requests (analysis.prefix_cache.counts) and over the loaded window
+    (the diagnosis)."""
+    from filledfirst.analysis.prefix_cache import counts
+
+    print("| run | caching | requests | prompt tokens from the cache: ideal / served / server's counters "
+          "| loaded window: ideal / served (efficiency) | TTFT p50 (ms) | label |")
+    print("|---|---|---:|---|---|---:|---|")
+    summary = {r["run_id"]: r for r in signals.run_summary(con).to_dicts()}
+    diag = {r[0]: r[1:] for r in con.execute(
+        "SELECT run_id, prefix_caching, ideal_hit_share, measured_hit_share, cache_efficiency, label "
+        "FROM diagnosis").fetchall()}
+    names = dict(con.execute("SELECT run_id, experiment FROM runs").fetchall())
+    for c in counts(con).filter(counts(con)["n_with_ideal"] > 0).to_dicts():
+        run_id = c["run_id"]
+        if run_id not in names or run_id not in diag or "/" in names[run_id]:
+            continue  # a probe's share is in its search
+        caching, ideal, served, eff, label = diag[run_id]
+        print(f"| {names[run_id]} | {'on' if caching else 'off'} | {summary[run_id]['n_requests']:,} | "
+              f"{_n(c['ideal_share'], '{:.1%}')} / {_n(c['answers_share'], '{:.1%}')} / "
+              f"{_n(c['server_share'], '{:.1%}')} | {_n(ideal, '{:.1%}')} / {_n(served, '{:.1%}')} "
+              f"({_n(eff, '{:.0%}')}) | {_n(summary[run_id]['ttft_p50_ms'])} | {label} |")
+
+
 def main() -> None:
     con = duckdb.connect(sys.argv[1] if len(sys.argv) > 1 else "results/filledfirst.duckdb", read_only=True)
     frontiers(con)
@@ -89,6 +114,8 @@ def main() -> None:
     runs(con)
     print()
     ttft_parts(con)
+    print()
+    prefix_cache(con)
     n, ok = con.execute("SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM requests").fetchall()[0]
     print(f"\nrequests: {ok:,} ok of {n:,} (runs and probes)")
 

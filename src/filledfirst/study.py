@@ -180,6 +180,14 @@ class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
     length_scale: float = 1.0  # prompt, output and prefix block sizes x this (filledfirst.trace.prefix)
 
 
+class SharedPrefix(_Struct):
+    """A phase's prompts start with one of `prefixes` shared prefixes of `tokens` tokens,
+    taken in turn (request k of the phase gets prefix k mod prefixes)."""
+
+    prefixes: int
+    tokens: int
+
+
 class SyntheticPhase(_Struct):
     role: str
     count: int
@@ -189,6 +197,7 @@ class SyntheticPhase(_Struct):
     interval_s: float | RelativeRate = 0.0  # relative: resolved before the schedule is made
     arrival: Literal["constant", "poisson", "gamma"] = "constant"
     cv: float = 1.0
+    shared_prefix: SharedPrefix | None = None
 
 
 class SyntheticWorkload(_Struct, tag_field="kind", tag="synthetic"):
@@ -350,6 +359,7 @@ class Part(_Struct):
     rows: list[str] = []  # empty: filledfirst.report.parts.DEFAULT_ROWS
     reference: dict[str, dict[str, str]] = {}
     reference_roles: list[ReferenceRole] = []
+    knees: str | None = None  # a frontier whose knees the part shows side by side
 
 
 class Study(_Struct):

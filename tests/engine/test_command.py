@@ -79,7 +79,7 @@ def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
     cfg = load_config([REPO / "config" / "config.yaml"])
     parts = {exp.get("part") for exp in cfg["experiments"].values()}
     assert parts == {"interference", "decode_load", "sequence_limit", "kv_capacity", "token_budget", "azure",
-                     "concurrency_sweep"}
+                     "concurrency_sweep", "prefix_cache"}
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
     assert "--gpu-memory-utilization 0.45" in argv("kv_reduced") and "--gpu-memory-utilization 0.45" in argv("kv_heavy")
@@ -90,6 +90,11 @@ def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
     assert "--max-num-batched-tokens 16384" in argv("budget_large")
     sweep = sorted(exp["loadgen"]["concurrency"] for e, exp in cfg["experiments"].items() if e.startswith("sweep_"))
     assert sweep == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    # the prefix-cache part: the same Mooncake window with caching off and on, the eviction run on less KV
+    assert "--no-enable-prefix-caching" in argv("mooncake_cache_off")
+    assert "--enable-prefix-caching" in argv("mooncake_cache_on").replace("--no-enable-prefix-caching", "")
+    evicted = argv("prefix_evicted")
+    assert "--gpu-memory-utilization 0.45" in evicted and "--enable-prefix-caching" in evicted
 
 
 @pytest.mark.parametrize("config", ["config.yaml", "cpu.yaml"])

@@ -399,6 +399,24 @@ def test_a_schedule_placed_relative_to_a_knee_says_where_it_was_placed():
         in schedule_sentence(trace)
 
 
+def test_a_schedule_with_shared_prefixes_says_what_an_ideal_cache_would_serve():
+    from filledfirst.report.tables import schedule_sentence
+
+    sizes = {"prompt_tokens": {"p50": 1152, "p90": 1152, "max": 1152},
+             "output_tokens": {"p50": 16, "p90": 16, "max": 16}}
+    synthetic = ScheduleStats.decode({"requests": 200, "duration_s": 2.6, "source": "synthetic", "block_tokens": 1024,
+                                      "ideal_hit_share": 0.75, **sizes})
+    assert "Prompts share prefixes of 1,024 tokens; an unbounded prefix cache would serve 75 % of their tokens." \
+        in schedule_sentence(synthetic)
+    trace = ScheduleStats.decode({"requests": 162, "duration_s": 38.0, "source": "conversation_trace.jsonl",
+                                  "keep_every": 1, "time_scale": 0.633, "block_tokens": 128, "ideal_hit_share": 0.053,
+                                  **sizes})
+    text = schedule_sentence(trace)
+    assert "Every request of the trace window, gaps scaled by 0.633." in text and "1th" not in text
+    assert "Prompts share prefix blocks of 128 tokens as the trace's do; an unbounded prefix cache would serve 5 %" \
+        in text
+
+
 # --- the study's parts -----------------------------------------------------------------------
 
 
@@ -444,7 +462,8 @@ def test_a_study_with_parts_of_its_own(tmp_path, db):
         summary = [r for r in signals.run_summary(c).to_dicts() if r["n_requests"] > 0]
         metas = signals.run_metas(c)
     part_of = {RUN_A: "warm_up", RUN_LEGACY: "decode_load"}
-    blocks = parts.parts_html(study.parts, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas)
+    blocks = parts.parts_html(study.parts, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas,
+                             prefix_cache={}, frontier_rows=[])
     html = "".join(blocks)
     assert html.index("Does a cold server differ?") < html.index("decode_load")  # the study's, then the rest
     own_table = blocks[1]

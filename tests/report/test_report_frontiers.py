@@ -258,3 +258,29 @@ def test_what_moved_the_knee_and_the_verdict_at_a_glance():
     glance = frontiers.summary_rows([], {}, rows, DiagnosisRules())
     assert [g["what"] for g in glance] == ["seq8"]  # the interventions speak through their parent
     assert glance[0]["found"] == "active-sequence limit (confirmed by intervention; next: compute-bound)"
+
+
+def test_a_parts_knees_side_by_side_each_against_the_first_setting():
+    base = {"frontier": "prefix", "reason": "converged", "confidence": 0.9, "parent": None, "hi_inconclusive": False}
+    rows = [
+        {**base, "setting": "cache_off", "lo_rps": 42.7, "hi_rps": 45.1, "floor_rps": 38.8,
+         "knee_label": "prefill token budget"},
+        {**base, "setting": "cache_on", "lo_rps": 125.8, "hi_rps": 133.0, "floor_rps": 114.0,
+         "knee_label": "active-sequence limit"},
+        {**base, "setting": "cache_on_kv160", "lo_rps": 38.3, "hi_rps": 40.5, "floor_rps": 34.8,
+         "knee_label": "prefix-cache eviction"},
+        # an intervention of a verified setting is not one of the frontier's own settings
+        {**base, "setting": "cache_on_seqs_x2", "lo_rps": 200.0, "hi_rps": 210.0, "floor_rps": 190.0,
+         "parent": "cache_on", "knee_label": None},
+    ]
+    html = frontiers.knee_shift_table_html(rows, 0.3)
+    lines = re.findall(r"<tr>(.*?)</tr>", html, re.S)[1:]
+    assert len(lines) == 3
+    assert "the baseline" in lines[0] and "prefill token budget" in lines[0]
+    assert "x2.95 (moved up)" in lines[1] and "active-sequence limit" in lines[1]
+    # intervals overlap: no move, however the ratio reads
+    assert "x0.90 (within the noise)" in lines[2] and "prefix-cache eviction" in lines[2]
+    # disjoint intervals but a change below the least that counts
+    small = [rows[0], {**rows[1], "lo_rps": 50.0, "hi_rps": 52.0, "floor_rps": 46.0}]
+    assert "x1.17 (within the noise)" in frontiers.knee_shift_table_html(small, 0.3)
+    assert frontiers.knee_shift_table_html([rows[3]], 0.3) == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,22 @@ def test_the_report_draws_the_hit_rate_charts_offline(study, tmp_path):
     html = workdir / "reports" / "report.html"
     text = html.read_text()
     assert "Prefix cache: the reuse offered against the reuse delivered" in text
+    # the part's table: each run's ideal against served share, from the same counts
+    from filledfirst.analysis.numbers import share
+    from filledfirst.analysis.prefix_cache import counts
+
+    _, con = study
+    row = re.search(r"<th[^>]*>prompt tokens from the cache \(ideal / served\)</th>(.*?)</tr>", text, re.S)
+    assert row, "no prefix_hits row in the part's table"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+    shares = {r["run_id"]: r for r in counts(con).to_dicts()}
+    order = [run_id for run_id, in con.execute(
+        "SELECT r.run_id FROM runs r JOIN diagnosis d USING (run_id) WHERE r.experiment IN "
+        "('pair', 'cache_roomy', 'cache_evicted', 'cache_off')").fetchall()]
+    assert sorted(cells) == sorted(f"{share(shares[i]['ideal_share'])} / {share(shares[i]['answers_share'])}"
+                                   for i in order)
+    (off,), = _by_experiment(con, "SELECT run_id FROM runs", "cache_off")
+    assert f"{share(shares[off]['ideal_share'])} / 0 %" in cells
     assert Label.PREFIX_EVICTION in text
     if not CHROMIUM.exists():
         pytest.skip("no headless Chromium here")

@@ -114,3 +114,49 @@ def test_property_counts_order_and_times(phases):
     expected = sorted(p["start_s"] + k * p["interval_s"] for p in phases for k in range(p["count"]))
     assert df["t_offset_s"].to_list() == expected
     assert df.equals(synthetic_schedule(spec))
+
+
+PREFIXED = {
+    "kind": "synthetic",
+    "phases": [
+        {"role": "doc", "count": 7, "interval_s": 0.1, "prompt_tokens": 300, "output_tokens": 4,
+         "shared_prefix": {"prefixes": 3, "tokens": 256}},
+        {"role": "plain", "count": 2, "start_s": 0.05, "interval_s": 0.1, "prompt_tokens": 50, "output_tokens": 4},
+    ],
+}
+
+
+def test_a_shared_prefix_is_taken_in_turn_and_an_ideal_cache_serves_it_after_its_first_request(tmp_path):
+    df = synthetic_schedule(PREFIXED)
+    doc = df.filter(pl.col("role") == "doc")
+    ids = [b[0] for b in doc["prefix_blocks"].to_list()]
+    assert ids == [ids[0], ids[1], ids[2]] * 2 + [ids[0]] and len(set(ids)) == 3
+    assert doc["block_tokens"].to_list() == [256] * 7
+    assert doc["ideal_cached_tokens"].to_list() == [0, 0, 0, 256, 256, 256, 256]
+    plain = df.filter(pl.col("role") == "plain")
+    assert plain["prefix_blocks"].to_list() == [[], []] and plain["ideal_cached_tokens"].to_list() == [0, 0]
+    stats = write_synthetic_schedule(PREFIXED, tmp_path / "s.parquet")
+    assert stats.block_tokens == 256
+    assert stats.ideal_hit_share == pytest.approx(4 * 256 / (7 * 300 + 2 * 50))
+
+
+def test_requests_of_one_prefix_send_the_same_first_tokens_and_differ_after():
+    from filledfirst.contracts.records import ScheduledRequest
+    from filledfirst.loadgen.prompts import completion_body
+    from filledfirst.schedule import as_schedule
+
+    rows = as_schedule(synthetic_schedule(PREFIXED)).filter(pl.col("role") == "doc").to_dicts()
+    reqs = [ScheduledRequest(**r | {"prefix_blocks": tuple(r["prefix_blocks"])}) for r in rows]
+    prompts = [json.loads(completion_body(r, model="m", low=10, high=2050, seed=0))["prompt"] for r in reqs]
+    assert all(len(p) == 300 for p in prompts)
+    assert prompts[0][:256] == prompts[3][:256] and prompts[0][256:] != prompts[3][256:]
+    assert prompts[0][:256] != prompts[1][:256]
+
+
+def test_a_shared_prefix_as_long_as_the_prompt_is_refused():
+    from filledfirst.errors import UserError
+
+    spec = {"kind": "synthetic", "phases": [{"role": "doc", "count": 2, "prompt_tokens": 256, "output_tokens": 4,
+                                              "shared_prefix": {"prefixes": 1, "tokens": 256}}]}
+    with pytest.raises(UserError, match="shared_prefix.tokens 256 must be below prompt_tokens 256"):
+        synthetic_schedule(spec)

@@ -25,7 +25,7 @@ import polars as pl
 
 from filledfirst.analysis import numbers
 from filledfirst.analysis.diagnosis.labels import Label
-from filledfirst.analysis.frontiers import NoQueueLabel, probe_runs
+from filledfirst.analysis.frontiers import NoQueueLabel, lo_ratio, moved, probe_runs
 from filledfirst.analysis.numbers import DASH
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import charts
@@ -235,6 +235,33 @@ def moved_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
         ("what filled first at the new knee", lambda r: r.get("knee_label") or DASH),
     ]
     return column_table(cells, lines)
+
+
+# --- a frontier's knees side by side (a part's `knees`) -------------------------------------------
+
+
+def knee_shift_table_html(rows: Sequence[Mapping[str, Any]], min_shift: float) -> str:
+    """One frontier's searched settings (interventions left out), each knee against the
+    first setting's: the ratio of the highest rates held and whether it moved
+    (analysis.frontiers.moved: disjoint intervals and a change of at least `min_shift`)."""
+    searched = [r for r in rows if not r.get("parent")]
+    if not searched:
+        return ""
+    base = searched[0]
+
+    def against(r: Mapping[str, Any]) -> str:
+        if r is base:
+            return "the baseline"
+        ratio, move = lo_ratio(base.get("lo_rps"), r.get("lo_rps")), moved(base, r, min_shift)
+        where = {"up": "moved up", "down": "moved down", "no": "within the noise"}
+        return (DASH if ratio is None else f"x{ratio:.2f}") + (f" ({where[move]})" if move in where else "")
+
+    return column_table([
+        ("setting", lambda r: r["setting"]),
+        ("capacity interval", knee_interval),
+        (f"knee against {base['setting']}", against),
+        ("what filled first at the knee", lambda r: r.get("knee_label") or DASH),
+    ], searched)
 
 
 def frontier_intro(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from filledfirst.analysis import numbers
-from filledfirst.report import markup, tables
+from filledfirst.report import frontiers, markup, tables
 from filledfirst.report.markup import html_table
 from filledfirst.report.tables import cap_suffix, requests_cell
+from filledfirst.schema import schema_default
 from filledfirst.study import Part
 
 _Row = tuple[str, Callable[[Mapping[str, Any]], str]]
@@ -37,6 +38,9 @@ ROWS: dict[str, _Row] = {
     "ttft_p50": ("TTFT p50", lambda r: numbers.ms(r["ttft_p50_ms"])),
     "ttft_p90": ("TTFT p90", lambda r: numbers.ms(r["ttft_p90_ms"])),
     "itl_p50": ("ITL p50", lambda r: numbers.ms(r["itl_p50_ms"])),
+    # analysis.prefix_cache.counts' shares, for runs whose schedule had prefix blocks
+    "prefix_hits": ("prompt tokens from the cache (ideal / served)",
+                    lambda r: f"{numbers.share(r.get('ideal_share'))} / {numbers.share(r.get('answers_share'))}"),
 }
 # A part that names no rows, and a part the database does not describe.
 DEFAULT_ROWS = ["requests_failed", "running_median_max", "waiting_median_max", "kv_median_max", "preemptions",
@@ -57,9 +61,13 @@ def reference_roles_table(part: Part) -> str:
 
 def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequence[Mapping[str, Any]],
                 rates: Mapping[str, Mapping[str, Any]], queue_shares: Mapping[str, float | None],
-                metas: Mapping[str, Any]) -> list[str]:
-    """The HTML of one part: heading, its table, and what goes with it."""
+                metas: Mapping[str, Any], prefix_cache: Mapping[str, Mapping[str, Any]],
+                frontier_rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The HTML of one part: heading, its table, and what goes with it (`prefix_cache`:
+    analysis.prefix_cache.counts per run id; `frontier_rows`: table `frontiers`)."""
     from filledfirst.report import charts
+
+    rows = [{**prefix_cache.get(r["run_id"], {}), **r} for r in rows]
 
     out = [markup.heading(part.title)]
     if part.table == "roles":
@@ -83,6 +91,10 @@ def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequenc
         sentence = tables.schedule_sentence(meta.schedule.stats) if meta is not None else ""
         if sentence:
             out.append(markup.para(f"{r['experiment']}: {sentence}"))
+    knees = [r for r in frontier_rows if r["frontier"] == part.knees]
+    if knees:
+        out.append(markup.para(f"The knees of frontier {part.knees} (its searches, in the capacity search):"))
+        out.append(frontiers.knee_shift_table_html(knees, schema_default("frontiers", "*", "verify_min_shift")))
     return out
 
 

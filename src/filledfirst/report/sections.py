@@ -89,7 +89,8 @@ def what_filled_first(data: ReportData) -> list[str]:
 
 def part_by_part(data: ReportData) -> list[str]:
     return parts.parts_html(data.study_parts, data.measured, data.part_of, roles=data.roles, rates=data.rates,
-                            queue_shares=data.queue_shares, metas=data.metas)
+                            queue_shares=data.queue_shares, metas=data.metas, prefix_cache=data.prefix_cache,
+                            frontier_rows=data.frontier_rows)
 
 
 def capacity_search_heading(data: ReportData) -> list[str]:

@@ -132,10 +132,11 @@ def schedule_sentence(stats: ScheduleStats | None) -> str:
         f"p90 around {numbers.about(p.p90 if p else 0)}, median output about {numbers.about(o.p50 if o else 0)}."
     )
     if stats.keep_every:
-        text += f" Every {stats.keep_every}th request of the trace window"
-        if stats.time_scale not in (None, 1):
-            text += f", gaps scaled by {stats.time_scale:g}"
-        text += "."
+        scaled = f"gaps scaled by {stats.time_scale:g}" if stats.time_scale not in (None, 1) else ""
+        if stats.keep_every > 1:
+            text += f" Every {stats.keep_every}th request of the trace window" + (f", {scaled}." if scaled else ".")
+        elif scaled:
+            text += f" Every request of the trace window, {scaled}."
     dropped = [f"{n:,} {k}" for k, n in (("clipped", stats.clipped), ("skipped", stats.skipped)) if n]
     if dropped:
         text += " Changed or dropped: " + ", ".join(dropped) + "."
@@ -145,8 +146,10 @@ def schedule_sentence(stats: ScheduleStats | None) -> str:
             text += f" (trace median prompt about {numbers.about(stats.trace_prompt_tokens.p50)} tokens)"
         text += "."
     if isinstance(stats.block_tokens, int) and stats.block_tokens:
-        text += (f" Prompts share prefix blocks of {stats.block_tokens:,} tokens as the trace's do; an unbounded "
-                 f"prefix cache would serve {numbers.share(stats.ideal_hit_share)} of their tokens.")
+        shared = (f"prefix blocks of {stats.block_tokens:,} tokens as the trace's do" if stats.source != "synthetic"
+                  else f"prefixes of {stats.block_tokens:,} tokens")
+        text += (f" Prompts share {shared}; an unbounded prefix cache would serve "
+                 f"{numbers.share(stats.ideal_hit_share)} of their tokens.")
     placed = [placement_phrase(r) for r in stats.relative or []]
     if placed:
         text += " Placed relative to a measured knee: " + "; ".join(placed) + "."

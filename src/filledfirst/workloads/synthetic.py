@@ -10,8 +10,11 @@ import polars as pl
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.errors import UserError
 from filledfirst.schedule import as_schedule, write_schedule
-from filledfirst.study import SyntheticWorkload
+from filledfirst.study import SyntheticPhase, SyntheticWorkload
 from filledfirst.workloads.arrivals import arrival_times
+
+# A prefix's id is its phase's index times this plus its own: phases never share a prefix.
+_PHASE_IDS = 1 << 32
 
 
 def _typed(spec: SyntheticWorkload | dict) -> SyntheticWorkload:
@@ -34,6 +37,7 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
                 f"phase {order} ({phase.role}): interval_s is relative to the knee of {phase.interval_s.of}: "
                 "resolve it first (filledfirst workload synth --knee SEARCH_JSON)")
         count = phase.count
+        _check_prefix(order, phase)
         times = arrival_times(
             count, float(phase.start_s), float(phase.interval_s), phase.arrival, float(phase.cv), spec.seed + order,
         )
@@ -46,12 +50,43 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
                     "role": [phase.role] * count,
                     "_phase": [order] * count,
                     "_k": list(range(count)),
+                    **_prefix_columns(order, phase),
                 },
-                schema_overrides={"_phase": pl.Int64, "_k": pl.Int64},
+                schema_overrides={"_phase": pl.Int64, "_k": pl.Int64, "prefix_blocks": pl.List(pl.Int64),
+                                  "block_tokens": pl.Int64},
             )
         )
     merged = pl.concat(parts).sort(["t_offset_s", "_phase", "_k"], maintain_order=True)
-    return as_schedule(merged)
+    # An unbounded cache serves a prefix to every request after its first (in arrival order).
+    shared = merged["prefix_blocks"].list.len() > 0
+    ideal = pl.when(shared & ~pl.col("prefix_blocks").is_first_distinct()).then(pl.col("block_tokens")).otherwise(0)
+    return as_schedule(merged.with_columns(ideal.cast(pl.Int64).alias("ideal_cached_tokens")))
+
+
+def _check_prefix(order: int, phase: SyntheticPhase) -> None:
+    shared = phase.shared_prefix
+    if shared is not None and shared.tokens >= phase.prompt_tokens:
+        raise UserError(f"phase {order} ({phase.role}): shared_prefix.tokens {shared.tokens} must be below "
+                        f"prompt_tokens {phase.prompt_tokens} (the server computes at least a prompt's last token)")
+
+
+def _prefix_columns(order: int, phase: SyntheticPhase) -> dict[str, list]:
+    """One prefix block per request, the whole shared prefix, so the prompt builder gives
+    requests of one prefix the same first `tokens` tokens (loadgen.prompts)."""
+    shared = phase.shared_prefix
+    if shared is None:
+        return {"prefix_blocks": [[]] * phase.count, "block_tokens": [0] * phase.count}
+    return {"prefix_blocks": [[order * _PHASE_IDS + k % shared.prefixes] for k in range(phase.count)],
+            "block_tokens": [shared.tokens] * phase.count}
+
+
+def prefix_stats(schedule: pl.DataFrame) -> dict:
+    """The ScheduleStats fields of a schedule's shared prefixes (none without them)."""
+    shared = schedule.filter(pl.col("block_tokens") > 0)
+    if shared.is_empty():
+        return {}
+    return {"block_tokens": int(shared["block_tokens"].max()),
+            "ideal_hit_share": int(schedule["ideal_cached_tokens"].sum()) / int(schedule["prompt_tokens"].sum())}
 
 
 def write_synthetic_schedule(spec: SyntheticWorkload | dict, out: Path, extra_stats: dict | None = None
@@ -59,5 +94,6 @@ def write_synthetic_schedule(spec: SyntheticWorkload | dict, out: Path, extra_st
     """The schedule and its `.stats.json` (with `extra_stats`, ScheduleStats fields: e.g.
     `relative`, what a relative rate resolved to); returns the stats."""
     spec = _typed(spec)
-    return write_schedule(synthetic_schedule(spec), out,
-                          {"source": "synthetic", "phases": len(spec.phases), **(extra_stats or {})})
+    schedule = synthetic_schedule(spec)
+    return write_schedule(schedule, out, {"source": "synthetic", "phases": len(spec.phases),
+                                          **prefix_stats(schedule), **(extra_stats or {})})
