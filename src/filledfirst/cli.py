@@ -12,7 +12,7 @@ from filledfirst.errors import UserError
 from filledfirst.interrupts import Interrupted
 from filledfirst.redact import redact_text
 from filledfirst.schema import schema_property
-from filledfirst.study import LOADGEN, SCRAPE, SyntheticWorkload, TraceWorkload, default_of
+from filledfirst.study import LOADGEN, SCRAPE, TraceWorkload, default_of
 
 log = logging.getLogger("filledfirst")
 
@@ -178,9 +178,8 @@ def _trace_workload_spec(args) -> dict:
     """subsample_to_parquet's window from a trace workload of the config: the config is the
     one place its settings come from, so no window flag may be given beside it."""
     from filledfirst.config import load_study
-    from filledfirst.frontier.relative import is_relative, load_knees, trace_scale_resolver
-    from filledfirst.trace.formats import Format
-    from filledfirst.trace.subsample import window_of
+    from filledfirst.frontier.relative import load_knees
+    from filledfirst.run.schedules import trace_window
 
     given = [f"--{f.replace('_', '-')}" for f in _WINDOW_FLAGS if getattr(args, f) is not None]
     if given:
@@ -188,22 +187,9 @@ def _trace_workload_spec(args) -> dict:
     if not args.configs:
         raise UserError("--workload NAME needs the config: --config FILE")
     study = load_study(args.configs)
-    wl = study.workloads.get(args.workload)
-    if wl is None:
+    if args.workload not in study.workloads:
         raise UserError(f"workloads: no {args.workload!r} in the config ({sorted(study.workloads)})")
-    if not isinstance(wl, TraceWorkload):
-        raise UserError(f"workloads.{args.workload} is synthetic: use `filledfirst workload synth`")
-    if is_relative(wl.time_scale):
-        relative = trace_scale_resolver(wl.time_scale.of, wl.time_scale.times, load_knees(args.knees))
-        time_scale = default_of(TraceWorkload, "time_scale")  # unused: the knee decides it
-    else:
-        if args.knees:
-            raise UserError(f"workloads.{args.workload}: its time_scale is not relative to a knee: drop --knee")
-        relative, time_scale = None, float(wl.time_scale)
-    if wl.trace not in study.traces:
-        raise UserError(f"workloads.{args.workload}: trace {wl.trace!r} is not in the traces catalog")
-    return {**window_of(wl), "skip_bad": wl.skip_bad or args.skip_bad, "max_model_len": study.model.max_model_len,
-            "time_scale": time_scale, "relative": relative, "fmt": Format.of(study.traces[wl.trace])}
+    return trace_window(study, args.workload, load_knees(args.knees), args.skip_bad)
 
 
 def _cmd_trace_stats(args) -> int:
@@ -229,20 +215,14 @@ def _add_workload(sub) -> None:
 
 
 def _cmd_workload_synth(args) -> int:
-    from filledfirst.frontier.relative import load_knees, relative_refs, resolve_synthetic
-    from filledfirst.workloads.synthetic import write_synthetic_schedule
+    from filledfirst.config import load_study
+    from filledfirst.frontier.relative import load_knees
+    from filledfirst.run.schedules import write_synthetic
 
-    wl = _catalog_entry(args.configs, "workloads", args.workload)
-    if not isinstance(wl, SyntheticWorkload):
-        raise UserError(f"workloads.{args.workload} is a trace workload: use `filledfirst trace subsample`")
-    extra = {}
-    if relative_refs(wl):
-        wl, resolved = resolve_synthetic(wl, load_knees(args.knees))
-        extra["relative"] = resolved
-        for r in resolved:
-            log.info("workloads.%s.%s: %g x the knee of %s (%g req/s, %s) = %g req/s", args.workload, r.key,
-                     r.times, r.of, r.knee_rps, r.reason, r.rate_rps)
-    write_synthetic_schedule(wl, args.out, extra)
+    study = load_study(args.configs)
+    if args.workload not in study.workloads:
+        raise UserError(f"workloads: no {args.workload!r} in the config ({sorted(study.workloads)})")
+    write_synthetic(study, args.workload, args.out, load_knees(args.knees))
     return 0
 
 
@@ -305,20 +285,40 @@ def _add_frontier(sub) -> None:
     r.add_argument("--trace-csv", type=Path, default=None, help="a trace workload's CSV")
     r.add_argument("--shape-stats", type=Path, default=None,
                    help="a trace workload's schedule stats (<schedule>.stats.json): its density")
+    r.add_argument("--host", nargs=2, action="append", default=[], dest="hosted", metavar=("EXPERIMENT", "DIR"),
+                   help="after the search, run this experiment on its server (it must be one the search hosts: "
+                   "placed relative to its knee, with the same server settings) into run folder DIR; repeat, "
+                   "in config order")
+    r.add_argument("--knee", action="append", type=Path, default=[], dest="knees", metavar="SEARCH_JSON",
+                   help="another search the hosted experiments' rates are placed relative to")
+    r.add_argument("--host-trace", nargs=2, action="append", default=[], dest="host_traces", metavar=("TRACE", "CSV"),
+                   help="a hosted trace workload's trace and its CSV")
     r.add_argument("--no-progress", action="store_true", help="no live progress line")
     r.set_defaults(func=_cmd_frontier_run)
 
 
 def _cmd_frontier_run(args) -> int:
-    from filledfirst.config import load_config, search_fingerprint
-    from filledfirst.run.search import run_frontier
+    from filledfirst.config import hosted_experiments, load_config, search_fingerprint
+    from filledfirst.run.search import Hosted, run_frontier
     from filledfirst.study import Study
 
     cfg = load_config(args.configs)
     fingerprint = search_fingerprint(cfg, args.frontier, args.setting)  # an unknown search is an error here
-    search = run_frontier(Study.from_dict(cfg), args.frontier, args.setting, args.out,
+    study = Study.from_dict(cfg)
+    hosted = None
+    if args.hosted:
+        key = f"{args.frontier}/{args.setting}"
+        allowed = hosted_experiments(cfg, study).get(key, [])
+        if stray := [exp for exp, _ in args.hosted if exp not in allowed]:
+            raise UserError(f"{stray}: not experiments the search {key} hosts ({allowed or 'none'}): an experiment "
+                            "it hosts is placed relative to its knee and needs its server settings")
+        hosted = Hosted(cfg, [(exp, Path(out)) for exp, out in args.hosted], args.knees,
+                        {trace: Path(csv) for trace, csv in args.host_traces})
+    elif args.knees or args.host_traces:
+        raise UserError("--knee and --host-trace go with --host")
+    search = run_frontier(study, args.frontier, args.setting, args.out,
                           progress=not args.no_progress, fingerprint=fingerprint,
-                          trace_csv=args.trace_csv, shape_stats=args.shape_stats)
+                          trace_csv=args.trace_csv, shape_stats=args.shape_stats, hosted=hosted)
     # A search that ended on a failed probe is a result (search.json says why): exit 0,
     # so Snakemake keeps its probe folders for the report.
     if search.result.error:

@@ -116,3 +116,54 @@ def runtime_minutes(cfg: Study | dict, members: list[str], schedules: list[str |
         startup = 0  # nothing to start
     total = float(startup) + sum(experiment_seconds(study, e, s) for e, s in zip(members, schedules))
     return max(1, math.ceil(total / 60))
+
+
+def hosted_seconds(cfg: Study | dict, experiment: str, trace_csv: str | Path | None = None) -> float:
+    """Upper bound of a hosted experiment's time on its search's server
+    (filledfirst.config.hosted_experiments), before the knee it is placed relative to
+    exists: every rate at the lowest knee its search can report (the search's `start`;
+    a knee is a held rate, and no search probes below its start), arrivals allowed twice
+    their mean span, as experiment_seconds would bound the schedule made then. A trace
+    workload's window is read from `trace_csv` for its request count."""
+    import tempfile
+
+    from filledfirst.frontier.plan import frontier_plan
+    from filledfirst.frontier.relative import is_relative, split_of
+    from filledfirst.study import SyntheticWorkload
+    from filledfirst.trace.subsample import subsample_to_parquet
+
+    study = as_study(cfg)
+
+    def lowest(rate) -> float:  # requests/s at the lowest knee, or as written
+        if not is_relative(rate):
+            return float(rate)
+        return float(rate.times) * frontier_plan(study, split_of(rate.of)[0]).bounds.start
+
+    name = study.experiments[experiment].workload
+    wl = study.workloads[name]
+    if isinstance(wl, SyntheticWorkload):
+        requests = sum(p.count for p in wl.phases)
+        last = max(p.start_s + p.count * (1.0 / lowest(p.interval_s) if is_relative(p.interval_s)
+                                          else float(p.interval_s)) for p in wl.phases)
+    else:
+        from filledfirst.run.schedules import trace_window
+
+        if trace_csv is None:
+            raise ValueError(f"{experiment}: a trace workload's bound needs its trace's CSV")
+        if not Path(trace_csv).is_file():  # Snakemake takes it as "not known yet"
+            raise FileNotFoundError(errno.ENOENT, "trace not fetched yet", str(trace_csv))
+        window = {**trace_window(study, name, {}), "relative": None, "time_scale": 1.0}
+        with tempfile.TemporaryDirectory() as tmp:
+            requests = subsample_to_parquet(Path(trace_csv), Path(tmp) / "window.parquet", role="trace",
+                                            **window).requests or 0
+        last = requests / lowest(wl.time_scale) if is_relative(wl.time_scale) else (
+            wl.minutes * 60.0 * float(wl.time_scale))
+    loadgen = study.loadgen_for(experiment)
+    allowance = study.cluster.drain_allowance_s
+    if loadgen.mode == "closed":
+        if allowance is not None:
+            return float(allowance)
+        return run_deadline_s("closed", requests, loadgen.concurrency, 0.0, loadgen.request_timeout_s,
+                              loadgen.drain_timeout_s)
+    drain = loadgen.drain_timeout_s if allowance is None else allowance
+    return run_deadline_s("open", 0, None, 2.0 * last, loadgen.request_timeout_s, drain)

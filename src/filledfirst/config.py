@@ -13,7 +13,7 @@ import yaml
 from filledfirst.errors import UserError
 from filledfirst.paths import PARTS_DIR, SCHEMA_PATH
 from filledfirst.schema import config_schema
-from filledfirst.study import ExperimentSpec, Study
+from filledfirst.study import ExperimentSpec, ServerSpec, Study
 
 __all__ = ["SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
@@ -233,10 +233,14 @@ def server_groups(cfg: dict) -> dict[str, list[str]]:
     Inside a group experiments run in config order, so which one meets a freshly started
     server (first batches, allocator warm-up) is decided by the config, never by a sort:
     put the experiment that should see a cold server first, or mark it `isolate: true`.
+    An experiment a capacity search hosts is in no group.
     """
+    hosted = host_of(cfg)  # they run on their search's server (filledfirst.config.hosted_experiments)
     groups: dict[str, list[str]] = {}
     by_identity: dict[str, str] = {}
     for name, exp in cfg["experiments"].items():
+        if name in hosted:
+            continue
         if exp.get("isolate", False) or external_server(cfg, name):
             groups[name] = [name]  # an external endpoint: no server start to share
             continue
@@ -277,3 +281,52 @@ def check_shareable(cfg: dict, experiments: list[str]) -> None:
 def group_fingerprint(cfg: dict, experiments: list[str]) -> str:
     """Changes when any experiment of the group, or the group's membership or order, does."""
     return fingerprint([spec_document(cfg, e) for e in experiments])
+
+
+def search_server(study: Study, frontier: str, setting: str) -> ServerSpec:
+    """The server a search's probes run on."""
+    from filledfirst.frontier.plan import frontier_plan, probe_spec
+
+    plan = frontier_plan(study, frontier)
+    return probe_spec(study, plan, setting, experiment="", description="", workload=plan.workload).server_spec
+
+
+def hosted_experiments(cfg: dict, study: Study | None = None) -> dict[str, list[str]]:
+    """`<frontier>/<setting>` -> the experiments its job runs on its server once the search
+    has ended, in config order; searches that host nothing are left out.
+
+    An experiment placed relative to a search's knee waits for that search in any case;
+    when it also needs exactly the server the search probed (same model, engine start and
+    vLLM settings), the search's job runs it before stopping that server: one vLLM start
+    fewer, which on a GPU is minutes of model loading. It then meets a server that has just
+    served the search's probes and checks, as a server group's later experiments meet one
+    that has served the earlier ones. It is hosted by the first search it is placed
+    relative to (in the order its workload names them) whose server it needs.
+    `isolate: true`, an external endpoint, or `share_search_servers: false` keep it in a
+    server group's job."""
+    from filledfirst.frontier.relative import relative_refs, split_of
+
+    if not cfg.get("frontiers"):
+        return {}
+    study = study if study is not None else Study.from_dict(cfg)
+    if not study.share_search_servers:
+        return {}
+    servers: dict[str, ServerSpec | None] = {}
+    hosted: dict[str, list[str]] = {}
+    for name, exp in cfg["experiments"].items():
+        if exp.get("isolate", False) or external_server(cfg, name):
+            continue
+        needs = experiment_spec(cfg, name).server_spec
+        for _, of in relative_refs(study.workloads[exp["workload"]]):
+            if of not in servers:
+                frontier, setting = split_of(of)
+                servers[of] = search_server(study, frontier, setting)
+            if servers[of] == needs:
+                hosted.setdefault(of, []).append(name)
+                break
+    return hosted
+
+
+def host_of(cfg: dict, study: Study | None = None) -> dict[str, str]:
+    """Each hosted experiment -> `<frontier>/<setting>` of the search whose server it runs on."""
+    return {exp: of for of, exps in hosted_experiments(cfg, study).items() for exp in exps}

@@ -376,6 +376,7 @@ class Study(_Struct):
     diagnosis: DiagnosisRules = DiagnosisRules()
     compare: Compare = Compare()
     frontiers: dict[str, Frontier] = {}
+    share_search_servers: bool = _d("share_search_servers")
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
     parts: dict[str, Part] | str = {}
 

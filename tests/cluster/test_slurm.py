@@ -7,6 +7,7 @@
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -124,6 +125,8 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     """The GPU study places its experiments relative to knees: its first jobs are the
     searches, one per (frontier, setting), each asking for a GPU like an experiment job,
     beside the groups of the experiments that need no knee (the token-budget pair)."""
+    from filledfirst.cluster import hosted_seconds
+    from filledfirst.config import hosted_experiments
     from filledfirst.frontier.plan import frontier_runtime_minutes
     from filledfirst.study import Study
 
@@ -136,9 +139,19 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
             if all(cfg["experiments"][e]["workload"].startswith("long_prompts") for e in names)}
     assert free == {"run_group_budget_large", "run_group_budget_small"}
     assert len(calls) == len(searches) + len(free) and set(by_rule) == set(searches) | free, out[-6000:]
+    study = Study.from_dict(cfg)
+    hosted = hosted_experiments(cfg, study)
+    assert hosted, "the GPU study's searches host the experiments placed on their knees"
     for rule, frontier in searches.items():
         assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
-        assert by_rule[rule]["-t"] == str(frontier_runtime_minutes(Study.from_dict(cfg), frontier))
+        # the search, then each hosted experiment's bound at the lowest knee it can meet
+        setting = rule.removeprefix(f"frontier_{frontier}_")
+        bounds = [hosted_seconds(study, e, tmp_path / "work" / "data" / "traces" / f"{trace}.csv"
+                                 if (trace := getattr(study.workloads[study.experiments[e].workload], "trace", None))
+                                 else None)
+                  for e in hosted.get(f"{frontier}/{setting}", [])]
+        expected = frontier_runtime_minutes(study, frontier) + math.ceil(sum(bounds) / 60)
+        assert by_rule[rule]["-t"] == str(expected)
 
 
 def without_searches(tmp_path: Path) -> Path:

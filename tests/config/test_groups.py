@@ -6,7 +6,14 @@ import dataclasses
 import pytest
 
 from filledfirst.cli import main
-from filledfirst.config import check_shareable, group_fingerprint, load_config, server_groups, validate_config
+from filledfirst.config import (
+    check_shareable,
+    group_fingerprint,
+    hosted_experiments,
+    load_config,
+    server_groups,
+    validate_config,
+)
 from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.shared import ServerNotIdle, SharedServer
 from filledfirst.errors import UserError
@@ -71,11 +78,55 @@ def test_isolate_must_be_a_boolean(cfg):
         validate_config(cfg)
 
 
-def test_every_experiment_in_exactly_one_group_of_the_shipped_configs():
+def test_every_experiment_in_exactly_one_group_or_search_of_the_shipped_configs():
     for name in ("config.yaml", "cpu.yaml"):
         c = load_config([REPO / "config" / name])
         members = [e for group in server_groups(c).values() for e in group]
-        assert sorted(members) == sorted(c["experiments"])
+        hosted = [e for exps in hosted_experiments(c).values() for e in exps]
+        assert sorted(members + hosted) == sorted(c["experiments"])
+
+
+def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server():
+    c = load_config([REPO / "config" / "cpu.yaml"])
+    hosted = hosted_experiments(c)
+    assert hosted["prefix/cache_on_kv160"] == ["prefix_evicted"]
+    assert hosted["prefix/cache_on"] == ["mooncake_cache_on"]
+    assert hosted["decode/seq8"] == ["seq_limit"]
+    # in config order, after the search
+    assert hosted["decode/default"] == ["interference", "interference_control", "decode_low", "decode_high"]
+    # placed on decode/default's knee, but on 160 KV blocks: a server group of its own
+    assert "kv_reduced" not in {e for exps in hosted.values() for e in exps}
+    assert server_groups(c)["kv_reduced"] == ["kv_reduced"]
+    # on seq8's knee with the default server: in the default group, not hosted by seq8
+    assert "seq_default" in server_groups(c)["seq_default"]
+    # no interventions host: nothing is placed on their knees
+    assert not [k for k in hosted if "_x2" in k]
+
+
+def test_isolate_and_the_switch_keep_experiments_in_server_groups():
+    c = load_config([REPO / "config" / "cpu.yaml"])
+    c["experiments"]["prefix_evicted"]["isolate"] = True
+    assert "prefix/cache_on_kv160" not in hosted_experiments(c)
+    assert server_groups(c)["prefix_evicted"] == ["prefix_evicted"]
+    c["share_search_servers"] = False
+    assert hosted_experiments(c) == {}
+    assert sorted(e for g in server_groups(c).values() for e in g) == sorted(c["experiments"])
+
+
+def test_a_hosted_experiments_bound_takes_the_lowest_knee_its_search_can_report():
+    """prefix_evicted: 200 requests at twice the kv160 knee; at the search's start (1/s) the
+    arrivals span 100 s, allowed twice that, then the drain."""
+    from filledfirst.cluster import hosted_seconds
+    from filledfirst.deadline import run_deadline_s
+    from filledfirst.study import Study
+
+    c = load_config([REPO / "config" / "cpu.yaml"])
+    study = Study.from_dict(c)
+    loadgen = study.loadgen_for("prefix_evicted")
+    expected = run_deadline_s("open", 0, None, 2 * 200 / 2.0, loadgen.request_timeout_s, loadgen.drain_timeout_s)
+    assert hosted_seconds(study, "prefix_evicted") == expected
+    with pytest.raises(FileNotFoundError):  # a trace's window is read once it is fetched
+        hosted_seconds(study, "mooncake_cache_on", "/nonexistent/mooncake_conv.csv")
 
 
 def test_group_fingerprint_follows_any_member(cfg):

@@ -4,12 +4,14 @@ capacity estimate, then at most 4 probes of at least 5 s each, one server start 
 setting; then seq2's two interventions (its cap doubled, its KV budget doubled), each
 from seq2's knee, and the verdict. Asserts what holds at any CPU speed: files, statuses,
 one start per search, the probes' rates being the search's, the tables, the verdict
-being the one the knees give, the report's table, and an interrupted intervention
-resumed from its probes.
+being the one the knees give, the report's table, an interrupted intervention
+resumed from its probes, and an experiment placed on a knee run on that search's server
+(and run again alone when its folder is lost).
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +40,12 @@ def search_config(tmp_path):
     overlay = yaml.safe_load((REPO / "tests" / "configs" / "frontier.yaml").read_text())
     cfg["workloads"].update(overlay["workloads"])
     cfg["frontiers"] = overlay["frontiers"]
+    # Placed on knee/default's knee with its server: that search's job runs it after its
+    # probes, on its server (filledfirst.config.hosted_experiments).
+    cfg["workloads"]["half_knee"] = {"kind": "synthetic", "phases": [
+        {"role": "decode", "count": 10, "interval_s": {"of": "knee/default", "times": 0.5},
+         "prompt_tokens": 100, "output_tokens": 32}]}
+    cfg["experiments"]["half_knee"] = {"workload": "half_knee", "expect": "reference"}
     path = tmp_path / "frontier-e2e.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -153,6 +161,18 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert "What moved the knee" in html and "seq2_seqs_x2: max_num_seqs 2 -&gt; 4" in html
     assert "seq2_kv_x2: KV tokens 32,768 -&gt; 65,536" in html
 
+    # half_knee ran on knee/default's server after its search: no start of its own, its
+    # schedule at half the knee the search wrote.
+    hosted = json.loads((tmp_path / "results" / "runs" / "half_knee" / "run.json").read_text())
+    assert hosted["status"] == "ok" and hosted["request_status_counts"] == {"ok": 10}
+    assert hosted["server"]["after_search"] == "knee/default"
+    assert hosted["server"]["started_by"] == "knee/default/estimate" and "startup_s" not in hosted["timings"]
+    default = json.loads((base / "default" / "search.json").read_text())
+    placed = hosted["schedule"]["stats"]["relative"][0]
+    assert placed["of"] == "knee/default" and placed["knee_rps"] == default["result"]["lo"]
+    assert placed["rate_rps"] == 0.5 * default["result"]["lo"]
+    assert "run_group_half_knee" not in proc.stdout + proc.stderr
+
     # Done is done: a second call has nothing to do.
     again = subprocess.run(snakemake_argv(tmp_path, cfg, *targets, "-n"), env=pipeline_env,
                            capture_output=True, text=True, timeout=300)
@@ -171,3 +191,17 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert [p["run_id"] for p in again_doc["probes"]] == [p["run_id"] for p in written["probes"]]
     log = (tmp_path / "results" / "logs" / "frontier-knee-seq2_kv_x2.log").read_text()
     assert "reusing probe 1" in log and "probing" not in log
+
+    # A hosted run lost: its search's job runs again, reads its probes and closed loops
+    # back, and starts a server for the hosted run alone.
+    run = tmp_path / "results" / "runs" / "half_knee"
+    shutil.rmtree(run)
+    redone = subprocess.run(snakemake_argv(tmp_path, cfg, str(run.relative_to(tmp_path))), env=pipeline_env,
+                            capture_output=True, text=True, timeout=600)
+    assert redone.returncode == 0, redone.stderr[-4000:]
+    log = (tmp_path / "results" / "logs" / "frontier-knee-default.log").read_text()
+    assert "probing" not in log and "reusing probe 1" in log
+    again = json.loads((run / "run.json").read_text())
+    assert again["status"] == "ok" and again["server"]["started_by"] == "half_knee"
+    assert "startup_s" in again["timings"]
+    assert json.loads((base / "default" / "search.json").read_text())["result"] == default["result"]

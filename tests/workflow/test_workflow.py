@@ -94,7 +94,8 @@ def test_a_study_without_frontiers_plans_no_search(tmp_path):
 def test_dry_run_orders_search_then_relative_schedule_then_run(tmp_path):
     """A workload placed relative to a knee (tests/configs/relative.yaml): its schedule job
     takes the search's search.json as input, so the search comes first, then the
-    schedule (given the knee file), then the run."""
+    schedule (given the knee file), then the run; or, when the experiment needs the
+    search's own server, the search's job runs it."""
     configs = [str(REPO / "tests" / "configs" / f) for f in ("e2e.yaml", "frontier.yaml", "relative.yaml")]
     proc = snakemake("--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "all",
                      "--configfile", *configs)
@@ -113,19 +114,22 @@ def test_dry_run_orders_search_then_relative_schedule_then_run(tmp_path):
     def index(pred):
         return next(i for i, job in enumerate(jobs) if pred(*job))
 
-    for setting, workload, experiment, flags in (
-        ("default", "twice_knee", "past_knee", "--knee results/frontiers/knee/default/search.json --out"),
-        ("seq2", "azure_half_knee", "azure_below_knee",
-         "--workload azure_half_knee --knee results/frontiers/knee/seq2/search.json --out"),
-    ):
-        search = order.index(f"frontier_knee_{setting}")
-        schedule = index(lambda rule, inputs, shell: rule.startswith("schedule_")
-                         and f"data/schedules/{workload}.parquet " in shell)
-        run = order.index(f"run_group_{experiment}")
-        assert search < schedule < run, order
-        assert f"results/frontiers/knee/{setting}/search.json" in jobs[schedule][1]
-        assert flags in jobs[schedule][2]
-        assert f"data/schedules/{workload}.parquet" in jobs[run][1]
+    # past_knee is isolated: its schedule job waits for the search, its run for the schedule.
+    search = order.index("frontier_knee_default")
+    schedule = index(lambda rule, inputs, shell: rule.startswith("schedule_")
+                     and "data/schedules/twice_knee.parquet " in shell)
+    run = order.index("run_group_past_knee")
+    assert search < schedule < run, order
+    assert "results/frontiers/knee/default/search.json" in jobs[schedule][1]
+    assert "--knee results/frontiers/knee/default/search.json --out" in jobs[schedule][2]
+    assert "data/schedules/twice_knee.parquet" in jobs[run][1]
+    # azure_below_knee needs knee/seq2's server: that search's job runs it after the search,
+    # its schedule made there from the trace, which is the job's input.
+    _, inputs, shell = jobs[order.index("frontier_knee_seq2")]
+    assert "data/traces/azure2023_conv.csv" in inputs
+    assert ("--host azure_below_knee results/runs/azure_below_knee "
+            "--host-trace azure2023_conv data/traces/azure2023_conv.csv --no-progress") in shell
+    assert "run_group_azure_below_knee" not in order
     # Absolute workloads wait for no search and are made as before.
     light = index(lambda rule, inputs, shell: "--workload light " in shell)
     assert "--knee" not in jobs[light][2] and "search.json" not in jobs[light][1]

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import re
 import shlex
@@ -9,8 +10,10 @@ from snakemake.utils import validate
 
 from filledfirst.cluster import job_request, runtime_minutes
 from filledfirst.paths import RESULTS_DB, results_database
-from filledfirst.config import SCHEMA_PATH, fingerprint, group_fingerprint, schema_problem, server_groups
-from filledfirst.study import Study
+from filledfirst.config import (
+    SCHEMA_PATH, fingerprint, group_fingerprint, hosted_experiments, schema_problem, server_groups,
+)
+from filledfirst.study import Study, TraceWorkload
 
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
@@ -160,10 +163,21 @@ def search_dir(wildcards, output):
 FRONTIER_SEARCHES = [frontier_search(f, s) for f, settings in FRONTIER_SETTINGS.items() for s in settings]
 
 
+# The experiments each search's job runs on its server after it (filledfirst.config.hosted_experiments).
+HOSTED = hosted_experiments(config, STUDY)
+
+
+def hosted_by(frontier, setting):
+    return HOSTED.get(f"{frontier}/{setting}", [])
+
+
 def frontier_inputs(frontier, setting):
     """The model, and for a trace workload its CSV and its schedule's stats (the trace's
     density, which each probe's time_scale is worked out from); for an intervention, the
-    search.json of the setting it relaxes."""
+    search.json of the setting it relaxes; for the experiments it hosts, the search.json of
+    every other search they are placed relative to and their traces' CSVs."""
+    from filledfirst.frontier.relative import knee_searches, split_of
+
     workload = config["frontiers"][frontier]["workload"]
     wl = config["workloads"][workload]
     inputs = {"model": model_inputs()}
@@ -173,7 +187,32 @@ def frontier_inputs(frontier, setting):
     if wl["kind"] == "trace":
         inputs["trace"] = f"data/traces/{wl['trace']}.csv"
         inputs["stats"] = f"data/schedules/{workload}.parquet.stats.json"
+    own = f"{frontier}/{setting}"
+    hosted = [STUDY.workloads[config["experiments"][e]["workload"]] for e in hosted_by(frontier, setting)]
+    knees = sorted({of for w in hosted for of in knee_searches(w)} - {own})
+    inputs["knees"] = [frontier_search(*split_of(of)) for of in knees]
+    inputs["host_traces"] = sorted({f"data/traces/{w.trace}.csv" for w in hosted if isinstance(w, TraceWorkload)})
     return inputs
+
+
+def frontier_outputs(frontier, setting):
+    """search.json first (search_dir reads it), then the hosted experiments' run folders."""
+    return [frontier_search(frontier, setting), *(directory(run_dir(e)) for e in hosted_by(frontier, setting))]
+
+
+def host_args(frontier, setting):
+    """`--host EXPERIMENT DIR`, `--knee SEARCH_JSON` and `--host-trace TRACE CSV` for the
+    experiments the search hosts (a trailing space), from the job's own inputs and outputs."""
+
+    def args(wildcards, input, output):
+        hosted = hosted_by(frontier, setting)
+        words = [f"--host {shlex.quote(e)} {shlex.quote(out)}" for e, out in zip(hosted, output[1:])]
+        words += [f"--knee {shlex.quote(k)}" for k in input.knees]
+        words += [f"--host-trace {shlex.quote(os.path.basename(c)[:-len('.csv')])} {shlex.quote(c)}"
+                  for c in input.host_traces]
+        return "".join(f"{w} " for w in words)
+
+    return args
 
 
 def frontier_trace_args(wildcards, input):
@@ -186,12 +225,28 @@ def frontier_trace_args(wildcards, input):
 def frontier_spec(frontier, setting):
     from filledfirst.config import search_fingerprint
 
-    return search_fingerprint(config, frontier, setting)
+    hosted = hosted_by(frontier, setting)
+    own = search_fingerprint(config, frontier, setting)
+    return own if not hosted else f"{own} {group_fingerprint(config, hosted)}"
 
 
-def frontier_resources(frontier):
+def frontier_resources(frontier, setting):
     """A search job's GPUs, CPUs and memory as an experiment job's, and a time limit of a
-    start-up and `budget` probes with their drains (filledfirst.frontier.plan)."""
+    start-up and `budget` probes with their drains (filledfirst.frontier.plan), then each
+    hosted experiment's bound at the lowest knee it can meet (filledfirst.cluster)."""
+    from filledfirst.cluster import hosted_seconds
     from filledfirst.frontier.plan import frontier_runtime_minutes
 
-    return {**job_request(config), "runtime": frontier_runtime_minutes(STUDY, frontier)}
+    search = frontier_runtime_minutes(STUDY, frontier)
+    hosted = hosted_by(frontier, setting)
+    if not hosted:
+        return {**job_request(config), "runtime": search}
+
+    def runtime(wildcards, input):
+        csvs = {os.path.basename(c)[: -len(".csv")]: c for c in input.host_traces}
+        workloads = [STUDY.workloads[config["experiments"][e]["workload"]] for e in hosted]
+        seconds = sum(hosted_seconds(STUDY, e, csvs.get(w.trace) if isinstance(w, TraceWorkload) else None)
+                      for e, w in zip(hosted, workloads))
+        return search + math.ceil(seconds / 60)
+
+    return {**job_request(config), "runtime": runtime}

@@ -1,6 +1,7 @@
 # One job per (frontier, setting): `filledfirst frontier run` starts vLLM once and probes
-# rates until the capacity search stops. Its declared output is search.json alone: the
-# probe folders beside it (pNN/, ordinary run folders) are not known before the search
+# rates until the capacity search stops, then runs the experiments it hosts on that server
+# (filledfirst.config.hosted_experiments). Its declared outputs are search.json and the
+# hosted experiments' run folders: the probe folders beside it (pNN/, ordinary run folders) are not known before the search
 # has run, and as undeclared files they survive an interrupted job, whose re-run then
 # resumes from its finished probes. Ingest reads them through search.json.
 for frontier, settings in FRONTIER_SETTINGS.items():
@@ -12,12 +13,12 @@ for frontier, settings in FRONTIER_SETTINGS.items():
             input:
                 **frontier_inputs(frontier, setting),
             output:
-                frontier_search(frontier, setting),
+                frontier_outputs(frontier, setting),
             log:
                 f"results/logs/frontier-{frontier}-{setting}.log",
             # What the job asks a cluster for (the SLURM profile); a local run ignores it.
             resources:
-                **frontier_resources(frontier),
+                **frontier_resources(frontier, setting),
             conda:
                 "../../environment.yml"
             params:
@@ -27,9 +28,10 @@ for frontier, settings in FRONTIER_SETTINGS.items():
                 setting=setting,
                 out=search_dir,
                 trace=frontier_trace_args,
+                host=host_args(frontier, setting),
                 # changes whenever anything that decides a probe or the search's path does
                 spec=frontier_spec(frontier, setting),
             shell:
                 "{params.cli} frontier run {params.configs} --frontier {params.frontier:q} "
-                "--setting {params.setting:q} --out {params.out:q} {params.trace}--no-progress "
+                "--setting {params.setting:q} --out {params.out:q} {params.trace}{params.host}--no-progress "
                 "2>&1 | tee {log:q}"

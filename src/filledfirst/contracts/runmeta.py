@@ -53,6 +53,8 @@ class ServerInfo(Document):
     group_position: Opt[int] = UNSET  # 1 = the first experiment of the group
     warmed_up_by: Opt[str] = UNSET
     started_by: Opt[str] = UNSET
+    # `<frontier>/<setting>`: the capacity search whose server it ran on, after its probes
+    after_search: Opt[str] = UNSET
     # the per-step token budget as the engine logged it (RunMeta.token_budget falls back
     # to the setting)
     max_num_batched_tokens: Opt[int] = UNSET

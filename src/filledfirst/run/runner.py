@@ -202,11 +202,27 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     return statuses
 
 
+def run_hosted(cfg: dict, study: Study, jobs: list[Job], shared: SharedServer, search: str, log_from: int,
+               progress: bool = True) -> list[str]:
+    """Experiments on the server of capacity search `search` (`<frontier>/<setting>`), once
+    it has ended (filledfirst.config.hosted_experiments), as a server group's: their parts of the
+    server's log begin at byte `log_from`; the server is stopped after the last."""
+    for job in jobs:
+        job.out.parent.mkdir(parents=True, exist_ok=True)
+    group = _Group(cfg, study, jobs, shared, after_search=search)
+    group.log_from = log_from
+    statuses = [group.run(position, progress) for position in range(len(jobs))]
+    kept.forget([job.out for job in jobs])
+    return statuses
+
+
 class _Group:
     """The experiments of one call and the server they share, run one after the other."""
 
-    def __init__(self, cfg: dict, study: Study, jobs: list[Job], shared: SharedServer):
+    def __init__(self, cfg: dict, study: Study, jobs: list[Job], shared: SharedServer,
+                 after_search: str | None = None):
         self.cfg = cfg
+        self.after_search = after_search  # the capacity search whose server this is
         self.study = study
         self.jobs = jobs
         self.names = [job.experiment for job in jobs]
@@ -230,6 +246,7 @@ class _Group:
         exp = self.study.experiments[job.experiment]
         run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, doc, ServerInfo(
             launcher=spec.engine.launcher, settings=spec.server, shared_with=self.names, group_position=position + 1,
+            **({"after_search": self.after_search} if self.after_search else {}),
         )))
         shared = self.shared
         try:

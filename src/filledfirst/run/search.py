@@ -36,11 +36,13 @@ closed loops, its probes and its result (filledfirst.contracts.search.SearchReco
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -376,10 +378,54 @@ def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | 
     return parent.result.lo, Span.of_result(parent.result)
 
 
+def _run_hosted(study: Study, hosted: Hosted, record: SearchRecord, prober: Prober) -> None:
+    """The hosted experiments, one after the other, on the search's server (still running)."""
+    from filledfirst.config import check_shareable, experiment_spec
+    from filledfirst.frontier.relative import KneeFile, load_knees
+    from filledfirst.run.runner import Job, run_hosted
+    from filledfirst.run.schedules import write_workload
+
+    names = [exp for exp, _ in hosted.runs]
+    check_shareable(hosted.cfg, names)
+    other = [exp for exp in names if experiment_spec(hosted.cfg, exp).server_spec != prober.shared.spec]
+    if other:
+        raise UserError(f"{other} need another server than the search {record.key} probed: run them apart")
+    knees = {**load_knees(hosted.knees), record.key: KneeFile(prober.out / SEARCH_JSON, record)}
+    jobs = []
+    for exp, run_out in hosted.runs:
+        name = study.experiments[exp].workload
+        wl = study.workloads[name]
+        csv = hosted.traces.get(wl.trace) if isinstance(wl, TraceWorkload) else None
+        schedule = prober.scratch / f"{exp}.parquet"
+        write_workload(study, name, schedule, knees, csv)
+        jobs.append(Job(exp, schedule, Path(run_out)))
+    log.info("%s: on its server, %s", record.key, ", ".join(names))
+    statuses = run_hosted(hosted.cfg, study, jobs, prober.shared, record.key, prober.log_from,
+                          progress=prober.progress)
+    for job, status in zip(jobs, statuses):
+        if status != "ok":  # a result all the same: its folder says why, the report lists it
+            log.warning("experiment %s: %s (see %s/run.json)", job.experiment, status, job.out)
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """The experiments a search's job runs on its server once the search has ended
+    (filledfirst.config.hosted_experiments), each with its run folder; their schedules are made then,
+    from this search's knee and the `knees` (search.json files) of the others they name,
+    a trace workload's from `traces` (trace name -> CSV)."""
+
+    cfg: dict
+    runs: list[tuple[str, Path]]
+    knees: list[Path] = dataclasses.field(default_factory=list)
+    traces: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
-                 trace_csv: Path | None = None, shape_stats: Path | None = None) -> SearchRecord:
+                 trace_csv: Path | None = None, shape_stats: Path | None = None,
+                 hosted: Hosted | None = None) -> SearchRecord:
     """The search of `setting` of `frontier` in the study, to its end; returns its search.json.
-    `fingerprint`: the search's identity (filledfirst.config.search_fingerprint)."""
+    `fingerprint`: the search's identity (filledfirst.config.search_fingerprint). `hosted`:
+    experiments to run on the search's server after it, before it stops."""
     plan = search_plan(study, frontier, setting)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -418,22 +464,24 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
         assert result is not None
         if estimate is not None and first is not None and result.reason is not StopReason.PROBE_FAILED:
             check = prober.reference(CHECK, concurrency)
+        drift = _drift(plan, estimate, check)
+        record = SearchRecord(
+            frontier=frontier, setting=setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
+            slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
+            probe_stretches=plan.probe_stretches, bounds=plan.bounds, probes=records, result=result.record(),
+            estimate=estimate,
+            estimate_rps=search.first if estimate is not None and first is not None else None, check=check,
+            drift=drift, intervention=relaxed, start_rps=search.first if start_rps is not None else None,
+        )
+        record.write(out / SEARCH_JSON)
+        log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s%s", frontier, setting, result.reason,
+                 result.lo, result.hi, len(records), f" ({result.error})" if result.error else "",
+                 f"; the server's speed changed {drift.change:+.1%} over the search" if drift else "")
+        if hosted is not None and hosted.runs:
+            _run_hosted(study, hosted, record, prober)
     except Interrupted as exc:  # during a probe (its folder is published) or between probes
         log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
         raise
     finally:
         prober.close()
-    drift = _drift(plan, estimate, check)
-    record = SearchRecord(
-        frontier=frontier, setting=setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
-        slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
-        probe_stretches=plan.probe_stretches, bounds=plan.bounds, probes=records, result=result.record(),
-        estimate=estimate,
-        estimate_rps=search.first if estimate is not None and first is not None else None, check=check,
-        drift=drift, intervention=relaxed, start_rps=search.first if start_rps is not None else None,
-    )
-    record.write(out / SEARCH_JSON)
-    log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s%s", frontier, setting, result.reason,
-             result.lo, result.hi, len(records), f" ({result.error})" if result.error else "",
-             f"; the server's speed changed {drift.change:+.1%} over the search" if drift else "")
     return record
