@@ -273,7 +273,7 @@ def _add_frontier(sub) -> None:
     p = sub.add_parser("frontier", help="capacity searches (the config's frontiers)")
     fsub = p.add_subparsers(dest="frontier_cmd", required=True)
     r = fsub.add_parser(
-        "run", help="one frontier's search for one server setting, on one server start",
+        "run", help="one frontier's search for one server setting (and others on the same server), on one server start",
         description="Probe the frontier's workload at rising, then bisected rates until the search "
         "stops; each probe is a run folder DIR/pNN, the search DIR/search.json. An interrupted "
         "search resumes from its finished probes.",
@@ -285,10 +285,14 @@ def _add_frontier(sub) -> None:
     r.add_argument("--trace-csv", type=Path, default=None, help="a trace workload's CSV")
     r.add_argument("--shape-stats", type=Path, default=None,
                    help="a trace workload's schedule stats (<schedule>.stats.json): its density")
+    r.add_argument("--then", nargs="+", action="append", default=[], dest="then",
+                   metavar="FRONTIER SETTING DIR [TRACE_CSV SHAPE_STATS]",
+                   help="after the search, another search on the same server start (it must probe exactly the "
+                   "same server); repeat, in config order")
     r.add_argument("--host", nargs=2, action="append", default=[], dest="hosted", metavar=("EXPERIMENT", "DIR"),
-                   help="after the search, run this experiment on its server (it must be one the search hosts: "
-                   "placed relative to its knee, with the same server settings) into run folder DIR; repeat, "
-                   "in config order")
+                   help="after the searches, run this experiment on their server (it must be one a search of the "
+                   "job hosts: placed relative to its knee, with the same server settings) into run folder DIR; "
+                   "repeat, in config order")
     r.add_argument("--knee", action="append", type=Path, default=[], dest="knees", metavar="SEARCH_JSON",
                    help="another search the hosted experiments' rates are placed relative to")
     r.add_argument("--host-trace", nargs=2, action="append", default=[], dest="host_traces", metavar=("TRACE", "CSV"),
@@ -298,32 +302,46 @@ def _add_frontier(sub) -> None:
 
 
 def _cmd_frontier_run(args) -> int:
-    from filledfirst.config import hosted_experiments, load_config, search_fingerprint
-    from filledfirst.run.search import Hosted, run_frontier
+    from filledfirst.config import hosted_experiments, load_config, search_fingerprint, search_groups
+    from filledfirst.run.search import Hosted, SearchTask, run_searches
     from filledfirst.study import Study
 
     cfg = load_config(args.configs)
-    fingerprint = search_fingerprint(cfg, args.frontier, args.setting)  # an unknown search is an error here
     study = Study.from_dict(cfg)
+    # an unknown search is an error here
+    tasks = [SearchTask(args.frontier, args.setting, args.out, search_fingerprint(cfg, args.frontier, args.setting),
+                        args.trace_csv, args.shape_stats)]
+    for then in args.then:
+        if len(then) not in (3, 5):
+            raise UserError(f"--then {' '.join(then)}: give FRONTIER SETTING DIR, and TRACE_CSV SHAPE_STATS "
+                            "for a trace workload")
+        frontier, setting, out, *trace = then
+        tasks.append(SearchTask(frontier, setting, Path(out), search_fingerprint(cfg, frontier, setting),
+                                *(Path(t) for t in trace)))
+    keys = [f"{t.frontier}/{t.setting}" for t in tasks]
+    if len(tasks) > 1:
+        group = search_groups(cfg, study).get(keys[0], [keys[0]])
+        if stray := [k for k in keys[1:] if k not in group]:
+            raise UserError(f"{stray}: not searches that share {keys[0]}'s server start ({group[1:] or 'none'}): "
+                            "they must probe exactly the same server")
     hosted = None
     if args.hosted:
-        key = f"{args.frontier}/{args.setting}"
-        allowed = hosted_experiments(cfg, study).get(key, [])
+        hosts = hosted_experiments(cfg, study)
+        allowed = [exp for key in keys for exp in hosts.get(key, [])]
         if stray := [exp for exp, _ in args.hosted if exp not in allowed]:
-            raise UserError(f"{stray}: not experiments the search {key} hosts ({allowed or 'none'}): an experiment "
-                            "it hosts is placed relative to its knee and needs its server settings")
+            raise UserError(f"{stray}: not experiments the searches {', '.join(keys)} host ({allowed or 'none'}): an "
+                            "experiment a search hosts is placed relative to its knee and needs its server settings")
         hosted = Hosted(cfg, [(exp, Path(out)) for exp, out in args.hosted], args.knees,
                         {trace: Path(csv) for trace, csv in args.host_traces})
     elif args.knees or args.host_traces:
         raise UserError("--knee and --host-trace go with --host")
-    search = run_frontier(study, args.frontier, args.setting, args.out,
-                          progress=not args.no_progress, fingerprint=fingerprint,
-                          trace_csv=args.trace_csv, shape_stats=args.shape_stats, hosted=hosted)
+    searches = run_searches(study, tasks, progress=not args.no_progress, hosted=hosted)
     # A search that ended on a failed probe is a result (search.json says why): exit 0,
     # so Snakemake keeps its probe folders for the report.
-    if search.result.error:
-        log.warning("frontier %s/%s: a probe failed (%s); see %s/search.json",
-                    args.frontier, args.setting, search.result.error.splitlines()[0], args.out)
+    for task, search in zip(tasks, searches):
+        if search.result.error:
+            log.warning("frontier %s/%s: a probe failed (%s); see %s/search.json",
+                        task.frontier, task.setting, search.result.error.splitlines()[0], task.out)
     return 0
 
 
@@ -540,7 +558,6 @@ def _cmd_compare(args) -> int:
 
     from filledfirst import atomic
     from filledfirst.compare import compare, gate, page, store
-    from filledfirst.compare.verdicts import Rules
     from filledfirst.study import Compare
 
     section = Compare()
@@ -552,7 +569,7 @@ def _cmd_compare(args) -> int:
         ("knee_min_shift", args.knee_min_shift), ("run_min_change", args.run_min_change)) if v is not None})
     fail_on = msgspec.structs.replace(section.fail_on, **{k: v for k, v in (
         ("knee_drop", args.knee_drop), ("label_change", args.label_change)) if v is not None})
-    comparison = compare(args.base, args.candidate, Rules.of(section))
+    comparison = compare(args.base, args.candidate, section)
     reasons = gate.reasons(comparison, fail_on)
     if args.db is not None:
         store.write(comparison, args.db)

@@ -236,21 +236,25 @@ def server_groups(cfg: dict) -> dict[str, list[str]]:
     An experiment a capacity search hosts is in no group.
     """
     hosted = host_of(cfg)  # they run on their search's server (filledfirst.config.hosted_experiments)
+    # Canonical JSON, not a hash: equal exactly when the settings are. An external
+    # endpoint has no server start to share.
+    return _by_leader((name, None if exp.get("isolate", False) or external_server(cfg, name)
+                       else json.dumps(server_identity(cfg, name), sort_keys=True))
+                      for name, exp in cfg["experiments"].items() if name not in hosted)
+
+
+def _by_leader(items) -> dict[str, list[str]]:
+    """(name, key) pairs, in order -> the first name of each key -> the names with that
+    key; a name whose key is None is alone."""
     groups: dict[str, list[str]] = {}
-    by_identity: dict[str, str] = {}
-    for name, exp in cfg["experiments"].items():
-        if name in hosted:
+    leader: dict[str, str] = {}
+    for name, key in items:
+        if key is not None and key in leader:
+            groups[leader[key]].append(name)
             continue
-        if exp.get("isolate", False) or external_server(cfg, name):
-            groups[name] = [name]  # an external endpoint: no server start to share
-            continue
-        # Canonical JSON, not a hash: equal exactly when the settings are.
-        key = json.dumps(server_identity(cfg, name), sort_keys=True)
-        if key in by_identity:
-            groups[by_identity[key]].append(name)
-        else:
-            by_identity[key] = name
-            groups[name] = [name]
+        if key is not None:
+            leader[key] = name
+        groups[name] = [name]
     return groups
 
 
@@ -325,6 +329,32 @@ def hosted_experiments(cfg: dict, study: Study | None = None) -> dict[str, list[
                 hosted.setdefault(of, []).append(name)
                 break
     return hosted
+
+
+def search_groups(cfg: dict, study: Study | None = None) -> dict[str, list[str]]:
+    """`<frontier>/<setting>` of a job's first search -> the searches that job runs, one
+    after the other on one server start, in config order (frontiers, then their settings).
+
+    Searches that probe exactly the same server (the default settings of several
+    frontiers, typically) share its start, as experiments do: on a GPU a start is minutes
+    of model loading. Each search still starts from its own capacity estimate, a closed
+    loop measured on the server as the earlier searches left it. An intervention waits for
+    its parent's knee, so it keeps a job of its own; so does every search with
+    `share_search_servers: false`."""
+    if not cfg.get("frontiers"):
+        return {}
+    study = study if study is not None else Study.from_dict(cfg)
+    from filledfirst.frontier.plan import frontier_plan
+
+    def searches():
+        for frontier in study.frontiers:
+            plan = frontier_plan(study, frontier)
+            for setting in plan.settings:
+                alone = setting in plan.interventions or not study.share_search_servers
+                yield (f"{frontier}/{setting}",
+                       None if alone else msgspec.json.encode(search_server(study, frontier, setting)).decode())
+
+    return _by_leader(searches())
 
 
 def host_of(cfg: dict, study: Study | None = None) -> dict[str, str]:

@@ -123,17 +123,21 @@ def assert_gpu_job(opts: dict, work: Path, rule: str) -> None:
 
 def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_env, fake_slurm):
     """The GPU study places its experiments relative to knees: its first jobs are the
-    searches, one per (frontier, setting), each asking for a GPU like an experiment job,
-    beside the groups of the experiments that need no knee (the token-budget pair)."""
+    searches, one per (frontier, setting) or per group probing the same server, each
+    asking for a GPU like an experiment job, beside the groups of the experiments that
+    need no knee (the token-budget pair)."""
     from filledfirst.cluster import hosted_seconds
-    from filledfirst.config import hosted_experiments
+    from filledfirst.config import hosted_experiments, search_groups
     from filledfirst.frontier.plan import frontier_runtime_minutes
     from filledfirst.study import Study
 
     cfg_path = REPO / "config" / "config.yaml"
     calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
     cfg = load_config([cfg_path])
-    searches = {f"frontier_{f}_{s}": f for f, spec in cfg["frontiers"].items() for s in spec["settings"]}
+    configured = {f"{f}/{s}" for f, spec in cfg["frontiers"].items() for s in spec["settings"]}
+    groups = {lead: members for lead, members in search_groups(cfg).items() if lead in configured}
+    assert ["decode/default", "prefix/cache_off", "azure/default"] in groups.values()
+    searches = {f"frontier_{lead.replace('/', '_')}": members for lead, members in groups.items()}
     by_rule = {opts["--comment"].removeprefix("rule_"): opts for opts in calls}
     free = {f"run_group_{group}" for group, names in server_groups(cfg).items()
             if all(cfg["experiments"][e]["workload"].startswith("long_prompts") for e in names)}
@@ -142,16 +146,15 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     study = Study.from_dict(cfg)
     hosted = hosted_experiments(cfg, study)
     assert hosted, "the GPU study's searches host the experiments placed on their knees"
-    for rule, frontier in searches.items():
+    for rule, members in searches.items():
         assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
-        # the search, then each hosted experiment's bound at the lowest knee it can meet
-        setting = rule.removeprefix(f"frontier_{frontier}_")
+        # each search, then each hosted experiment's bound at the lowest knee it can meet
         bounds = [hosted_seconds(study, e, tmp_path / "work" / "data" / "traces" / f"{trace}.csv"
                                  if (trace := getattr(study.workloads[study.experiments[e].workload], "trace", None))
                                  else None)
-                  for e in hosted.get(f"{frontier}/{setting}", [])]
-        expected = frontier_runtime_minutes(study, frontier) + math.ceil(sum(bounds) / 60)
-        assert by_rule[rule]["-t"] == str(expected)
+                  for key in members for e in hosted.get(key, [])]
+        expected = sum(frontier_runtime_minutes(study, key.split("/")[0]) for key in members)
+        assert by_rule[rule]["-t"] == str(expected + math.ceil(sum(bounds) / 60))
 
 
 def without_searches(tmp_path: Path) -> Path:

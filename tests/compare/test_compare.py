@@ -15,13 +15,13 @@ from filledfirst.cli import main
 from filledfirst.compare import compare
 from filledfirst.compare.figures import FIGURES, _quantile, _sample, judge
 from filledfirst.compare.gate import reasons
-from filledfirst.compare.verdicts import Change, Rules
+from filledfirst.compare.verdicts import Change
 from filledfirst.study import Compare, CompareGate, DiagnosisRules
 
 from helpers.chromium import ChartDivs, chromium_run
 from helpers.synthetic_db import every, gauges, kv_pressure_run, make_db, queue, reference_run
 
-RULES = Rules.of(Compare())
+RULES = Compare()
 
 
 def _run(run_id, ttft_s=0.05, failed=0):
@@ -118,7 +118,7 @@ def test_the_bootstrap_false_alarms_and_power(seed):
     """Two samples of one distribution: no change in (nearly) every pair even with no
     minimum change; a 30 % shift of the same spread is found in (nearly) every pair."""
     rng = np.random.default_rng(seed)
-    strict = Rules(knee_min_shift=0.3, run_min_change=0.0, confidence=0.95, resamples=200)
+    strict = Compare(knee_min_shift=0.3, run_min_change=0.0, confidence=0.95, resamples=200)
     fig = next(f for f in FIGURES if f.name == "TTFT p50")
 
     def sample(scale):

@@ -11,6 +11,7 @@ from filledfirst.config import (
     group_fingerprint,
     hosted_experiments,
     load_config,
+    search_groups,
     server_groups,
     validate_config,
 )
@@ -111,6 +112,29 @@ def test_isolate_and_the_switch_keep_experiments_in_server_groups():
     c["share_search_servers"] = False
     assert hosted_experiments(c) == {}
     assert sorted(e for g in server_groups(c).values() for e in g) == sorted(c["experiments"])
+
+
+def test_searches_that_probe_the_same_server_share_one_job():
+    """The default settings of three frontiers: one server start, in config order; the
+    interventions (they wait for their parent's knee) and every other setting alone."""
+    for name in ("config.yaml", "cpu.yaml"):
+        c = load_config([REPO / "config" / name])
+        groups = search_groups(c)
+        assert groups["decode/default"] == ["decode/default", "prefix/cache_off", "azure/default"]
+        members = [key for group in groups.values() for key in group]
+        study_searches = [f"{f}/{s}" for f, plan in _plans(c).items() for s in plan.settings]
+        assert sorted(members) == sorted(study_searches)  # each search in exactly one job
+        assert all(len(group) == 1 for lead, group in groups.items() if lead != "decode/default")
+        c["share_search_servers"] = False
+        assert all(len(group) == 1 for group in search_groups(c).values())
+
+
+def _plans(cfg):
+    from filledfirst.frontier.plan import frontier_plan
+    from filledfirst.study import Study
+
+    study = Study.from_dict(cfg)
+    return {name: frontier_plan(study, name) for name in study.frontiers}
 
 
 def test_a_hosted_experiments_bound_takes_the_lowest_knee_its_search_can_report():

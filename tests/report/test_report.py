@@ -147,6 +147,15 @@ def test_cell_error_fails_render(db, tmp_path):
     with pytest.raises(render.RenderError, match=r"cell 2 \(qmd line 9\).*ZeroDivisionError"):
         render.render_report(src, db, out, engine="fallback")
     assert not out.exists() and not list(tmp_path.glob(".bad.html*"))
+    # the kernel that ran the cells is gone with the render, failed or not
+    assert not kernels_of_this_process()
+
+
+def kernels_of_this_process() -> list[str]:
+    import psutil
+
+    return [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)
+            if "ipykernel_launcher" in " ".join(p.cmdline())]
 
 
 FAKE_QUARTO = """#!{python}

@@ -444,3 +444,37 @@ def test_an_estimate_needs_a_sequence_cap_to_fill(study, caplog):
     search = run_search(cfg, "cap", "default", out, progress=False)
     assert search.estimate is None and search.probes[0].rate == 1.0
     assert "no max_num_seqs" in caplog.text
+
+
+def test_searches_that_probe_the_same_server_share_one_start(study, monkeypatch, capsys):
+    """`frontier run --then`: a second frontier's search with the same server runs on the
+    first one's start, in its own folder, with a search.json of its own; a search of
+    another server is refused before anything starts."""
+    from filledfirst.config import search_groups, validate_config
+
+    cfg, out, state = study
+    cfg["frontiers"]["again"] = {**copy.deepcopy(cfg["frontiers"]["cap"]), "settings": {"plain": {}}}
+    validate_config(cfg)
+    assert search_groups(cfg)["cap/default"] == ["cap/default", "again/plain"]
+    assert search_groups(cfg)["cap/seq8"] == ["cap/seq8"]
+    monkeypatch.setattr(config, "load_config", lambda paths: cfg)
+    second = out.parent.parent / "again" / "plain"
+    argv = ["frontier", "run", "--config", "study.yaml", "--frontier", "cap", "--setting", "default",
+            "--out", str(out), "--then", "again", "plain", str(second), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert state["shared"].starts == ["cap/default/p01"]  # one start for both searches
+    first, then = SearchRecord.read(out / "search.json"), SearchRecord.read(second / "search.json")
+    assert (then.frontier, then.setting) == ("again", "plain")
+    assert [p.rate for p in then.probes] == [p.rate for p in first.probes]  # the same curve, the same search
+    meta = run_json(second / "p01")
+    assert meta["server"]["started_by"] == "cap/default/p01" and meta["experiment"] == "again/plain/p01"
+    # each probe's part of the one server log: the start-up line is in the first probe's only
+    assert "start-up for" in (out / "p01" / "server.log").read_text()
+    assert "start-up for" not in (second / "p01" / "server.log").read_text()
+    assert not list(out.glob(".server-*")) and not list(second.glob(".server-*"))
+    capsys.readouterr()
+    assert cli.main([*argv[:-5], "--then", "cap", "seq8", str(out.parent / "seq8"), "--no-progress"]) != 0
+    assert "must probe exactly the same server" in capsys.readouterr().err
+    assert not (out.parent / "seq8").exists()
+    assert cli.main([*argv[:-5], "--then", "again", "plain", "--no-progress"]) != 0
+    assert "TRACE_CSV SHAPE_STATS" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """filledfirst compare on the real vLLM CPU engine, through Snakemake: one small study (a
-capacity search of a capped setting, and one experiment) run twice from scratch, the
+capacity search of a capped setting, and one experiment at a quarter of its knee on its
+server) run twice from scratch, the
 second with the first as its `compare.baseline`, and a variant differing only in the cap
 (max_num_seqs 2 against 8). What the design guarantees at any CPU speed:
 - the same study twice: every knee and run figure compared says no significant change,
@@ -13,6 +14,7 @@ hand, as for the other engine tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,8 +38,10 @@ def study_config(folder: Path, cap: int, baseline: Path | None = None) -> Path:
                         "paced": {"kind": "synthetic", "phases": [
                             {"role": "decode", "count": 10, "interval_s": 0.5, "prompt_tokens": 100,
                              "output_tokens": 64}]}}
-    cfg["workloads"]["light"]["phases"][0]["interval_s"] = 0.3
-    cfg["experiments"] = {"reference": {"workload": "light"}}
+    # At a quarter of the knee, on the search's server: the search's job runs it (one
+    # server start per study, filledfirst.config.hosted_experiments).
+    cfg["workloads"]["light"]["phases"][0]["interval_s"] = {"of": "knee/capped", "times": 0.25}
+    cfg["experiments"] = {"reference": {"workload": "light", "server": {"max_num_seqs": cap}}}
     cfg["frontiers"] = {"knee": {
         "description": "the paced shape under a sequence cap", "workload": "paced",
         "settings": {"capped": {"max_num_seqs": cap}}, "slo": {"ttft_ms": 1000, "itl_ms": 500},
@@ -58,7 +62,9 @@ def studies(tmp_path_factory):
     for name, cap, baseline in (("first", 2, None), ("again", 2, root / "first" / "results"), ("eight", 8, None)):
         folder = root / name
         cfg = study_config(folder, cap, baseline)
-        proc = subprocess.run(snakemake_argv(folder, cfg, "all"), env=env, capture_output=True, text=True,
+        # the database is what a comparison reads; the study with a baseline goes to its report
+        target = "all" if baseline is not None else "results/filledfirst.duckdb"
+        proc = subprocess.run(snakemake_argv(folder, cfg, target), env=env, capture_output=True, text=True,
                               timeout=1800)
         assert proc.returncode == 0, proc.stderr[-6000:]
         made[name] = folder
@@ -87,6 +93,8 @@ def test_the_same_study_twice_changes_nothing(studies):
     assert verdicts == ["no significant change"] * (1 + FIGURES_PER_RUN), (t["compare_knees"], t["compare_runs"])
     assert [r["label_changed"] for r in t["compare_labels"]] == [False]
     assert t["compare_one_side"] == []
+    meta = json.loads((again / "results" / "runs" / "reference" / "run.json").read_text())
+    assert meta["server"]["after_search"] == "knee/capped"  # one start per study
     assert not any(r["key"].endswith("server.max_num_seqs") for r in t["compare_setup"])
     # the gate passes on the same databases
     run = compare(studies["first"] / "results", again / "results", again / "gate.html")

@@ -5,7 +5,8 @@ setting; then seq2's two interventions (its cap doubled, its KV budget doubled),
 from seq2's knee, and the verdict. Asserts what holds at any CPU speed: files, statuses,
 one start per search, the probes' rates being the search's, the tables, the verdict
 being the one the knees give, the report's table, an interrupted intervention
-resumed from its probes, and an experiment placed on a knee run on that search's server
+resumed from its probes, a second frontier's search of the same server run on
+knee/default's start, and an experiment placed on a knee run on that search's server
 (and run again alone when its folder is lost).
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
@@ -33,19 +34,20 @@ pytestmark = pytest.mark.engine
 
 def search_config(tmp_path):
     cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
-    cfg["workloads"] = {k: v for k, v in cfg["workloads"].items() if k == "light"}
-    # One small experiment: the study needs one; the searches are what is tested.
-    cfg["workloads"]["light"]["phases"][0]["interval_s"] = 0.3
-    cfg["experiments"] = {"reference": {"workload": "light"}}
     overlay = yaml.safe_load((REPO / "tests" / "configs" / "frontier.yaml").read_text())
-    cfg["workloads"].update(overlay["workloads"])
+    cfg["workloads"] = overlay["workloads"]
     cfg["frontiers"] = overlay["frontiers"]
+    # A second frontier whose one setting probes knee/default's server: the two searches
+    # share that job and its start (filledfirst.config.search_groups).
+    cfg["frontiers"]["twin"] = {**{k: v for k, v in overlay["frontiers"]["knee"].items() if k != "verify"},
+                                "description": "the same shape and server as knee/default",
+                                "settings": {"same": {}}, "budget": 2}
     # Placed on knee/default's knee with its server: that search's job runs it after its
     # probes, on its server (filledfirst.config.hosted_experiments).
     cfg["workloads"]["half_knee"] = {"kind": "synthetic", "phases": [
         {"role": "decode", "count": 10, "interval_s": {"of": "knee/default", "times": 0.5},
          "prompt_tokens": 100, "output_tokens": 32}]}
-    cfg["experiments"]["half_knee"] = {"workload": "half_knee", "expect": "reference"}
+    cfg["experiments"] = {"half_knee": {"workload": "half_knee", "expect": "reference"}}
     path = tmp_path / "frontier-e2e.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -99,6 +101,17 @@ def test_capacity_search_on_the_engine(tmp_path):
             assert p["verdict"] in ("held", "broke", "inconclusive") and p["met"] <= p["requests"]
             assert meta["request_status_counts"].get("not_sent", 0) == 0
     assert not list(base.glob("*/.server-*"))  # the scratch log is gone
+
+    # twin/same ran on knee/default's start, right after its search, in the same job.
+    twin = tmp_path / "results" / "frontiers" / "twin" / "same"
+    doc = json.loads((twin / "search.json").read_text())
+    assert 1 <= len(doc["probes"]) <= 2 and doc["result"]["reason"] != StopReason.PROBE_FAILED
+    for run_dir in ("estimate", *(p["run_dir"] for p in doc["probes"]), "check"):
+        meta = json.loads((twin / run_dir / "run.json").read_text())
+        assert meta["status"] == "ok" and meta["server"]["started_by"] == "knee/default/estimate"
+        assert "startup_s" not in meta["timings"]
+    assert "frontier_twin_same" not in proc.stdout + proc.stderr
+    assert not list(twin.glob(".server-*"))
 
     # The interventions: each from seq2's knee, on its own server start, with its limit doubled.
     seq2 = json.loads((base / "seq2" / "search.json").read_text())
@@ -200,7 +213,8 @@ def test_capacity_search_on_the_engine(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert redone.returncode == 0, redone.stderr[-4000:]
     log = (tmp_path / "results" / "logs" / "frontier-knee-default.log").read_text()
-    assert "probing" not in log and "reusing probe 1" in log
+    assert "probing" not in log and "reusing probe 1" in log  # both searches' probes
+    assert json.loads((twin / "search.json").read_text())["result"] == doc["result"]
     again = json.loads((run / "run.json").read_text())
     assert again["status"] == "ok" and again["server"]["started_by"] == "half_knee"
     assert "startup_s" in again["timings"]

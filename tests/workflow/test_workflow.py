@@ -47,6 +47,14 @@ def test_dry_run_plans_one_job_per_server_group(tmp_path, configfile, model_jobs
         line = next(r for r in runs if f"tee results/logs/run-{group}.log" in r)
         assert re.findall(r"--experiment (\S+)", line) == members
         assert re.findall(r"--out (\S+)", line) == [f"results/runs/{e}" for e in members]
+    # The three searches of the default server: one job, one start, each to its own folder.
+    assert "frontier_prefix_cache_off" not in stats and "frontier_azure_default" not in stats
+    searches = [line for line in out.splitlines() if " -m filledfirst frontier run " in line]
+    default = next(line for line in searches if "--frontier decode --setting default " in line)
+    assert ("--out results/frontiers/decode/default --then prefix cache_off results/frontiers/prefix/cache_off "
+            "--then azure default results/frontiers/azure/default data/traces/azure2023_conv.csv "
+            "data/schedules/azure_conv.parquet.stats.json --host interference ") in default
+    assert "--host azure_k5 results/runs/azure_k5 " in default
 
 
 def test_command_line_overrides_are_refused(tmp_path):

@@ -11,7 +11,7 @@ from snakemake.utils import validate
 from filledfirst.cluster import job_request, runtime_minutes
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.config import (
-    SCHEMA_PATH, fingerprint, group_fingerprint, hosted_experiments, schema_problem, server_groups,
+    SCHEMA_PATH, fingerprint, group_fingerprint, hosted_experiments, schema_problem, search_groups, server_groups,
 )
 from filledfirst.study import Study, TraceWorkload
 
@@ -163,50 +163,89 @@ def search_dir(wildcards, output):
 FRONTIER_SEARCHES = [frontier_search(f, s) for f, settings in FRONTIER_SETTINGS.items() for s in settings]
 
 
-# The experiments each search's job runs on its server after it (filledfirst.config.hosted_experiments).
+# The searches that share one server start, by their job's first search
+# (filledfirst.config.search_groups), and the experiments each search hosts on that
+# server after the job's searches (filledfirst.config.hosted_experiments).
+from filledfirst.frontier.relative import split_of
+
+SEARCH_GROUPS = {split_of(lead): [split_of(m) for m in members] for lead, members in search_groups(config, STUDY).items()}
 HOSTED = hosted_experiments(config, STUDY)
 
 
+def group_searches(frontier, setting):
+    """The (frontier, setting) searches of the job led by this one, in order."""
+    return SEARCH_GROUPS[(frontier, setting)]
+
+
 def hosted_by(frontier, setting):
-    return HOSTED.get(f"{frontier}/{setting}", [])
+    """The experiments the job led by this search runs after its searches."""
+    return [e for f, s in group_searches(frontier, setting) for e in HOSTED.get(f"{f}/{s}", [])]
+
+
+def search_trace(frontier):
+    """A trace-shaped frontier's trace CSV and its schedule's stats (the trace's density,
+    which each probe's time_scale is worked out from), else None."""
+    workload = config["frontiers"][frontier]["workload"]
+    wl = config["workloads"][workload]
+    if wl["kind"] != "trace":
+        return None
+    return f"data/traces/{wl['trace']}.csv", f"data/schedules/{workload}.parquet.stats.json"
 
 
 def frontier_inputs(frontier, setting):
-    """The model, and for a trace workload its CSV and its schedule's stats (the trace's
-    density, which each probe's time_scale is worked out from); for an intervention, the
-    search.json of the setting it relaxes; for the experiments it hosts, the search.json of
-    every other search they are placed relative to and their traces' CSVs."""
+    """The model; for a trace workload its CSV and schedule stats (the job's first search's
+    as `trace` and `stats`, the others' in `then_traces`); for an intervention, the
+    search.json of the setting it relaxes; for the experiments the job hosts, the
+    search.json of every other search they are placed relative to and their traces' CSVs."""
     from filledfirst.frontier.relative import knee_searches, split_of
 
-    workload = config["frontiers"][frontier]["workload"]
-    wl = config["workloads"][workload]
+    members = group_searches(frontier, setting)
     inputs = {"model": model_inputs()}
     relaxed = FRONTIER_PLANS[frontier].interventions.get(setting)
     if relaxed is not None:
         inputs["after"] = frontier_search(frontier, relaxed.parent)
-    if wl["kind"] == "trace":
-        inputs["trace"] = f"data/traces/{wl['trace']}.csv"
-        inputs["stats"] = f"data/schedules/{workload}.parquet.stats.json"
-    own = f"{frontier}/{setting}"
+    if (trace := search_trace(frontier)) is not None:
+        inputs["trace"], inputs["stats"] = trace
+    inputs["then_traces"] = [path for f, _ in members[1:] for path in search_trace(f) or ()]
+    own = {f"{f}/{s}" for f, s in members}
     hosted = [STUDY.workloads[config["experiments"][e]["workload"]] for e in hosted_by(frontier, setting)]
-    knees = sorted({of for w in hosted for of in knee_searches(w)} - {own})
+    knees = sorted({of for w in hosted for of in knee_searches(w)} - own)
     inputs["knees"] = [frontier_search(*split_of(of)) for of in knees]
     inputs["host_traces"] = sorted({f"data/traces/{w.trace}.csv" for w in hosted if isinstance(w, TraceWorkload)})
     return inputs
 
 
 def frontier_outputs(frontier, setting):
-    """search.json first (search_dir reads it), then the hosted experiments' run folders."""
-    return [frontier_search(frontier, setting), *(directory(run_dir(e)) for e in hosted_by(frontier, setting))]
+    """The searches' search.json, the job's first search's first (search_dir reads it),
+    then the hosted experiments' run folders."""
+    members = group_searches(frontier, setting)
+    return [*(frontier_search(f, s) for f, s in members), *(directory(run_dir(e)) for e in hosted_by(frontier, setting))]
+
+
+def then_args(frontier, setting):
+    """`--then FRONTIER SETTING DIR [TRACE_CSV SHAPE_STATS]` for each search after the
+    job's first (a trailing space), from the job's own outputs and inputs."""
+    members = group_searches(frontier, setting)
+
+    def args(wildcards, input, output):
+        traces = iter(input.then_traces)
+        words = []
+        for (f, s), out in zip(members[1:], output[1:len(members)]):
+            trace = [next(traces), next(traces)] if search_trace(f) is not None else []
+            words.append(" ".join(shlex.quote(w) for w in ["--then", f, s, os.path.dirname(out), *trace]))
+        return "".join(f"{w} " for w in words)
+
+    return args
 
 
 def host_args(frontier, setting):
     """`--host EXPERIMENT DIR`, `--knee SEARCH_JSON` and `--host-trace TRACE CSV` for the
-    experiments the search hosts (a trailing space), from the job's own inputs and outputs."""
+    experiments the job hosts (a trailing space), from the job's own inputs and outputs."""
+    searches = len(group_searches(frontier, setting))
 
     def args(wildcards, input, output):
         hosted = hosted_by(frontier, setting)
-        words = [f"--host {shlex.quote(e)} {shlex.quote(out)}" for e, out in zip(hosted, output[1:])]
+        words = [f"--host {shlex.quote(e)} {shlex.quote(out)}" for e, out in zip(hosted, output[searches:])]
         words += [f"--knee {shlex.quote(k)}" for k in input.knees]
         words += [f"--host-trace {shlex.quote(os.path.basename(c)[:-len('.csv')])} {shlex.quote(c)}"
                   for c in input.host_traces]
@@ -226,18 +265,18 @@ def frontier_spec(frontier, setting):
     from filledfirst.config import search_fingerprint
 
     hosted = hosted_by(frontier, setting)
-    own = search_fingerprint(config, frontier, setting)
+    own = " ".join(search_fingerprint(config, f, s) for f, s in group_searches(frontier, setting))
     return own if not hosted else f"{own} {group_fingerprint(config, hosted)}"
 
 
 def frontier_resources(frontier, setting):
     """A search job's GPUs, CPUs and memory as an experiment job's, and a time limit of a
-    start-up and `budget` probes with their drains (filledfirst.frontier.plan), then each
-    hosted experiment's bound at the lowest knee it can meet (filledfirst.cluster)."""
+    start-up and `budget` probes with their drains per search (filledfirst.frontier.plan),
+    then each hosted experiment's bound at the lowest knee it can meet (filledfirst.cluster)."""
     from filledfirst.cluster import hosted_seconds
     from filledfirst.frontier.plan import frontier_runtime_minutes
 
-    search = frontier_runtime_minutes(STUDY, frontier)
+    search = sum(frontier_runtime_minutes(STUDY, f) for f, _ in group_searches(frontier, setting))
     hosted = hosted_by(frontier, setting)
     if not hosted:
         return {**job_request(config), "runtime": search}

@@ -19,12 +19,12 @@ from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.compare.figures import FIGURES, judge, samples
 from filledfirst.compare.knees import knee_rows, label_changed
 from filledfirst.compare.setup import setup_rows
-from filledfirst.compare.verdicts import Change, Rules
+from filledfirst.compare.verdicts import Change
 from filledfirst.errors import UserError
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.report.frontiers import frontier_rows
 from filledfirst.store.tables import table_exists
-from filledfirst.study import DiagnosisRules
+from filledfirst.study import Compare, DiagnosisRules
 
 
 def database(path: str | Path) -> Path:
@@ -72,7 +72,7 @@ class Side:
 class Comparison:
     base: Path
     candidate: Path
-    rules: Rules
+    rules: Compare  # when a difference counts
     setup: list[dict[str, Any]] = field(default_factory=list)
     knees: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)  # one row per (experiment, figure)
@@ -89,7 +89,7 @@ class Comparison:
         return out
 
 
-def compare(base: str | Path, candidate: str | Path, rules: Rules) -> Comparison:
+def compare(base: str | Path, candidate: str | Path, rules: Compare) -> Comparison:
     paths = database(base), database(candidate)
     cons = [duckdb.connect(str(p), read_only=True) for p in paths]
     try:

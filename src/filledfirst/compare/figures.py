@@ -20,9 +20,12 @@ import duckdb
 import numpy as np
 
 from filledfirst.analysis.signals import OFFERED
-from filledfirst.compare.verdicts import Change, Rules
+from filledfirst.compare.verdicts import Change
 from filledfirst.request_metrics import FAILED, ITL_GAPS, NOT_SENT, REQUEST_STALL, slo_met, ttft_ms
-from filledfirst.study import DiagnosisRules
+from filledfirst.study import Compare, DiagnosisRules
+
+# The bootstrap's seed, one for every figure: the same two databases give the same verdicts.
+SEED = 0
 
 
 @dataclass(frozen=True)
@@ -122,12 +125,12 @@ class Judged:
     by_ratio: bool = True  # False: compared by difference (a share, or a baseline of 0)
 
 
-def judge(figure: Figure, base: Sample, cand: Sample, rules: Rules) -> Judged:
+def judge(figure: Figure, base: Sample, cand: Sample, rules: Compare) -> Judged:
     b, c = base.point(), cand.point()
     by_ratio = not figure.share and bool(b)
     if b is None or c is None or np.isnan(b) or np.isnan(c):
         return Judged(b, c, None, None, None, Change.NOT_COMPARABLE, by_ratio)
-    rng = np.random.default_rng(rules.seed)
+    rng = np.random.default_rng(SEED)
     rb, rc = _replicates(base, rng, rules.resamples), _replicates(cand, rng, rules.resamples)
     tail = (1 - rules.confidence) / 2 * 100
     if by_ratio:

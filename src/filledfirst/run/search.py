@@ -1,4 +1,6 @@
-"""`filledfirst frontier run`: one capacity search, (frontier, setting), on one server start.
+"""`filledfirst frontier run`: capacity searches, each a (frontier, setting), on one server
+start: one search, or several that probe the same server one after the other
+(filledfirst.config.search_groups), each with its own folder, then the experiments they host.
 
 With a capacity estimate (the frontier's `estimate` and a max_num_seqs to fill), a closed
 loop at the cap runs first (`DIR/estimate`): its completions per second are the search's
@@ -169,7 +171,9 @@ class Prober:
     """Writes probe schedules and measures them on the shared server."""
 
     def __init__(self, study: Study, plan: FrontierPlan, setting: str, out: Path, fingerprint: str,
-                 trace_csv: Path | None, shape_stats: Path | None, progress: bool):
+                 trace_csv: Path | None, shape_stats: Path | None, progress: bool, before: Prober | None = None):
+        """`before`: the prober of the search that ran before this one on the same server
+        start (filledfirst.config.search_groups); this one goes on from its server and log."""
         self.study, self.plan, self.setting, self.out, self.progress = study, plan, setting, out, progress
         self.fingerprint = fingerprint
         self.trace_csv = trace_csv
@@ -179,11 +183,16 @@ class Prober:
                 raise UserError(f"frontier {plan.name}: workload {plan.workload_name!r} is a trace: "
                                 "give --trace-csv and --shape-stats (its schedule's .stats.json)")
             self.kept_per_s = trace_kept_rate(ScheduleStats.load(shape_stats))
-        self.scratch = Path(tempfile.mkdtemp(prefix=".server-", dir=out))
-        # The server's whole log, gone at the end: each probe folder keeps its own part.
         server = self.probe_spec(plan.name, "", plan.workload).server_spec
-        self.shared = SharedServer(server, self.scratch / folder.SERVER_LOG)
-        self.log_from = 0
+        self.server_spec = server
+        if before is not None and before.server_spec != server:
+            raise UserError(f"{plan.name}/{setting} probes another server than {before.plan.name}/{before.setting}: "
+                            "they cannot share a server start")
+        self.scratch = Path(tempfile.mkdtemp(prefix=".server-", dir=out))
+        self.owns_server = before is None
+        # The server's whole log, gone at the end: each probe folder keeps its own part.
+        self.shared = before.shared if before is not None else SharedServer(server, self.scratch / folder.SERVER_LOG)
+        self.log_from = before.log_from if before is not None else 0
 
     def probe_spec(self, name: str, description: str, workload: Workload,
                    concurrency: int | None = None) -> ExperimentSpec:
@@ -271,7 +280,10 @@ class Prober:
                          throughput_rps=rps, error=error)
 
     def close(self) -> None:
-        self.shared.stop()
+        """Stop the server if this prober started it (close the others first: their
+        server log is in its scratch), and remove the scratch."""
+        if self.owns_server:
+            self.shared.stop()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -378,19 +390,21 @@ def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | 
     return parent.result.lo, Span.of_result(parent.result)
 
 
-def _run_hosted(study: Study, hosted: Hosted, record: SearchRecord, prober: Prober) -> None:
-    """The hosted experiments, one after the other, on the search's server (still running)."""
-    from filledfirst.config import check_shareable, experiment_spec
+def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], prober: Prober) -> None:
+    """The hosted experiments, one after the other, on the searches' server (still running)."""
+    from filledfirst.config import check_shareable, experiment_spec, host_of
     from filledfirst.frontier.relative import KneeFile, load_knees
     from filledfirst.run.runner import Job, run_hosted
     from filledfirst.run.schedules import write_workload
 
     names = [exp for exp, _ in hosted.runs]
     check_shareable(hosted.cfg, names)
+    keys = ", ".join(r.key for r in records)
     other = [exp for exp in names if experiment_spec(hosted.cfg, exp).server_spec != prober.shared.spec]
     if other:
-        raise UserError(f"{other} need another server than the search {record.key} probed: run them apart")
-    knees = {**load_knees(hosted.knees), record.key: KneeFile(prober.out / SEARCH_JSON, record)}
+        raise UserError(f"{other} need another server than the search {keys} probed: run them apart")
+    knees = {**load_knees(hosted.knees),
+             **{r.key: KneeFile(Path(out) / SEARCH_JSON, r) for r, out in zip(records, hosted.outs)}}
     jobs = []
     for exp, run_out in hosted.runs:
         name = study.experiments[exp].workload
@@ -399,9 +413,10 @@ def _run_hosted(study: Study, hosted: Hosted, record: SearchRecord, prober: Prob
         schedule = prober.scratch / f"{exp}.parquet"
         write_workload(study, name, schedule, knees, csv)
         jobs.append(Job(exp, schedule, Path(run_out)))
-    log.info("%s: on its server, %s", record.key, ", ".join(names))
-    statuses = run_hosted(hosted.cfg, study, jobs, prober.shared, record.key, prober.log_from,
-                          progress=prober.progress)
+    log.info("%s: on %s server, %s", keys, "its" if len(records) == 1 else "their", ", ".join(names))
+    hosts = host_of(hosted.cfg, study)
+    statuses = run_hosted(hosted.cfg, study, jobs, prober.shared, {exp: hosts[exp] for exp in names},
+                          prober.log_from, progress=prober.progress)
     for job, status in zip(jobs, statuses):
         if status != "ok":  # a result all the same: its folder says why, the report lists it
             log.warning("experiment %s: %s (see %s/run.json)", job.experiment, status, job.out)
@@ -409,15 +424,30 @@ def _run_hosted(study: Study, hosted: Hosted, record: SearchRecord, prober: Prob
 
 @dataclass(frozen=True)
 class Hosted:
-    """The experiments a search's job runs on its server once the search has ended
+    """The experiments a search job runs on its server once its searches have ended
     (filledfirst.config.hosted_experiments), each with its run folder; their schedules are made then,
-    from this search's knee and the `knees` (search.json files) of the others they name,
+    from the job's knees and the `knees` (search.json files) of the others they name,
     a trace workload's from `traces` (trace name -> CSV)."""
 
     cfg: dict
     runs: list[tuple[str, Path]]
     knees: list[Path] = dataclasses.field(default_factory=list)
     traces: dict[str, Path] = dataclasses.field(default_factory=dict)
+    outs: list[Path] = dataclasses.field(default_factory=list)  # the job's searches' folders, set by run_searches
+
+
+@dataclass(frozen=True)
+class SearchTask:
+    """One capacity search of a job: (frontier, setting), its folder, its identity
+    (filledfirst.config.search_fingerprint) and, for a trace workload, the trace's CSV and
+    its schedule's stats."""
+
+    frontier: str
+    setting: str
+    out: Path
+    fingerprint: str
+    trace_csv: Path | None = None
+    shape_stats: Path | None = None
 
 
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
@@ -426,18 +456,49 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
     """The search of `setting` of `frontier` in the study, to its end; returns its search.json.
     `fingerprint`: the search's identity (filledfirst.config.search_fingerprint). `hosted`:
     experiments to run on the search's server after it, before it stops."""
-    plan = search_plan(study, frontier, setting)
-    out = Path(out)
+    task = SearchTask(frontier, setting, Path(out), fingerprint, trace_csv, shape_stats)
+    return run_searches(study, [task], progress=progress, hosted=hosted)[0]
+
+
+def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True,
+                 hosted: Hosted | None = None) -> list[SearchRecord]:
+    """The searches, one after the other on one server start (they must probe the same
+    server: filledfirst.config.search_groups), then the `hosted` experiments on it;
+    returns their search.json records."""
+    install_interrupt_handlers()
+    watch_owners()
+    probers: list[Prober] = []
+    records: list[SearchRecord] = []
+    try:
+        for task in tasks:
+            _clean(Path(task.out))
+            plan = search_plan(study, task.frontier, task.setting)
+            probers.append(Prober(study, plan, task.setting, Path(task.out), task.fingerprint, task.trace_csv,
+                                  task.shape_stats, progress, before=probers[-1] if probers else None))
+            records.append(_search(probers[-1]))
+        if hosted is not None and hosted.runs:
+            _run_hosted(study, dataclasses.replace(hosted, outs=[Path(t.out) for t in tasks]), records, probers[-1])
+    finally:
+        for prober in reversed(probers):  # the server's owner, first, last
+            prober.close()
+    return records
+
+
+def _clean(out: Path) -> None:
+    """A search folder ready for the search: what a SIGKILL left and the old search.json gone."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*"),
                   *out.glob(f".{ESTIMATE}.*-*"), *out.glob(f".{CHECK}.*-*")]:
-        shutil.rmtree(stale, ignore_errors=True)  # left by a SIGKILL
+        shutil.rmtree(stale, ignore_errors=True)
     (out / SEARCH_JSON).unlink(missing_ok=True)
-    install_interrupt_handlers()
-    watch_owners()
+
+
+def _search(prober: Prober) -> SearchRecord:
+    """The prober's search to its end, its search.json written."""
+    plan, setting, out = prober.plan, prober.setting, prober.out
+    frontier = plan.name
     relaxed = plan.interventions.get(setting)
     start_rps, against = parent_knee(out, relaxed) if relaxed is not None else (None, None)
-    prober = Prober(study, plan, setting, out, fingerprint, trace_csv, shape_stats, progress)
     concurrency = plan.estimate_concurrency(setting)
     estimate = check = None
     try:
@@ -477,11 +538,7 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
         log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s%s", frontier, setting, result.reason,
                  result.lo, result.hi, len(records), f" ({result.error})" if result.error else "",
                  f"; the server's speed changed {drift.change:+.1%} over the search" if drift else "")
-        if hosted is not None and hosted.runs:
-            _run_hosted(study, hosted, record, prober)
     except Interrupted as exc:  # during a probe (its folder is published) or between probes
         log.error("frontier %s/%s interrupted: %s", frontier, setting, exc.reason)
         raise
-    finally:
-        prober.close()
     return record
