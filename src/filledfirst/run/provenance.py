@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -25,7 +26,13 @@ def source_commit() -> str | None:
     """The git commit the package's source was at, `+dirty` when its tracked files had
     changes; None for an installed copy outside a checkout (or without git): the version
     alone then tells two runs' code apart."""
-    src = os.path.dirname(os.path.abspath(filledfirst.__file__))
+    return _commit_of(os.path.dirname(os.path.abspath(filledfirst.__file__)))
+
+
+# Asked once per process (every probe's run.json records it): the code this process
+# imported does not change while it runs.
+@functools.cache
+def _commit_of(src: str) -> str | None:
     git = shutil.which("git")
     if git is None:
         return None

@@ -390,13 +390,15 @@ def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | 
     return parent.result.lo, Span.of_result(parent.result)
 
 
-def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], prober: Prober) -> None:
-    """The hosted experiments, one after the other, on the searches' server (still running)."""
+def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probers: list[Prober]) -> None:
+    """The hosted experiments, one after the other, on the searches' server (still running),
+    after the last of the searches `probers` ran (`records`, their search.json)."""
     from filledfirst.config import check_shareable, experiment_spec, host_of
     from filledfirst.frontier.relative import KneeFile, load_knees
     from filledfirst.run.runner import Job, run_hosted
     from filledfirst.run.schedules import write_workload
 
+    prober = probers[-1]
     names = [exp for exp, _ in hosted.runs]
     check_shareable(hosted.cfg, names)
     keys = ", ".join(r.key for r in records)
@@ -404,7 +406,7 @@ def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probe
     if other:
         raise UserError(f"{other} need another server than the search {keys} probed: run them apart")
     knees = {**load_knees(hosted.knees),
-             **{r.key: KneeFile(Path(out) / SEARCH_JSON, r) for r, out in zip(records, hosted.outs)}}
+             **{r.key: KneeFile(p.out / SEARCH_JSON, r) for r, p in zip(records, probers)}}
     jobs = []
     for exp, run_out in hosted.runs:
         name = study.experiments[exp].workload
@@ -433,7 +435,6 @@ class Hosted:
     runs: list[tuple[str, Path]]
     knees: list[Path] = dataclasses.field(default_factory=list)
     traces: dict[str, Path] = dataclasses.field(default_factory=dict)
-    outs: list[Path] = dataclasses.field(default_factory=list)  # the job's searches' folders, set by run_searches
 
 
 @dataclass(frozen=True)
@@ -477,7 +478,7 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
                                   task.shape_stats, progress, before=probers[-1] if probers else None))
             records.append(_search(probers[-1]))
         if hosted is not None and hosted.runs:
-            _run_hosted(study, dataclasses.replace(hosted, outs=[Path(t.out) for t in tasks]), records, probers[-1])
+            _run_hosted(study, hosted, records, probers)
     finally:
         for prober in reversed(probers):  # the server's owner, first, last
             prober.close()
