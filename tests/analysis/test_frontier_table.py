@@ -86,3 +86,32 @@ def test_a_study_without_searches_gets_an_empty_table(tmp_path):
     assert write_frontiers(path).height == 0
     with duckdb.connect(str(path), read_only=True) as con:
         assert "knee_label" in [d[0] for d in con.execute("SELECT * FROM frontiers").description]
+
+
+def _knee(**probe):
+    from filledfirst.contracts.runmeta import FrontierProbe
+
+    base = {"probe": 3, "rate": 2.7, "requests": 52, "met": 52, "attainment": 1.0, "attainment_lo": 0.96,
+            "attainment_hi": 1.0, "backlog_growth": 0.14, "verdict": "broke", "held": False, "name": "kv",
+            "setting": "kv160", "target": 0.95, "missed": {"failed": 0, "ttft": 0, "itl": 0}}
+    return FrontierProbe(**{**base, **probe})
+
+
+@pytest.mark.parametrize(("cap", "kv_full", "label", "said"), [
+    (0.0, 0.14, "KV-capacity pressure", "queued behind the KV cache"),
+    (0.12, 0.0, "active-sequence limit", "queued behind the cap"),
+    (0.0, 0.0, "compute-bound", "neither limit full"),
+])
+def test_a_knee_broken_by_its_growing_queue_names_the_limit_that_was_full(cap, kv_full, label, said):
+    """Every request met the SLO and the queue grew: the queue formed late in the probe, too
+    little of its window for the diagnosis' shares (waiting 13 %), and what was full while
+    it grew is what filled first, not a `compute-bound` 'SLO broken with no queue'."""
+    from filledfirst.analysis.frontiers import _knee_label
+
+    d = {"label": "unclassified", "clue": "", "waiting_share": 0.13, "running_at_cap_share": cap,
+         "kv_full_share": kv_full}
+    got, clue = _knee_label(d, _knee(), DiagnosisRules())
+    assert got == label and said in clue and "queue grew 0.14 s/s" in clue
+    # broken by its attainment, the same evidence is a break with no queue
+    missed = _knee(attainment=0.5, attainment_lo=0.37, attainment_hi=0.63, missed={"failed": 0, "ttft": 26, "itl": 0})
+    assert _knee_label(d, missed, DiagnosisRules())[0] == "compute-bound"

@@ -24,9 +24,12 @@ Columns:
   (`*_goodput_rps` = attainment x offered: requests/s meeting the frontier's SLO; the
   diagnosis' own goodput_rps uses the diagnosis SLO);
 - the knee (the lowest breaking probe): knee_run_id, knee_label and knee_clue (its
-  diagnosis label and clue; a break with no queue and no full resource, which the
-  diagnosis calls `reference` or `unclassified`, is `ITL-bound` when more of its misses
-  were stalls than slow first tokens, else `compute-bound`);
+  diagnosis label and clue; a probe whose requests met the SLO but whose queue grew,
+  which the diagnosis calls `reference` or `unclassified` because the queue formed over
+  too little of the window, is the limit that was full for more of the loaded time, the
+  KV cache or the cap, or `compute-bound` with neither full; a break with no queue and no
+  full resource is `ITL-bound` when more of its misses were stalls than slow first
+  tokens, else `compute-bound`);
 - for each scheduler signal the lowest probed rate at which it crossed (NULL: at no
   probe), from the diagnosis' loaded-window shares: waiting_from_rps (waiting > 0 some
   of the time, waiting_share > 0), cap_from_rps (running at the cap, running_at_cap_share
@@ -200,6 +203,18 @@ def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[s
     ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
     if label not in (Label.REFERENCE, Label.UNCLASSIFIED) or ws is None or ws >= rules.waiting_min_share:
         return label, clue
+    if _broke_on_backlog(probe):
+        # Its requests met the SLO; it broke because its queue grew. That queue forms over the
+        # probe's last part, so it is in too little of the loaded window for the experiments'
+        # shares, and the limit that was full while it grew is what filled first.
+        full = {Label.KV_PRESSURE: kvf or 0.0, Label.SEQ_LIMIT: cap or 0.0}
+        limit = max(full, key=full.get)
+        why = (f"its requests met the SLO but its queue grew {probe.backlog_growth:.3g} s/s (waiting "
+               f"{ws:.0%} of the time), while running at the cap {'unknown' if cap is None else f'{cap:.0%}'} "
+               f"and KV full {'unknown' if kvf is None else f'{kvf:.0%}'} of the loaded time")
+        if full[limit] > 0:
+            return limit.value, f"{why}: it queued behind the {'KV cache' if limit is Label.KV_PRESSURE else 'cap'}"
+        return NoQueueLabel.COMPUTE_BOUND.value, f"{why}: it queued with neither limit full"
     if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
             or (kvf is not None and kvf >= rules.kv_full_min_share)):
         return label, clue
@@ -210,6 +225,12 @@ def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[s
                  f"(running at cap {'unknown' if cap is None else f'{cap:.0%}'}, KV full "
                  f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.requests} requests "
                  f"{itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
+
+
+def _broke_on_backlog(probe: FrontierProbe) -> bool:
+    """The probe broke while its attainment alone would have held it: its backlog grew."""
+    return (probe.held is False and probe.backlog_growth is not None and probe.backlog_growth > 0
+            and probe.attainment_lo is not None and probe.target is not None and probe.attainment_lo >= probe.target)
 
 
 def _interval(search: SearchRecord | None) -> dict:
