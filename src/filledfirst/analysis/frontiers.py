@@ -209,12 +209,11 @@ def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[s
         # shares, and the limit that was full while it grew is what filled first.
         full = {Label.KV_PRESSURE: kvf or 0.0, Label.SEQ_LIMIT: cap or 0.0}
         limit = max(full, key=full.get)
-        why = (f"its requests met the SLO but its queue grew {probe.backlog_growth:.3g} s/s (waiting "
-               f"{ws:.0%} of the time), while running at the cap {'unknown' if cap is None else f'{cap:.0%}'} "
-               f"and KV full {'unknown' if kvf is None else f'{kvf:.0%}'} of the loaded time")
+        why = (f"its requests met the SLO but its queue grew {probe.backlog_growth:.3g} s/s (waiting {ws:.0%} "
+               f"of the time), while running at the cap {_pct(cap)} and KV full {_pct(kvf)} of the loaded time")
         if full[limit] > 0:
             return limit.value, f"{why}: it queued behind the {'KV cache' if limit is Label.KV_PRESSURE else 'cap'}"
-        return NoQueueLabel.COMPUTE_BOUND.value, f"{why}: it queued with neither limit full"
+        return NoQueueLabel.COMPUTE_BOUND, f"{why}: it queued with neither limit full"
     if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
             or (kvf is not None and kvf >= rules.kv_full_min_share)):
         return label, clue
@@ -222,9 +221,12 @@ def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[s
     itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
     own = NoQueueLabel.ITL_BOUND if itl > ttft else NoQueueLabel.COMPUTE_BOUND
     return own, (f"SLO broken with no queue (waiting {ws:.0%} of the time) and no full resource "
-                 f"(running at cap {'unknown' if cap is None else f'{cap:.0%}'}, KV full "
-                 f"{'unknown' if kvf is None else f'{kvf:.0%}'}): of {probe.requests} requests "
+                 f"(running at cap {_pct(cap)}, KV full {_pct(kvf)}): of {probe.requests} requests "
                  f"{itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
+
+
+def _pct(share: float | None) -> str:
+    return "unknown" if share is None else f"{share:.0%}"
 
 
 def _broke_on_backlog(probe: FrontierProbe) -> bool:
