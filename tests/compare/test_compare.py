@@ -24,8 +24,8 @@ from helpers.synthetic_db import every, gauges, kv_pressure_run, make_db, queue,
 RULES = Compare()
 
 
-def _run(run_id, ttft_s=0.05, failed=0):
-    reqs = queue(every(0.1, 200), 0.5, 64, ttft_s=ttft_s)
+def _run(run_id, ttft_s=0.05, failed=0, interval_s=0.1):
+    reqs = queue(every(interval_s, 200), 0.5, 64, ttft_s=ttft_s)
     for r in reqs[:failed]:
         r.update(status="error", t_first_token=None)
     tokens = {r["request_id"]: [r["t_first_token"] + 0.01 * k for k in range(1, 5)]
@@ -74,12 +74,13 @@ def test_verdicts_of_knees_runs_and_one_side(dbs):
     figs = {(r["experiment"], r["figure"]): r for r in c.runs}
     assert len(c.runs) == 2 * len(FIGURES)  # ref and slow on both sides
     assert all(figs[("ref", f.name)]["verdict"] == Change.SAME for f in FIGURES)
-    slow = {f: figs[("slow", f)] for f in ("TTFT p50", "TTFT p90", "failed", "goodput")}
+    slow = {f: figs[("slow", f)] for f in ("TTFT p50", "TTFT p90", "failed", "SLO attainment")}
     assert slow["TTFT p50"]["verdict"] == Change.HIGHER and slow["TTFT p50"]["change"] == pytest.approx(7.0)
     assert slow["failed"]["verdict"] == Change.HIGHER and slow["failed"]["candidate"] == pytest.approx(0.1)
     assert slow["failed"]["by"] == "difference" and slow["failed"]["change_low"] > 0
-    # 0.4 s is within the diagnosis SLO: the 10 % that failed cost 10 % of goodput, less than run_min_change
-    assert slow["goodput"]["change"] == pytest.approx(-0.1) and slow["goodput"]["verdict"] == Change.SAME
+    # 0.4 s is within the diagnosis SLO: only the 10 % that failed missed it, a share's change beyond its interval
+    met = slow["SLO attainment"]
+    assert met["change"] == pytest.approx(-0.1) and met["verdict"] == Change.LOWER and met["by"] == "difference"
     assert figs[("slow", "ITL p50")]["verdict"] == Change.SAME
     sides = {(r["kind"], r["name"], r["side"]) for r in c.one_side}
     assert sides == {("capacity search", "kv/kv160", "baseline"), ("capacity search", "kv/kv320", "candidate"),
@@ -102,6 +103,42 @@ def test_a_study_against_itself(dbs):
     assert {k["verdict"] for k in c.knees} == {Change.SAME}
     assert {r["verdict"] for r in c.runs} == {Change.SAME}
     assert c.setup == [] and c.one_side == [] and reasons(c, CompareGate()) == []
+
+
+def test_a_run_offered_more_because_its_knee_moved_is_not_a_change(tmp_path):
+    """A run placed at a share of its side's knee offers what that knee gives: at twice the
+    rate with every request on time, no figure changed, and the page shows both rates."""
+    base = _db(tmp_path / "a.duckdb", [_run("ref")], [])
+    cand = _db(tmp_path / "b.duckdb", [_run("ref", interval_s=0.05)], [])
+    c = compare(base, cand, RULES)
+    assert {r["figure"]: r["verdict"] for r in c.runs} == {f.name: Change.SAME for f in FIGURES}
+    (row,) = c.labels
+    assert row["cand_offered_rps"] == pytest.approx(2 * row["base_offered_rps"], rel=0.02)
+    assert row["base_offered_rps"] == pytest.approx(10, rel=0.02)
+
+
+def test_a_run_on_a_drifting_search_server_needs_a_wider_change(tmp_path):
+    """A run right after a search, on its server, shares the search's drift: TTFT x1.6 is a
+    change on a steady server, none on one whose speed moved by half over the search."""
+    def side(path, ttft_s, drift):
+        run = _run("ref", ttft_s=ttft_s)
+        run["meta"]["server"] = {"after_search": "knee/capped"}
+        _db(path, [run], [])
+        with duckdb.connect(str(path)) as con:
+            con.execute("ALTER TABLE frontiers ADD COLUMN drift DOUBLE")
+            con.execute("INSERT INTO frontiers VALUES ('knee', 'capped', 4.0, 4.4, 3.8, 'converged', "
+                        "'active-sequence limit', false, ?)", [drift])
+        return path
+
+    steady = compare(side(tmp_path / "a.duckdb", 0.05, None), side(tmp_path / "b.duckdb", 0.08, 0.0), RULES)
+    ttft = next(r for r in steady.runs if r["figure"] == "TTFT p50")
+    assert ttft["verdict"] == Change.HIGHER and ttft["min_change"] == pytest.approx(0.5)
+    drifting = compare(tmp_path / "a.duckdb", side(tmp_path / "c.duckdb", 0.08, -0.5), RULES)
+    ttft = next(r for r in drifting.runs if r["figure"] == "TTFT p50")
+    assert ttft["change"] == pytest.approx(0.6, rel=0.05)
+    assert ttft["verdict"] == Change.SAME and ttft["min_change"] == pytest.approx(1.5 * 1.5 - 1)
+    assert (drifting.labels[0]["base_drift"], drifting.labels[0]["cand_drift"]) == (None, -0.5)
+    assert next(r for r in drifting.runs if r["figure"] == "failed")["min_change"] is None  # a share
 
 
 def test_a_changed_label_fails_the_gate(tmp_path):

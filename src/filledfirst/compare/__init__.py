@@ -16,8 +16,8 @@ import duckdb
 
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis.storage import stored_rules
-from filledfirst.compare.figures import FIGURES, judge, samples
-from filledfirst.compare.knees import knee_rows, label_changed
+from filledfirst.compare.figures import FIGURES, judge, offered_rps, samples
+from filledfirst.compare.knees import knee_rows, label_changed, widened
 from filledfirst.compare.setup import setup_rows
 from filledfirst.compare.verdicts import Change
 from filledfirst.errors import UserError
@@ -44,10 +44,17 @@ class Side:
     documents: dict[str, dict[str, Any]]  # run id -> run.json, study runs only
     labels: dict[str, str | None]  # run id -> what filled first (table `diagnosis`)
     status: dict[str, str]  # run id -> the run's status
-    rules: DiagnosisRules  # the diagnosis' (the goodput's SLO)
+    rules: DiagnosisRules  # the diagnosis' (the attainment's SLO)
     knees: list[dict[str, Any]]  # table `frontiers`
     searches: dict[str, dict[str, Any]]  # "<frontier>/<setting>" -> one of its probes' run.json
     diagnosed: bool
+
+    def drift(self, run_id: str) -> float | None:
+        """The drift of the capacity search whose server the run ran on, right after it
+        (run.json server.after_search); None for a run on a server of its own."""
+        search = (self.documents.get(run_id, {}).get("server") or {}).get("after_search")
+        knee = next((k for k in self.knees if f"{k['frontier']}/{k['setting']}" == search), None)
+        return None if knee is None else knee.get("drift")
 
     @classmethod
     def read(cls, con: duckdb.DuckDBPyConnection, path: Path) -> Side:
@@ -110,13 +117,20 @@ def compare(base: str | Path, candidate: str | Path, rules: Compare) -> Comparis
             out.labels.append({"experiment": name, "base_run_id": rb, "cand_run_id": rc,
                                "base_status": b.status[rb], "cand_status": c.status[rc],
                                "expect": c.documents.get(rc, {}).get("expect") or b.documents.get(rb, {}).get("expect"),
-                               "base_label": lb, "cand_label": lc, "label_changed": label_changed(lb, lc)})
+                               "base_label": lb, "cand_label": lc, "label_changed": label_changed(lb, lc),
+                               "base_offered_rps": offered_rps(cons[0], rb),
+                               "cand_offered_rps": offered_rps(cons[1], rc),
+                               "base_drift": b.drift(rb), "cand_drift": c.drift(rc)})
+            # A run on a search's server, right after it, shares the search's drift: a
+            # figure measured while the server's speed moved by d cannot tell a change of d.
+            least = widened(rules.run_min_change, b.drift(rb), c.drift(rc))
             sb, sc = samples(cons[0], rb, b.rules), samples(cons[1], rc, c.rules)
             for fig in FIGURES:
-                j = judge(fig, sb[fig.name], sc[fig.name], rules)
+                j = judge(fig, sb[fig.name], sc[fig.name], rules, least)
                 out.runs.append({"experiment": name, "figure": fig.name, "unit": fig.unit, "better": fig.better,
                                  "base": j.base, "candidate": j.candidate, "change": j.change,
                                  "change_low": j.low, "change_high": j.high,
+                                 "min_change": least if j.by_ratio else None,
                                  "by": "ratio" if j.by_ratio else "difference", "n_base": sb[fig.name].n,
                                  "n_cand": sc[fig.name].n, "verdict": str(j.verdict)})
         out.one_side = (

@@ -7,8 +7,13 @@ speed moves between two runs too).
 
 The figures are the report's, over the same requests (filledfirst.analysis.signals):
 TTFT p50 and p90 of the ok requests, ITL p50 (per token, pooled over the ok requests'
-gaps: resampling a request takes all its gaps), goodput (the offered rate times the share
-of sent requests meeting the diagnosis SLO) and the share of sent requests that failed.
+gaps: resampling a request takes all its gaps), SLO attainment (the share of sent
+requests meeting the diagnosis SLO) and the share of sent requests that failed.
+
+Attainment, not goodput (attainment x the offered rate): a run placed at a share of a
+knee offers a rate that follows its side's knee, so goodput would repeat the knee's
+change, judged without the knee's drift allowance. The offered rates are shown beside
+the run (`offered_rps`), not judged.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ FIGURES = (
     Figure("TTFT p50", "ms", "lower"),
     Figure("TTFT p90", "ms", "lower"),
     Figure("ITL p50", "ms", "lower"),
-    Figure("goodput", "req/s", "higher"),
+    Figure("SLO attainment", "share", "higher", share=True),
     Figure("failed", "share", "lower", share=True),
 )
 
@@ -70,10 +75,8 @@ def _quantile(q: float) -> Callable[[np.ndarray, np.ndarray], float]:
     return stat
 
 
-def _scaled_mean(scale: float) -> Callable[[np.ndarray, np.ndarray], float]:
-    def stat(values: np.ndarray, weights: np.ndarray) -> float:
-        return float(scale * (values * weights).sum() / weights.sum()) if weights.sum() else np.nan
-    return stat
+def _mean(values: np.ndarray, weights: np.ndarray) -> float:
+    return float((values * weights).sum() / weights.sum()) if weights.sum() else np.nan
 
 
 def _sample(values, groups, stat) -> Sample:
@@ -83,8 +86,14 @@ def _sample(values, groups, stat) -> Sample:
     return Sample(values=values[order], group=index[order], n=len(uniq), stat=stat)
 
 
+def offered_rps(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+    """The rate a run's schedule offered (filledfirst.analysis.signals.OFFERED)."""
+    row = con.execute(f"SELECT offered_rps FROM ({OFFERED}) WHERE run_id = ?", [run_id]).fetchone()
+    return row[0] if row else None
+
+
 def samples(con: duckdb.DuckDBPyConnection, run_id: str, rules: DiagnosisRules) -> dict[str, Sample]:
-    """The data of every figure of one run; `rules`: the database's (its goodput's SLO)."""
+    """The data of every figure of one run; `rules`: the database's (its attainment's SLO)."""
     ttft = con.execute(f"SELECT request_id, {ttft_ms()} AS t FROM requests WHERE run_id = ? AND status = 'ok'",
                        [run_id]).fetchall()
     gaps = con.execute(f"SELECT request_id, itl_ms FROM ({ITL_GAPS}) WHERE run_id = ?", [run_id]).fetchall()
@@ -94,15 +103,13 @@ def samples(con: duckdb.DuckDBPyConnection, run_id: str, rules: DiagnosisRules) 
         FROM requests q LEFT JOIN ({REQUEST_STALL}) s USING (run_id, request_id)
         WHERE q.run_id = $run AND q.status <> '{NOT_SENT}'""",
                        {"run": run_id, "slo_ttft": rules.slo_ttft_ms, "slo_itl": rules.slo_itl_ms}).fetchall()
-    offered = con.execute(f"SELECT offered_rps FROM ({OFFERED}) WHERE run_id = ?", [run_id]).fetchone()
-    rate = (offered[0] if offered else None) or 0.0
     ids = [r[0] for r in sent]
     return {
         "TTFT p50": _sample([t for _, t in ttft], [i for i, _ in ttft], _quantile(0.5)),
         "TTFT p90": _sample([t for _, t in ttft], [i for i, _ in ttft], _quantile(0.9)),
         "ITL p50": _sample([g for _, g in gaps], [i for i, _ in gaps], _quantile(0.5)),
-        "goodput": _sample([float(r[2]) for r in sent], ids, _scaled_mean(rate)),
-        "failed": _sample([float(r[1]) for r in sent], ids, _scaled_mean(1.0)),
+        "SLO attainment": _sample([float(r[2]) for r in sent], ids, _mean),
+        "failed": _sample([float(r[1]) for r in sent], ids, _mean),
     }
 
 
@@ -125,7 +132,8 @@ class Judged:
     by_ratio: bool = True  # False: compared by difference (a share, or a baseline of 0)
 
 
-def judge(figure: Figure, base: Sample, cand: Sample, rules: Compare) -> Judged:
+def judge(figure: Figure, base: Sample, cand: Sample, rules: Compare, min_change: float | None = None) -> Judged:
+    """`min_change`: the least ratio change that counts (None: rules.run_min_change)."""
     b, c = base.point(), cand.point()
     by_ratio = not figure.share and bool(b)
     if b is None or c is None or np.isnan(b) or np.isnan(c):
@@ -144,7 +152,8 @@ def judge(figure: Figure, base: Sample, cand: Sample, rules: Compare) -> Judged:
         return Judged(b, c, change, None, None, Change.NOT_COMPARABLE, by_ratio)
     low, high = (float(x) for x in np.percentile(diffs, [tail, 100 - tail]))
     beyond = low > 0 or high < 0
-    large = abs(change) >= rules.run_min_change if by_ratio else True
+    least = rules.run_min_change if min_change is None else min_change
+    large = abs(change) >= least if by_ratio else True
     if not (beyond and large) or change == 0:
         verdict = Change.SAME
     else:

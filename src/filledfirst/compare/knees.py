@@ -23,10 +23,17 @@ from filledfirst.study import Compare
 _MOVED = {"up": Change.HIGHER, "down": Change.LOWER, "no": Change.SAME, None: Change.NOT_COMPARABLE}
 
 
+def widened(minimum: float, *drifts: float | None) -> float:
+    """The least change that counts, `minimum` widened by each drift (None: none measured)."""
+    factor = 1 + minimum
+    for d in drifts:
+        factor *= 1 + abs(d or 0.0)
+    return factor - 1
+
+
 def least_shift(base: Mapping[str, Any], cand: Mapping[str, Any], rules: Compare) -> float:
-    """knee_min_shift widened by both sides' drift (none measured: none)."""
-    widen = (1 + abs(base.get("drift") or 0.0)) * (1 + abs(cand.get("drift") or 0.0))
-    return (1 + rules.knee_min_shift) * widen - 1
+    """knee_min_shift widened by both sides' drift."""
+    return widened(rules.knee_min_shift, base.get("drift"), cand.get("drift"))
 
 
 def knee_row(key: tuple[str, str], base: Mapping[str, Any], cand: Mapping[str, Any], rules: Compare) -> dict[str, Any]:

@@ -129,6 +129,7 @@ RUN_COLUMNS: list[markup.Column] = [
     (_BASE, lambda r: _value(r["base"], r["unit"])),
     (_CAND, lambda r: _value(r["candidate"], r["unit"])),
     ("change (interval)", _change),
+    ("least that counts", lambda r: _percent(r["min_change"])),
     ("verdict", lambda r: r["verdict"] + ("" if r["verdict"] not in (Change.HIGHER, Change.LOWER) else
                                           " (better)" if r["verdict"] == r["better"] else " (worse)")),
     ("requests", lambda r: f"{r['n_base']:,} / {r['n_cand']:,}"),
@@ -138,6 +139,8 @@ LABEL_COLUMNS: list[markup.Column] = [
     ("experiment", lambda r: r["experiment"]),
     ("status", lambda r: f"{r['base_status']} / {r['cand_status']}"),
     ("designed for", lambda r: r["expect"] or DASH),
+    ("offered", lambda r: f"{numbers.rps(r['base_offered_rps'])} / {numbers.rps(r['cand_offered_rps'])}"),
+    ("drift of its server", lambda r: f"{_percent(r['base_drift'])} / {_percent(r['cand_drift'])}"),
     ("what filled first", lambda r: _label_pair(r["base_label"], r["cand_label"], r["label_changed"])),
 ]
 
@@ -166,7 +169,8 @@ def page_html(c: Comparison, reasons: Sequence[str], title: str | None = None) -
                         f"not overlap and its highest rate held moved by at least "
                         f"{c.rules.knee_min_shift:.0%}, widened by each search's drift; a run's figure changed "
                         f"when its {c.rules.confidence:.0%} bootstrap interval over requests excludes no change and it "
-                        f"moved by at least {c.rules.run_min_change:.0%} (a share: its interval alone)."),
+                        f"moved by at least {c.rules.run_min_change:.0%}, widened by the drift of the search whose "
+                        f"server it ran on, if any (a share: its interval alone)."),
             summary(c, reasons), _h(2, "What differs in the setup"), setup_html(c), _h(2, "Knees")]
     if c.knees:
         body += [markup.column_table(KNEE_COLUMNS, c.knees), charts.embed(knee_chart(c.knees))]

@@ -1,8 +1,8 @@
 """The comparison as tables of a DuckDB file, written whole or not at all:
 compare_setup (key, base, candidate), compare_knees (filledfirst.compare.knees),
 compare_runs (one row per experiment and figure, filledfirst.compare.figures),
-compare_labels (one row per matched experiment), compare_one_side (kind, name, side) and
-compare_about (the two databases and the rules)."""
+compare_labels (one row per matched experiment: statuses, labels, offered rates, drifts),
+compare_one_side (kind, name, side) and compare_about (the two databases and the rules)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ SCHEMAS = {
     "compare_runs": {
         "experiment": pl.String, "figure": pl.String, "unit": pl.String, "better": pl.String,
         "base": pl.Float64, "candidate": pl.Float64, "change": pl.Float64, "change_low": pl.Float64,
-        "change_high": pl.Float64, "by": pl.String, "n_base": pl.Int64, "n_cand": pl.Int64,
+        "change_high": pl.Float64, "min_change": pl.Float64, "by": pl.String, "n_base": pl.Int64, "n_cand": pl.Int64,
         "verdict": pl.String},
     "compare_labels": {
         "experiment": pl.String, "base_run_id": pl.String, "cand_run_id": pl.String, "base_status": pl.String,
         "cand_status": pl.String, "expect": pl.String, "base_label": pl.String, "cand_label": pl.String,
-        "label_changed": pl.Boolean},
+        "label_changed": pl.Boolean, "base_offered_rps": pl.Float64, "cand_offered_rps": pl.Float64,
+        "base_drift": pl.Float64, "cand_drift": pl.Float64},
     "compare_one_side": {"kind": pl.String, "name": pl.String, "side": pl.String},
 }
 
