@@ -18,7 +18,7 @@ from search_bench import prober as make_prober
 
 
 def main() -> None:
-    ap = arguments(__doc__.splitlines()[0], "seq8")
+    ap = arguments(__doc__.splitlines()[0], "seq2")
     ap.add_argument("--loops", type=int, default=6, help="closed loops, back to back")
     args = ap.parse_args()
     _, plan, prober = make_prober(args)

@@ -341,6 +341,7 @@ class Frontier(_Struct):
     # true: every setting; a list: those settings (filledfirst.frontier.interventions)
     verify: bool | list[str] = _d("frontiers", "*", "verify")
     verify_min_shift: float = _d("frontiers", "*", "verify_min_shift")
+    verify_factor: int = _d("frontiers", "*", "verify_factor")
 
 
 class ReferenceRole(_Struct):

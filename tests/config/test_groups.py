@@ -92,13 +92,13 @@ def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server(
     hosted = hosted_experiments(c)
     assert hosted["prefix/cache_on_kv160"] == ["prefix_evicted"]
     assert hosted["prefix/cache_on"] == ["mooncake_cache_on"]
-    assert hosted["decode/seq8"] == ["seq_limit"]
+    assert hosted["decode/seq2"] == ["seq_limit"]
     # in config order, after the search
     assert hosted["decode/default"] == ["interference", "interference_control", "decode_low", "decode_high"]
     # placed on decode/default's knee, but on 160 KV blocks: a server group of its own
     assert "kv_reduced" not in {e for exps in hosted.values() for e in exps}
     assert server_groups(c)["kv_reduced"] == ["kv_reduced"]
-    # on seq8's knee with the default server: in the default group, not hosted by seq8
+    # on seq2's knee with the default server: in the default group, not hosted by seq2
     assert "seq_default" in server_groups(c)["seq_default"]
     # no interventions host: nothing is placed on their knees
     assert not [k for k in hosted if "_x2" in k]

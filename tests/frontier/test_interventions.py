@@ -67,6 +67,21 @@ def test_each_verified_setting_gets_its_cap_and_its_kv_budget_doubled(cfg):
     assert len(set(prints.values())) == len(prints)
 
 
+def test_verify_factor_relaxes_both_limits_as_far_and_names_them_so(cfg):
+    cfg["frontiers"]["capacity"].update(verify=["kv160"], verify_factor=4)
+    validate_config(cfg)
+    plan = frontier_plan(Study.from_dict(cfg), "capacity")
+    engine = cfg["engine"]["server"]
+    assert list(plan.settings)[3:] == ["kv160_seqs_x4", "kv160_kv_x4"]
+    assert plan.settings["kv160_kv_x4"] == {**engine, "num_gpu_blocks_override": 640}
+    assert plan.settings["kv160_seqs_x4"]["max_num_seqs"] == 4 * engine["max_num_seqs"]
+    kv = plan.interventions["kv160_kv_x4"]
+    assert (kv.before, kv.after) == (20480, 81920)
+    cfg["frontiers"]["capacity"]["verify_factor"] = 1
+    with pytest.raises(UserError, match="verify_factor"):
+        validate_config(cfg)
+
+
 def test_verify_true_verifies_every_setting_and_false_none(cfg):
     f = cfg["frontiers"]["capacity"]
     f["settings"]["default"] = {"kv_tokens": 150000}

@@ -1,7 +1,8 @@
 """Interventions: a search's setting with one limit relaxed, to test what filled first.
 
 For each setting a frontier verifies (its `verify`), two more searches of the same shape:
-the sequence cap (max_num_seqs) times FACTOR and the KV budget (in tokens) times FACTOR.
+the sequence cap (max_num_seqs) and the KV budget (in tokens), each times the frontier's
+`verify_factor`.
 Which one relaxes the limit that filled first at the knee and which is the control is
 known only once the knee's probe is diagnosed, so table `frontiers` assigns the roles
 (filledfirst.analysis.frontiers). The workflow can then name every search before any of
@@ -12,10 +13,10 @@ highest rate held; an intervention's search stops as soon as further probes coul
 change that answer and it has seen a rate break (`decided`), since its purpose is the
 verdict and what fills next, not a knee as precise as its parent's.
 
-The KV budget is relaxed in the unit the setting states it in: `kv_tokens` doubles, or
-`num_gpu_blocks_override` doubles (blocks of block_size tokens: the same tokens). A
-setting with neither has no KV budget to double (a share of GPU memory is not one), and
-`relaxations` says so.
+The KV budget is relaxed in the unit the setting states it in: `kv_tokens`, or
+`num_gpu_blocks_override` (blocks of block_size tokens: the same tokens). A setting with
+neither has no KV budget to relax (a share of GPU memory is not one), and `relaxations`
+says so.
 """
 
 from __future__ import annotations
@@ -30,38 +31,39 @@ from filledfirst.contracts.search import Intervention, Knob, ResultRecord, StopR
 from filledfirst.frontier.verdict import interval_floor
 from filledfirst.model.kv import block_size
 
-FACTOR = 2
-_SUFFIX = {Knob.SEQS: f"seqs_x{FACTOR}", Knob.KV: f"kv_x{FACTOR}"}
+_KNOB = {Knob.SEQS: "seqs", Knob.KV: "kv"}
 
 
-def intervention_name(parent: str, knob: Knob) -> str:
-    """The setting name of `parent` with `knob` relaxed (its folder: results/frontiers/<frontier>/<name>)."""
-    return f"{parent}_{_SUFFIX[knob]}"
+def intervention_name(parent: str, knob: Knob, factor: int) -> str:
+    """The setting name of `parent` with `knob` relaxed `factor` times (its folder:
+    results/frontiers/<frontier>/<name>): seq8_seqs_x2, kv160_kv_x4."""
+    return f"{parent}_{_KNOB[knob]}_x{factor}"
 
 
-def relaxations(parent: str, server: Mapping[str, Any], launcher: str,
-                min_shift: float) -> tuple[list[Intervention], list[str]]:
+def relaxations(parent: str, server: Mapping[str, Any], launcher: str, min_shift: float,
+                factor: int) -> tuple[list[Intervention], list[str]]:
     """The interventions of `parent`, whose vLLM settings (the engine's under the setting's)
-    are `server`, and why any cannot be made; `min_shift`: the frontier's verify_min_shift."""
+    are `server`, and why any cannot be made; `min_shift` and `factor`: the frontier's
+    verify_min_shift and verify_factor."""
     out, problems = [], []
     cap = server.get("max_num_seqs")
     if cap is None:
         problems.append(f"setting {parent!r}: state max_num_seqs (in engine.server or the setting) to relax it")
     else:
-        out.append(Intervention(parent=parent, knob=Knob.SEQS, before=int(cap), after=int(cap) * FACTOR,
-                                changes={"max_num_seqs": int(cap) * FACTOR}, min_shift=min_shift))
+        out.append(Intervention(parent=parent, knob=Knob.SEQS, before=int(cap), after=int(cap) * factor,
+                                changes={"max_num_seqs": int(cap) * factor}, min_shift=min_shift))
     if server.get("kv_tokens") is not None:
         tokens = int(server["kv_tokens"])
-        changes: dict[str, Any] = {"kv_tokens": tokens * FACTOR}
+        changes: dict[str, Any] = {"kv_tokens": tokens * factor}
     elif server.get("num_gpu_blocks_override") is not None:
         blocks = int(server["num_gpu_blocks_override"])
-        tokens, changes = blocks * block_size(launcher, server), {"num_gpu_blocks_override": blocks * FACTOR}
+        tokens, changes = blocks * block_size(launcher, server), {"num_gpu_blocks_override": blocks * factor}
     else:
         tokens = None
         problems.append(f"setting {parent!r}: state its KV budget (kv_tokens) to relax it; a share of memory "
                         "(gpu_memory_utilization) means other tokens on other GPUs")
     if tokens is not None:
-        out.append(Intervention(parent=parent, knob=Knob.KV, before=tokens, after=tokens * FACTOR, changes=changes,
+        out.append(Intervention(parent=parent, knob=Knob.KV, before=tokens, after=tokens * factor, changes=changes,
                                 min_shift=min_shift))
     return out, problems
 

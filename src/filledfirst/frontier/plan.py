@@ -94,7 +94,8 @@ def verified(study: Study, name: str) -> dict[str, tuple[list[Intervention], lis
     f = study.frontiers[name]
     own = _own_settings(study, name)
     names = list(own) if f.verify is True else list(f.verify or [])
-    return {s: relaxations(s, own[s], study.engine.launcher, f.verify_min_shift) for s in names if s in own}
+    return {s: relaxations(s, own[s], study.engine.launcher, f.verify_min_shift, f.verify_factor)
+            for s in names if s in own}
 
 
 def searched_settings(study: Study, name: str) -> tuple[dict[str, dict[str, Any]], dict[str, Intervention]]:
@@ -102,7 +103,9 @@ def searched_settings(study: Study, name: str) -> tuple[dict[str, dict[str, Any]
     setting's), its settings first, then each verified setting's interventions; and the
     interventions by name."""
     settings = _own_settings(study, name)
-    interventions = {intervention_name(s, i.knob): i for s, (made, _) in verified(study, name).items() for i in made}
+    factor = study.frontiers[name].verify_factor
+    interventions = {intervention_name(s, i.knob, factor): i
+                     for s, (made, _) in verified(study, name).items() for i in made}
     return {**settings, **{n: {**settings[i.parent], **i.changes} for n, i in interventions.items()}}, interventions
 
 
@@ -212,5 +215,5 @@ def frontier_problems(study: Study) -> list[str]:
         for s, (made, why) in verified(study, name).items():
             problems += [f"{where}.verify: {w}" for w in why]
             problems += [f"{where}.settings: {n!r} is the name of an intervention of {s!r}: rename it"
-                         for n in (intervention_name(s, i.knob) for i in made) if n in f.settings]
+                         for n in (intervention_name(s, i.knob, f.verify_factor) for i in made) if n in f.settings]
     return problems + relative_problems(study)
