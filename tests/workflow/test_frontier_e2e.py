@@ -104,9 +104,9 @@ def test_capacity_search_on_the_engine(tmp_path):
 
     # twin/same ran on knee/default's start, right after its search, in the same job.
     twin = tmp_path / "results" / "frontiers" / "twin" / "same"
-    doc = json.loads((twin / "search.json").read_text())
-    assert 1 <= len(doc["probes"]) <= 2 and doc["result"]["reason"] != StopReason.PROBE_FAILED
-    for run_dir in ("estimate", *(p["run_dir"] for p in doc["probes"]), "check"):
+    twin_doc = json.loads((twin / "search.json").read_text())
+    assert 1 <= len(twin_doc["probes"]) <= 2 and twin_doc["result"]["reason"] != StopReason.PROBE_FAILED
+    for run_dir in ("estimate", *(p["run_dir"] for p in twin_doc["probes"]), "check"):
         meta = json.loads((twin / run_dir / "run.json").read_text())
         assert meta["status"] == "ok" and meta["server"]["started_by"] == "knee/default/estimate"
         assert "startup_s" not in meta["timings"]
@@ -214,7 +214,7 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert redone.returncode == 0, redone.stderr[-4000:]
     log = (tmp_path / "results" / "logs" / "frontier-knee-default.log").read_text()
     assert "probing" not in log and "reusing probe 1" in log  # both searches' probes
-    assert json.loads((twin / "search.json").read_text())["result"] == doc["result"]
+    assert json.loads((twin / "search.json").read_text())["result"] == twin_doc["result"]
     again = json.loads((run / "run.json").read_text())
     assert again["status"] == "ok" and again["server"]["started_by"] == "half_knee"
     assert "startup_s" in again["timings"]
