@@ -114,16 +114,17 @@ def compare(base: str | Path, candidate: str | Path, rules: Compare) -> Comparis
         out.setup = setup_rows(b.documents, c.documents, experiments, searches)
         for name, (rb, rc) in matched.items():
             lb, lc = b.labels.get(rb), c.labels.get(rc)
+            db, dc = b.drift(rb), c.drift(rc)
             out.labels.append({"experiment": name, "base_run_id": rb, "cand_run_id": rc,
                                "base_status": b.status[rb], "cand_status": c.status[rc],
                                "expect": c.documents.get(rc, {}).get("expect") or b.documents.get(rb, {}).get("expect"),
                                "base_label": lb, "cand_label": lc, "label_changed": label_changed(lb, lc),
                                "base_offered_rps": offered_rps(cons[0], rb),
                                "cand_offered_rps": offered_rps(cons[1], rc),
-                               "base_drift": b.drift(rb), "cand_drift": c.drift(rc)})
+                               "base_drift": db, "cand_drift": dc})
             # A run on a search's server, right after it, shares the search's drift: a
             # figure measured while the server's speed moved by d cannot tell a change of d.
-            least = widened(rules.run_min_change, b.drift(rb), c.drift(rc))
+            least = widened(rules.run_min_change, db, dc)
             sb, sc = samples(cons[0], rb, b.rules), samples(cons[1], rc, c.rules)
             for fig in FIGURES:
                 j = judge(fig, sb[fig.name], sc[fig.name], rules, least)
