@@ -21,7 +21,7 @@ from filledfirst.config import load_config, search_fingerprint, validate_config
 from filledfirst.contracts.search import Knob, SearchBounds, StopReason
 from filledfirst.engine.command import build_command
 from filledfirst.errors import UserError
-from filledfirst.frontier.interventions import Move, Span, decided, move
+from filledfirst.frontier.interventions import Move, Span, decided, move, widened
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.search import CapacitySearch
 from filledfirst.model.kv import kv_blocks
@@ -160,6 +160,37 @@ def test_a_knee_moves_only_beyond_both_intervals():
 def test_the_verdict_needs_the_relaxed_knee_to_move_and_the_control_not(label, relaxed, control, verdict):
     got, why = confirmation(label, {"moved": relaxed}, {"moved": control})
     assert got == verdict and why
+
+
+def test_a_move_within_the_parents_drift_is_not_a_move():
+    """The parent's search drifted -16 %: the least shift grows from 30 % to 51 %, so a
+    control that moved +32 % beyond both intervals did not move, and a relaxed knee that
+    moved +40 % is inconclusive rather than a move or a failure to move."""
+    assert widened(0.3, -0.16) == pytest.approx(0.508) and widened(0.3, None) == pytest.approx(0.3)
+
+    def study(relaxed_lo, control_lo, drift):
+        parent = {**row("kv160", 2.0, 2.2, floor=1.9, label=Label.KV_PRESSURE), "drift": drift}
+        rows = [parent,
+                {**row("kv160_kv_x4", relaxed_lo, relaxed_lo * 1.1, floor=relaxed_lo * 0.95,
+                       parent="kv160", knob=Knob.KV.value), "min_shift": 0.3},
+                {**row("kv160_seqs_x4", control_lo, control_lo * 1.1, floor=control_lo * 0.95,
+                       parent="kv160", knob=Knob.SEQS.value), "min_shift": 0.3}]
+        _interventions(rows)
+        return {r["setting"]: r for r in rows}
+
+    quiet = study(3.12, 2.64, None)  # +56 %, +32 %, no drift measured: the control moved
+    assert quiet["kv160_seqs_x4"]["moved"] == "up" and quiet["kv160"]["verdict"] == Confirmation.INCONCLUSIVE
+    drifting = study(3.12, 2.64, -0.16)
+    control = drifting["kv160_seqs_x4"]
+    assert control["least_shift"] == pytest.approx(0.508) and control["moved"] == "no" and control["within_drift"]
+    assert drifting["kv160_kv_x4"]["moved"] == "up" and not drifting["kv160_kv_x4"]["within_drift"]
+    assert drifting["kv160"]["verdict"] == Confirmation.CONFIRMED
+    assert "within the 51 %" in drifting["kv160"]["verdict_why"]
+    small = study(2.8, 2.0, -0.16)  # +40 %: beyond 30 %, within 51 %
+    assert small["kv160_kv_x4"]["within_drift"] and small["kv160"]["verdict"] == Confirmation.INCONCLUSIVE
+    assert "+40 %" in small["kv160"]["verdict_why"]
+    none = study(2.1, 2.0, -0.16)  # +5 %: within the intervals whatever the drift
+    assert not none["kv160_kv_x4"]["within_drift"] and none["kv160"]["verdict"] == Confirmation.NOT_CONFIRMED
 
 
 def test_the_roles_follow_what_filled_first_at_the_parents_knee():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape
 
 import duckdb
 import pytest
@@ -237,23 +238,27 @@ def test_what_moved_the_knee_and_the_verdict_at_a_glance():
             "relaxed_from": None, "relaxed_to": None, "role": None, "shift": None, "moved": None,
             "verdict": None, "verdict_why": None, "next_label": None, "hi_inconclusive": False, "drift": None}
     rows = [
-        {**base, "setting": "seq8", "lo_rps": 10.0, "hi_rps": 11.0, "floor_rps": 9.5,
+        {**base, "setting": "seq8", "lo_rps": 10.0, "hi_rps": 11.0, "floor_rps": 9.5, "drift": -0.16,
          "knee_label": "active-sequence limit", "verdict": "confirmed",
          "verdict_why": "relaxing max_num_seqs moved the knee above its interval; the control did not",
          "next_label": "compute-bound"},
         {**base, "setting": "seq8_kv_x2", "lo_rps": 10.5, "hi_rps": 11.5, "floor_rps": 9.8,
          "knee_label": "active-sequence limit", "parent": "seq8", "knob": "KV tokens", "relaxed_from": 153600,
-         "relaxed_to": 307200, "role": "control", "shift": 0.05, "moved": "no"},
+         "relaxed_to": 307200, "role": "control", "shift": 0.32, "moved": "no", "within_drift": True,
+         "min_shift": 0.3, "least_shift": 0.508},
         {**base, "setting": "seq8_seqs_x2", "lo_rps": 19.0, "hi_rps": 21.0, "floor_rps": 18.0,
          "knee_label": "compute-bound", "parent": "seq8", "knob": "max_num_seqs", "relaxed_from": 8,
-         "relaxed_to": 16, "role": "relaxed", "shift": 0.9, "moved": "up"},
+         "relaxed_to": 16, "role": "relaxed", "shift": 0.9, "moved": "up", "within_drift": False,
+         "min_shift": 0.3, "least_shift": 0.508},
     ]
     html = frontiers.moved_table_html(rows)
-    lines = re.findall(r"<tr>(.*?)</tr>", html, re.S)[1:]
+    lines = [unescape(line) for line in re.findall(r"<tr>(.*?)</tr>", html, re.S)[1:]]
     # the relaxed line first, with the verdict; the control's with its move
-    assert "seq8_seqs_x2: max_num_seqs 8 -&gt; 16" in lines[0] and "confirmed: relaxing" in lines[0]
+    assert "seq8_seqs_x2: max_num_seqs 8 -> 16" in lines[0] and "confirmed: relaxing" in lines[0]
     assert "+90 % (above its interval)" in lines[0] and "compute-bound" in lines[0]
-    assert "seq8_kv_x2: KV tokens 153,600 -&gt; 307,200" in lines[1] and "+5 % (within the intervals)" in lines[1]
+    assert "seq8_kv_x2: KV tokens 153,600 -> 307,200" in lines[1]
+    assert "+32 % (within what the server's drift allows)" in lines[1]
+    assert "51 % (30 %, widened by the parent's drift of -16 %)" in lines[0]
     assert "9.5 to 11 req/s (90 %)" in lines[0] and "18 to 21 req/s (90 %)" in lines[0]
     glance = frontiers.summary_rows([], {}, rows, DiagnosisRules())
     assert [g["what"] for g in glance] == ["seq8"]  # the interventions speak through their parent

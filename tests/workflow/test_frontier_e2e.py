@@ -24,7 +24,7 @@ import yaml
 
 from filledfirst.analysis.frontiers import IMPLICATED, confirmation, moved
 from filledfirst.contracts.search import SearchBounds, StopReason
-from filledfirst.frontier.interventions import Span
+from filledfirst.frontier.interventions import Span, widened
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 
 from conftest import REPO, snakemake_argv
@@ -126,11 +126,13 @@ def test_capacity_search_on_the_engine(tmp_path):
         assert 1 <= len(doc["probes"]) <= 4 and doc["probes"][0]["rate"] == (doc["start_rps"] or f["start"])
         first = json.loads((base / setting / "p01" / "run.json").read_text())
         assert first["server"]["settings"][flag[0]] == flag[1] and "startup_s" in first["timings"]
-        # judged against seq2's knee: it may stop once its move from that knee is decided
+        # judged against seq2's knee: it may stop once its move from that knee, by the least
+        # shift seq2's drift widens, is decided
         against = Span.of(seq2["result"]["lo"], seq2["result"]["hi"], seq2["result"]["floor"])
+        least = widened(0.3, (seq2["drift"] or {}).get("change"))
         search = CapacitySearch(bounds, [ProbeOutcome(p["rate"], p["attainment"], requests=p["requests"],
                                                       growth=p["backlog_growth"]) for p in doc["probes"]],
-                                first=doc["start_rps"], against=against, min_shift=0.3)
+                                first=doc["start_rps"], against=against, min_shift=least)
         assert (doc["result"]["lo"], doc["result"]["hi"]) == (search.result().lo, search.result().hi)
         assert doc["result"]["reason"] == str(search.result().reason)
 
@@ -158,7 +160,8 @@ def test_capacity_search_on_the_engine(tmp_path):
     implicated = IMPLICATED.get(by["seq2"]["knee_label"])
     for setting in ("seq2_seqs_x2", "seq2_kv_x2"):
         r = by[setting]
-        assert r["parent"] == "seq2" and r["moved"] == moved(by["seq2"], r, 0.3)
+        assert r["least_shift"] == pytest.approx(widened(0.3, by["seq2"]["drift"]))
+        assert r["parent"] == "seq2" and r["moved"] == moved(by["seq2"], r, r["least_shift"])
         assert r["role"] == (None if implicated is None else "relaxed" if r["knob"] == implicated else "control")
     relaxed = next((r for r in by.values() if r["role"] == "relaxed"), None)
     control = next((r for r in by.values() if r["role"] == "control"), None)

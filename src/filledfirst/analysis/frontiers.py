@@ -39,9 +39,13 @@ Columns:
   row has parent (the setting it relaxes), knob, relaxed_from and relaxed_to (ledger
   units), role (relaxed: the knob of the limit named at the parent's knee, IMPLICATED;
   control: the other), shift (its lo / the parent's lo - 1), min_shift (the frontier's
-  verify_min_shift) and moved (`moved`: its interval wholly above the parent's and its lo
-  at least 1 + min_shift times the parent's, the same below, or not); the parent's row has verdict
-  (`confirmation`), verdict_why and next_label (what filled first at the relaxed knee).
+  verify_min_shift), least_shift (min_shift widened by the parent search's drift,
+  filledfirst.frontier.interventions.widened: the interventions run after that search, on a
+  machine whose speed changed that much over it), moved (`moved`: its interval wholly
+  above the parent's and its lo at least 1 + least_shift times the parent's, the same
+  below, or not) and within_drift (it moved by min_shift but not by least_shift: the
+  drift alone could explain it); the parent's row has verdict (`confirmation`),
+  verdict_why and next_label (what filled first at the relaxed knee).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
 from filledfirst.contracts.search import Knob, SearchRecord
 from filledfirst.errors import UserError
-from filledfirst.frontier.interventions import Span, lo_ratio, move
+from filledfirst.frontier.interventions import Span, lo_ratio, move, widened
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
 
@@ -80,7 +84,7 @@ SCHEMA = {
     "waiting_from_rps": pl.Float64, "cap_from_rps": pl.Float64, "kv_full_from_rps": pl.Float64,
     "ttft_p95_from_rps": pl.Float64,
     "parent": pl.String, "knob": pl.String, "relaxed_from": pl.Int64, "relaxed_to": pl.Int64, "min_shift": pl.Float64,
-    "role": pl.String, "shift": pl.Float64, "moved": pl.String,
+    "least_shift": pl.Float64, "role": pl.String, "shift": pl.Float64, "moved": pl.String, "within_drift": pl.Boolean,
     "verdict": pl.String, "verdict_why": pl.String, "next_label": pl.String,
 }
 
@@ -125,21 +129,39 @@ def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float 
 
 def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
                  control: Mapping[str, Any] | None) -> tuple[Confirmation | None, str]:
-    """The verdict on a knee's label from its two interventions' `moved` (None: the label
-    names no limit an intervention relaxes), and why."""
+    """The verdict on a knee's label from its two interventions' `moved` and
+    `within_drift` (None: the label names no limit an intervention relaxes), and why."""
     if label not in IMPLICATED:
         return None, f"the knee names no limit to relax ({label or 'no label'})"
-    r, c = (relaxed or {}).get("moved"), (control or {}).get("moved")
+    relaxed, control = relaxed or {}, control or {}
+    r, c = relaxed.get("moved"), control.get("moved")
+    knob = IMPLICATED[label]
     if r is None:
         return Confirmation.INCONCLUSIVE, "the relaxed search measured no knee"
+    if r != "up" and relaxed.get("within_drift"):
+        return Confirmation.INCONCLUSIVE, (f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, beyond "
+                                           f"{_share(relaxed.get('min_shift'))} but not beyond the "
+                                           f"{_share(relaxed.get('least_shift'))} the server's drift allows")
     if r != "up":
-        return Confirmation.NOT_CONFIRMED, f"relaxing {IMPLICATED[label]} did not move the knee above its interval"
+        return Confirmation.NOT_CONFIRMED, f"relaxing {knob} did not move the knee above its interval"
     if c is None:
         return Confirmation.INCONCLUSIVE, "the knee moved, but the control measured no knee"
     if c != "no":
         return Confirmation.INCONCLUSIVE, f"the knee moved, and the control moved it too ({c})"
-    return Confirmation.CONFIRMED, (f"relaxing {IMPLICATED[label]} moved the knee above its interval; "
-                                    "the control did not")
+    why = f"relaxing {knob} moved the knee above its interval; the control did not"
+    if control.get("within_drift"):
+        why += (f" (it moved {_pct_shift(control)}, within the {_share(control.get('least_shift'))} "
+                "the server's drift allows)")
+    return Confirmation.CONFIRMED, why
+
+
+def _pct_shift(row: Mapping[str, Any]) -> str:
+    shift = row.get("shift")
+    return "by an unknown share" if shift is None else f"{100 * shift:+.0f} %"
+
+
+def _share(share: float | None) -> str:
+    return "an unknown share" if share is None else f"{100 * share:.0f} %"
 
 
 def _interventions(rows: list[dict]) -> None:
@@ -152,7 +174,10 @@ def _interventions(rows: list[dict]) -> None:
             continue
         implicated = IMPLICATED.get(parent.get("knee_label"))
         r["role"] = None if implicated is None else (Role.RELAXED if r["knob"] == implicated else Role.CONTROL)
-        r["moved"] = moved(parent, r, r.get("min_shift") or 0.0)
+        least = r["least_shift"] = widened(r.get("min_shift") or 0.0, parent.get("drift"))
+        r["moved"] = moved(parent, r, least)
+        if r["moved"] is not None:
+            r["within_drift"] = r["moved"] == "no" and moved(parent, r, r.get("min_shift") or 0.0) != "no"
         if (ratio := lo_ratio(parent.get("lo_rps"), r.get("lo_rps"))) is not None:
             r["shift"] = ratio - 1
     for p in rows:

@@ -17,10 +17,11 @@ import duckdb
 from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.compare.figures import FIGURES, judge, offered_rps, samples
-from filledfirst.compare.knees import knee_rows, label_changed, widened
+from filledfirst.compare.knees import knee_rows, label_changed
 from filledfirst.compare.setup import setup_rows
 from filledfirst.compare.verdicts import Change
 from filledfirst.errors import UserError
+from filledfirst.frontier.interventions import widened
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.report.frontiers import frontier_rows
 from filledfirst.store.tables import table_exists

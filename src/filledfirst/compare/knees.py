@@ -17,18 +17,10 @@ from typing import Any
 
 from filledfirst.analysis.frontiers import knee_span, moved
 from filledfirst.compare.verdicts import Change
-from filledfirst.frontier.interventions import lo_ratio
+from filledfirst.frontier.interventions import lo_ratio, widened
 from filledfirst.study import Compare
 
 _MOVED = {"up": Change.HIGHER, "down": Change.LOWER, "no": Change.SAME, None: Change.NOT_COMPARABLE}
-
-
-def widened(minimum: float, *drifts: float | None) -> float:
-    """The least change that counts, `minimum` widened by each drift (None: none measured)."""
-    factor = 1 + minimum
-    for d in drifts:
-        factor *= 1 + abs(d or 0.0)
-    return factor - 1
 
 
 def least_shift(base: Mapping[str, Any], cand: Mapping[str, Any], rules: Compare) -> float:

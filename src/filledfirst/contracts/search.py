@@ -187,7 +187,8 @@ class Intervention(_Record):
     before: int
     after: int
     changes: dict[str, Any]  # the vLLM settings it starts with on top of the parent's
-    # the least shift of the knee that counts as a move (the frontier's verify_min_shift)
+    # the least shift of the knee that counts as a move before the parent's drift widens it
+    # (the frontier's verify_min_shift)
     min_shift: float = schema_default("frontiers", "*", "verify_min_shift")
 
 

@@ -9,7 +9,9 @@ known only once the knee's probe is diagnosed, so table `frontiers` assigns the 
 them has run. Each intervention starts from its parent's knee (filledfirst.run.search).
 
 Whether a knee moved (`move`) is decided by both knees' intervals and a least shift of the
-highest rate held; an intervention's search stops as soon as further probes could not
+highest rate held: the frontier's verify_min_shift, widened by the drift the parent's search
+measured (`widened`: the interventions run after it, on a machine whose speed changed that
+much over one search); an intervention's search stops as soon as further probes could not
 change that answer and it has seen a rate break (`decided`), since its purpose is the
 verdict and what fills next, not a knee as precise as its parent's.
 
@@ -104,6 +106,16 @@ class Span:
 def lo_ratio(before_lo: float | None, after_lo: float | None) -> float | None:
     """The highest rate held after over before (None when either held nothing)."""
     return after_lo / before_lo if before_lo and after_lo is not None else None
+
+
+def widened(minimum: float, *drifts: float | None) -> float:
+    """The least change that counts, `minimum` widened by each drift (None: none measured):
+    a server whose speed changed by d over a search can move a knee measured after it by
+    that much with nothing else changed."""
+    factor = 1 + minimum
+    for d in drifts:
+        factor *= 1 + abs(d or 0.0)
+    return factor - 1
 
 
 def move(before: Span, after: Span, min_shift: float = 0.0) -> Move:

@@ -192,7 +192,19 @@ def _shift(r: Mapping[str, Any]) -> str:
     if shift is None:
         return DASH
     where = {"up": "above its interval", "down": "below its interval", "no": "within the intervals"}
+    if r.get("within_drift"):
+        return f"{100 * shift:+.0f} % (within what the server's drift allows)"
     return f"{100 * shift:+.0f} %" + (f" ({where[r['moved']]})" if r.get("moved") in where else "")
+
+
+def least_shift_text(r: Mapping[str, Any]) -> str:
+    """'30 %', or '51 % (30 %, widened by the parent's drift of -16 %)'."""
+    least, minimum, drift = r.get("least_shift"), r.get("min_shift"), r["_parent"].get("drift")
+    if least is None:
+        return DASH
+    if minimum is None or drift is None or abs(least - minimum) < 0.005:
+        return f"{100 * least:.0f} %"
+    return f"{100 * least:.0f} % ({100 * minimum:.0f} %, widened by the parent's drift of {100 * drift:+.0f} %)"
 
 
 def _role(r: Mapping[str, Any]) -> str:
@@ -231,6 +243,7 @@ def moved_table_html(rows: Sequence[Mapping[str, Any]]) -> str:
         ("knee before", lambda r: knee_interval(r["_parent"])),
         ("knee after", knee_interval),
         ("shift of the highest rate held", _shift),
+        ("least shift that counts", least_shift_text),
         ("verdict", _verdict),
         ("what filled first at the new knee", lambda r: r.get("knee_label") or DASH),
     ]

@@ -69,7 +69,7 @@ from filledfirst.contracts.search import (
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
-from filledfirst.frontier.interventions import Span
+from filledfirst.frontier.interventions import Span, widened
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import offered_rate, synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
@@ -376,18 +376,20 @@ def _drift(plan: FrontierPlan, start: Reference | None, end: Reference | None) -
                  max_change=plan.drift_max, drifted=abs(change) > plan.drift_max)
 
 
-def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | None]:
+def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | None, float]:
     """An intervention's first rate, the knee (highest rate that held) of the search it
-    relaxes (None: that search held nothing, and this one grows from `start`), and that
-    knee's interval, which it is judged against (None: that search failed); read from
-    that search's search.json beside its own folder."""
+    relaxes (None: that search held nothing, and this one grows from `start`), that
+    knee's interval, which it is judged against (None: that search failed), and the
+    least shift that counts as a move (its min_shift widened by that search's drift, as
+    table `frontiers` judges it); read from that search's search.json beside its own folder."""
     path = Path(out).parent / relaxed.parent / SEARCH_JSON
     try:
         parent = SearchRecord.read(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no search.json; an intervention on {relaxed.parent!r} starts from its knee: "
                         "run that search first") from None
-    return parent.result.lo, Span.of_result(parent.result)
+    drift = parent.drift.change if parent.drift else None
+    return parent.result.lo, Span.of_result(parent.result), widened(relaxed.min_shift, drift)
 
 
 def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probers: list[Prober]) -> None:
@@ -499,7 +501,7 @@ def _search(prober: Prober) -> SearchRecord:
     plan, setting, out = prober.plan, prober.setting, prober.out
     frontier = plan.name
     relaxed = plan.interventions.get(setting)
-    start_rps, against = parent_knee(out, relaxed) if relaxed is not None else (None, None)
+    start_rps, against, least_shift = parent_knee(out, relaxed) if relaxed is not None else (None, None, 0.0)
     concurrency = plan.estimate_concurrency(setting)
     estimate = check = None
     try:
@@ -517,8 +519,7 @@ def _search(prober: Prober) -> SearchRecord:
         elif plan.estimate_batches:
             log.info("%s/%s: no max_num_seqs to fill for a capacity estimate: the search grows from %g req/s",
                      frontier, setting, plan.bounds.start)
-        search, records = resume(out, plan, setting, prober.fingerprint, first, against,
-                                 relaxed.min_shift if relaxed is not None else 0.0)
+        search, records = resume(out, plan, setting, prober.fingerprint, first, against, least_shift)
         # A check measured before these probes would not be the search's end.
         if probe_to_the_end(prober, search, records):
             shutil.rmtree(out / CHECK, ignore_errors=True)
