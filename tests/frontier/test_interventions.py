@@ -191,6 +191,23 @@ def test_a_move_within_the_parents_drift_is_not_a_move():
     assert "+40 %" in small["kv160"]["verdict_why"]
     none = study(2.1, 2.0, -0.16)  # +5 %: within the intervals whatever the drift
     assert not none["kv160_kv_x4"]["within_drift"] and none["kv160"]["verdict"] == Confirmation.NOT_CONFIRMED
+    assert none["kv160"]["verdict_why"] == "relaxing KV tokens moved the knee +5 %, less than the 51 % that counts"
+
+
+def test_a_knee_that_moved_too_little_says_what_filled_first_there():
+    """The KV budget relaxed moved the knee +25 %, beyond both intervals but by less than
+    the least shift, and the cap filled first at the new knee: not confirmed, and the why
+    names the next limit rather than saying the knee did not move."""
+    rows = [{**row("kv160", 8.97, 9.49, floor=8.16, label=Label.KV_PRESSURE), "drift": -0.11},
+            {**row("kv160_kv_x4", 11.22, 12.54, floor=10.2, label=Label.SEQ_LIMIT,
+                   parent="kv160", knob=Knob.KV.value), "min_shift": 0.3},
+            {**row("kv160_seqs_x4", 7.18, 8.97, floor=6.53, label=Label.KV_PRESSURE,
+                   parent="kv160", knob=Knob.SEQS.value), "min_shift": 0.3}]
+    _interventions(rows)
+    parent = rows[0]
+    assert parent["verdict"] == Confirmation.NOT_CONFIRMED and parent["next_label"] == Label.SEQ_LIMIT
+    assert parent["verdict_why"] == ("relaxing KV tokens moved the knee +25 %, less than the 44 % that counts; "
+                                     "at the new knee the active-sequence limit filled first")
 
 
 def test_the_roles_follow_what_filled_first_at_the_parents_knee():

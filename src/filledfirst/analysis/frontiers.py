@@ -143,7 +143,15 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
                                            f"{_share(relaxed.get('min_shift'))} but not beyond the "
                                            f"{_share(relaxed.get('least_shift'))} the server's drift allows")
     if r != "up":
-        return Confirmation.NOT_CONFIRMED, f"relaxing {knob} did not move the knee above its interval"
+        shift, least = relaxed.get("shift"), relaxed.get("least_shift")
+        if shift is None or least is None or not 0 < shift < least:
+            return Confirmation.NOT_CONFIRMED, f"relaxing {knob} did not move the knee above its interval"
+        why = f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, less than the {_share(least)} that counts"
+        after = relaxed.get("knee_label")
+        if after and after != label:
+            # What filled first changed: the next limit is close behind the first one.
+            why += f"; at the new knee the {after} filled first"
+        return Confirmation.NOT_CONFIRMED, why
     if c is None:
         return Confirmation.INCONCLUSIVE, "the knee moved, but the control measured no knee"
     if c != "no":
