@@ -59,7 +59,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from filledfirst.analysis import signals
+from filledfirst.analysis import numbers, signals
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.runmeta import FrontierProbe
@@ -129,8 +129,8 @@ def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float 
 
 def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
                  control: Mapping[str, Any] | None) -> tuple[Confirmation | None, str]:
-    """The verdict on a knee's label from its two interventions' `moved` and
-    `within_drift` (None: the label names no limit an intervention relaxes), and why."""
+    """The verdict on a knee's label from its two interventions' `moved`,
+    `within_drift`, `shift` and `least_shift` (None: the label names no limit an intervention relaxes), and why."""
     if label not in IMPLICATED:
         return None, f"the knee names no limit to relax ({label or 'no label'})"
     relaxed, control = relaxed or {}, control or {}
@@ -138,12 +138,12 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
     knob = IMPLICATED[label]
     if r is None:
         return Confirmation.INCONCLUSIVE, "the relaxed search measured no knee"
-    if r != "up" and relaxed.get("within_drift"):
-        return Confirmation.INCONCLUSIVE, (f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, beyond "
-                                           f"{_share(relaxed.get('min_shift'))} but not beyond the "
-                                           f"{_share(relaxed.get('least_shift'))} the server's drift allows")
     if r != "up":
         shift, least = relaxed.get("shift"), relaxed.get("least_shift")
+        if relaxed.get("within_drift"):
+            return Confirmation.INCONCLUSIVE, (f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, beyond "
+                                               f"{_share(relaxed.get('min_shift'))} but not beyond the "
+                                               f"{_share(least)} the server's drift allows")
         if shift is None or least is None or not 0 < shift < least:
             return Confirmation.NOT_CONFIRMED, f"relaxing {knob} did not move the knee above its interval"
         why = f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, less than the {_share(least)} that counts"
@@ -164,12 +164,11 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
 
 
 def _pct_shift(row: Mapping[str, Any]) -> str:
-    shift = row.get("shift")
-    return "by an unknown share" if shift is None else f"{100 * shift:+.0f} %"
+    return numbers.change(row.get("shift"), "by an unknown share")
 
 
-def _share(share: float | None) -> str:
-    return "an unknown share" if share is None else f"{100 * share:.0f} %"
+def _share(x: float | None) -> str:
+    return numbers.share(x, "an unknown share")
 
 
 def _interventions(rows: list[dict]) -> None:

@@ -16,6 +16,11 @@ def share(x: float | None, missing: str = NA) -> str:
     return missing if x is None else f"{100 * x:.0f} %"
 
 
+def change(x: float | None, missing: str = DASH) -> str:
+    """A 0-1 change as a signed whole percentage: '+32 %', '-16 %'."""
+    return missing if x is None else f"{100 * x:+.0f} %"
+
+
 def percent(x: float | None, missing: str = DASH) -> str:
     """A value already in percent (KV use), one decimal: '42.5%'."""
     return missing if x is None else f"{x:.1f}%"

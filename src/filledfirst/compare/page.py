@@ -38,10 +38,6 @@ def _label_pair(a: str | None, b: str | None, changed: bool | None) -> str:
     return f"CHANGED: {text}" if changed else text
 
 
-def _percent(x: float | None) -> str:
-    return DASH if x is None else f"{100 * x:+.0f} %"
-
-
 def summary(c: Comparison, reasons: Sequence[str]) -> str:
     counts = c.verdicts
     n = sum(counts.values())
@@ -68,11 +64,11 @@ KNEE_COLUMNS: list[markup.Column] = [
     ("search", lambda r: f"{r['frontier']}/{r['setting']}"),
     (f"{_BASE} knee (interval)", lambda r: _knee(r["base_lo_rps"], r["base_floor_rps"], r["base_hi_rps"])),
     (f"{_CAND} knee (interval)", lambda r: _knee(r["cand_lo_rps"], r["cand_floor_rps"], r["cand_hi_rps"])),
-    ("shift", lambda r: _percent(r["shift"])),
-    ("least that counts", lambda r: _percent(r["min_shift"])),
+    ("shift", lambda r: numbers.change(r["shift"])),
+    ("least that counts", lambda r: numbers.change(r["min_shift"])),
     ("verdict", lambda r: r["verdict"]),
     ("what filled first at the knee", lambda r: _label_pair(r["base_label"], r["cand_label"], r["label_changed"])),
-    ("drift over each search", lambda r: f"{_percent(r['base_drift'])} / {_percent(r['cand_drift'])}"),
+    ("drift over each search", lambda r: f"{numbers.change(r['base_drift'])} / {numbers.change(r['cand_drift'])}"),
 ]
 
 
@@ -118,7 +114,7 @@ def _change(r: Mapping[str, Any]) -> str:
         scale, unit = (100, " points") if r["unit"] == "share" else (1, f" {r['unit']}")
         fmt = lambda x: f"{scale * x:+.3g}{unit}"  # noqa: E731
     else:
-        fmt = _percent
+        fmt = numbers.change
     interval = "" if r["change_low"] is None else f" ({fmt(r['change_low'])} to {fmt(r['change_high'])})"
     return fmt(r["change"]) + interval
 
@@ -129,7 +125,7 @@ RUN_COLUMNS: list[markup.Column] = [
     (_BASE, lambda r: _value(r["base"], r["unit"])),
     (_CAND, lambda r: _value(r["candidate"], r["unit"])),
     ("change (interval)", _change),
-    ("least that counts", lambda r: _percent(r["min_change"])),
+    ("least that counts", lambda r: numbers.change(r["min_change"])),
     ("verdict", lambda r: r["verdict"] + ("" if r["verdict"] not in (Change.HIGHER, Change.LOWER) else
                                           " (better)" if r["verdict"] == r["better"] else " (worse)")),
     ("requests", lambda r: f"{r['n_base']:,} / {r['n_cand']:,}"),
@@ -140,7 +136,7 @@ LABEL_COLUMNS: list[markup.Column] = [
     ("status", lambda r: f"{r['base_status']} / {r['cand_status']}"),
     ("designed for", lambda r: r["expect"] or DASH),
     ("offered", lambda r: f"{numbers.rps(r['base_offered_rps'])} / {numbers.rps(r['cand_offered_rps'])}"),
-    ("drift of its server", lambda r: f"{_percent(r['base_drift'])} / {_percent(r['cand_drift'])}"),
+    ("drift of its server", lambda r: f"{numbers.change(r['base_drift'])} / {numbers.change(r['cand_drift'])}"),
     ("what filled first", lambda r: _label_pair(r["base_label"], r["cand_label"], r["label_changed"])),
 ]
 

@@ -149,7 +149,7 @@ def drift_text(r: Mapping[str, Any]) -> str:
     """The server's speed on the closed loop after the search against before it."""
     if r.get("drift") is None:
         return DASH
-    text = (f"{100 * r['drift']:+.0f} % ({numbers.rps(r['drift_start_rps'])} before, "
+    text = (f"{numbers.change(r['drift'])} ({numbers.rps(r['drift_start_rps'])} before, "
             f"{numbers.rps(r['drift_end_rps'])} after)")
     return ("DRIFTED: " + text + ", measure again on a quiet server") if r.get("drifted") else text
 
@@ -193,8 +193,8 @@ def _shift(r: Mapping[str, Any]) -> str:
         return DASH
     where = {"up": "above its interval", "down": "below its interval", "no": "within the intervals"}
     if r.get("within_drift"):
-        return f"{100 * shift:+.0f} % (within what the server's drift allows)"
-    return f"{100 * shift:+.0f} %" + (f" ({where[r['moved']]})" if r.get("moved") in where else "")
+        return f"{numbers.change(shift)} (within what the server's drift allows)"
+    return numbers.change(shift) + (f" ({where[r['moved']]})" if r.get("moved") in where else "")
 
 
 def least_shift_text(r: Mapping[str, Any]) -> str:
@@ -203,8 +203,9 @@ def least_shift_text(r: Mapping[str, Any]) -> str:
     if least is None:
         return DASH
     if minimum is None or drift is None or abs(least - minimum) < 0.005:
-        return f"{100 * least:.0f} %"
-    return f"{100 * least:.0f} % ({100 * minimum:.0f} %, widened by the parent's drift of {100 * drift:+.0f} %)"
+        return numbers.share(least)
+    return (f"{numbers.share(least)} ({numbers.share(minimum)}, widened by the parent's drift of "
+            f"{numbers.change(drift)})")
 
 
 def _role(r: Mapping[str, Any]) -> str:
@@ -495,7 +496,7 @@ def summary_rows(diagnosis: Sequence[Mapping[str, Any]], metas: Mapping[str, Run
         if r.get("floor_rps") is not None:
             number += f"; capacity {knee_interval(r)}"
         if r.get("drift") is not None:
-            number += f"; drift {100 * r['drift']:+.0f} %" + (" (DRIFTED)" if r.get("drifted") else "")
+            number += f"; drift {numbers.change(r['drift'])}" + (" (DRIFTED)" if r.get("drifted") else "")
         found = r.get("knee_label") or DASH
         if r.get("verdict"):
             found += f" ({r['verdict']} by intervention" + (
