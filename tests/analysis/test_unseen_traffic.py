@@ -11,6 +11,7 @@ from filledfirst.study import DiagnosisRules
 from helpers.synthetic_db import (
     RUNNING,
     every,
+    gauges,
     kv_pressure_run,
     queue,
     reference_run,
@@ -170,3 +171,34 @@ def test_a_known_budget_without_the_step_histogram_says_its_use_was_not_measured
     assert d["budget_fill"] is None and d["label"] == "unclassified"
     assert d["clue"].endswith("and the use of the token budget (2048) not measured (no step histogram)"), d["clue"]
     assert "the per-step token budget's use not measured: no step histogram was scraped" in d["notes"]
+
+
+def shared_documents(tmp_path, run_id, caching=True, served=0.0, kv_pct=70.0):
+    """Prompts of 1,152 tokens whose first 1,024 an unbounded cache would serve (the shared
+    documents), queueing (ten slots for requests every 0.05 s), with running requests
+    holding `kv_pct` % of KV: vLLM counts the cached blocks no request holds as free, so
+    the gauge stays short of full while they are evicted. `served`: the share of the
+    documents the cache served."""
+    reqs = [timed(r) | {"ideal_cached_tokens": 1024, "cached_tokens": int(1024 * served)}
+            for r in queue(every(0.05, 300), 1.0, 10, prompt=1152, output=16)]
+    samples = gauges(reqs, 32, lambda n: kv_pct * n / 10)
+    return run_of(tmp_path, run_id=run_id, requests=reqs, samples=samples,
+                  meta={"server": {"settings": {"max_num_seqs": 64, "enable_prefix_caching": caching}}})
+
+
+def test_a_cache_that_lost_its_reuse_is_eviction_though_kv_never_read_full(tmp_path):
+    """The designed eviction run that came out `unclassified` on a fast machine: queued,
+    the cache serving none of the shared documents, KV held by running requests below
+    90 %."""
+    d = shared_documents(tmp_path, "evicted")
+    assert d["window_kv_max_pct"] < DiagnosisRules().kv_full_pct and d["kv_full_share"] == 0
+    assert d["cache_efficiency"] == 0 and d["ideal_hit_share"] == pytest.approx(1024 / 1152)
+    assert d["label"] == "prefix-cache eviction", d["clue"]
+    assert "KV held by running requests at most 70 %" in d["clue"], d["clue"]
+
+
+def test_the_same_queue_with_the_cache_delivering_or_off_is_not_eviction(tmp_path):
+    for run_id, kwargs in (("delivered", {"served": 0.9}), ("off", {"caching": False})):
+        d = shared_documents(tmp_path, run_id, **kwargs)
+        assert d["label"] == "unclassified", (run_id, d["clue"])
+        assert d["clue"].startswith("requests queued"), (run_id, d["clue"])

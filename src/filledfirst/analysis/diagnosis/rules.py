@@ -161,13 +161,19 @@ class KvPressure(_Conditions):
 
 
 class PrefixEviction(_Conditions):
-    """KV pressure that cost the prefix cache its reuse: the trace offered reuse (an
-    unbounded cache would have served a good share of the prompt tokens), the cache served
-    far less of it, while KV was full and requests waited, with sequence headroom. Full KV
-    evicts the cached blocks of finished requests first, so the prompts that shared them
-    are computed again: the prefill grows with the load instead of shrinking with reuse.
-    Plain KV-capacity pressure is the same queue with no reuse to lose (none offered, the
-    cache off, or the cache still delivering it)."""
+    """The prefix cache lost its reuse to a KV pool too small for it: the trace offered
+    reuse (an unbounded cache would have served a good share of the prompt tokens), the
+    cache on served far less of it, and requests waited, with sequence headroom. The prompts
+    whose shared blocks were evicted are computed again, so the prefill grows with the load
+    instead of shrinking with reuse.
+
+    KV need not read full here: vLLM counts a cached block that no running request holds
+    as free (its usage gauge is what running requests hold), and it is exactly those blocks
+    that the next allocation evicts, so a pool whose running requests hold 70 % of it can
+    evict every shared prefix before it comes round again. The low share served, with the
+    cache on, is the evidence that the pool was too small for the reuse; the gauge is only
+    quoted. Plain KV-capacity pressure is a queue with KV full and no reuse to lose (none
+    offered, the cache off, or the cache still delivering it)."""
 
     label = Label.PREFIX_EVICTION
 
@@ -179,7 +185,11 @@ class PrefixEviction(_Conditions):
                    f">= {share(t.eviction_min_ideal_share)}"),
             _check(_lt(f.cache_efficiency, t.eviction_max_efficiency),
                    f"the cache served {share(f.cache_efficiency)} of that", f"< {share(t.eviction_max_efficiency)}"),
-            *KvPressure().conditions(f, t),
+            _waiting(f, t),
+            # an unknown cap is no headroom, as for KV-capacity pressure
+            _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
+                   f"< {share(t.kv_pressure_max_cap_share)}"),
+            *_queue(f, t),
         ]
 
     def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
@@ -189,9 +199,10 @@ class PrefixEviction(_Conditions):
     def clue(self, f: Features, t: DiagnosisRules) -> str:
         return (f"the prefix cache served {share(f.measured_hit_share)} of the prompt tokens where an unbounded one "
                 f"would have served {share(f.ideal_hit_share)} ({share(f.cache_efficiency)} of the reuse the trace "
-                f"offered), while KV was at or above {t.kv_full_pct:g} % for {share(f.kv_full_share)} of the loaded "
-                f"time, {f.window_preemptions or 0:.0f} preemptions, waiting in {share(f.waiting_share)} of the "
-                f"time{_queue_evidence(f)}")
+                f"offered), waiting in {share(f.waiting_share)} of the time, running at most "
+                f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}; KV held by running requests at most "
+                f"{magnitude(f.window_kv_max_pct)} %, at or above {t.kv_full_pct:g} % for {share(f.kv_full_share)} "
+                f"of the loaded time, {f.window_preemptions or 0:.0f} preemptions{_queue_evidence(f)}")
 
 
 class BothLimits(_Conditions):
