@@ -194,20 +194,46 @@ def test_a_move_within_the_parents_drift_is_not_a_move():
     assert none["kv160"]["verdict_why"] == "relaxing KV tokens moved the knee +5 %, less than the 51 % that counts"
 
 
-def test_a_knee_that_moved_too_little_says_what_filled_first_there():
-    """The KV budget relaxed moved the knee +25 %, beyond both intervals but by less than
-    the least shift, and the cap filled first at the new knee: not confirmed, and the why
-    names the next limit rather than saying the knee did not move."""
+def kv160_study(relaxed_label=Label.SEQ_LIMIT, control=(7.18, 8.97, 6.53)):
+    """The shipped demo's reduced-KV knee on a fast VM: the KV budget relaxed 4x moved it
+    +25 %, beyond both intervals but by less than the least shift (44 % after the parent's
+    -11 % drift), and at the new knee the cap filled first; the control moved it -20 %."""
+    lo, hi, floor = control
     rows = [{**row("kv160", 8.97, 9.49, floor=8.16, label=Label.KV_PRESSURE), "drift": -0.11},
-            {**row("kv160_kv_x4", 11.22, 12.54, floor=10.2, label=Label.SEQ_LIMIT,
+            {**row("kv160_kv_x4", 11.22, 12.54, floor=10.2, label=relaxed_label,
                    parent="kv160", knob=Knob.KV.value), "min_shift": 0.3},
-            {**row("kv160_seqs_x4", 7.18, 8.97, floor=6.53, label=Label.KV_PRESSURE,
+            {**row("kv160_seqs_x4", lo, hi, floor=floor, label=Label.KV_PRESSURE,
                    parent="kv160", knob=Knob.SEQS.value), "min_shift": 0.3}]
     _interventions(rows)
-    parent = rows[0]
+    return {r["setting"]: r for r in rows}
+
+
+def test_a_knee_that_moved_until_the_next_limit_filled_first_is_confirmed():
+    """The move is smaller than the least shift because the next limit (the default cap)
+    is close behind: the limit relaxed no longer fills first, the control did not move."""
+    by = kv160_study()
+    relaxed, parent = by["kv160_kv_x4"], by["kv160"]
+    assert relaxed["moved"] == "no" and relaxed["interval_move"] == "up"
+    assert by["kv160_seqs_x4"]["interval_move"] == "no"
+    assert parent["verdict"] == Confirmation.CONFIRMED and parent["next_label"] == Label.SEQ_LIMIT
+    assert parent["verdict_why"] == ("relaxing KV tokens moved the knee +25 %, above its interval, until the "
+                                     "active-sequence limit filled first (the next limit close behind: less than "
+                                     "the 44 % a move needs otherwise); the control did not move it above its "
+                                     "interval")
+
+
+def test_a_knee_that_moved_too_little_says_what_filled_first_there():
+    """The same move with a control that rose above its interval (by less than the least
+    shift) is not confirmed, and the why names the next limit rather than saying the knee
+    did not move; with the same limit at the new knee it is not confirmed either."""
+    parent = kv160_study(control=(10.0, 10.6, 9.6))["kv160"]
     assert parent["verdict"] == Confirmation.NOT_CONFIRMED and parent["next_label"] == Label.SEQ_LIMIT
     assert parent["verdict_why"] == ("relaxing KV tokens moved the knee +25 %, less than the 44 % that counts; "
                                      "at the new knee the active-sequence limit filled first")
+    for label in (Label.KV_PRESSURE, "compute-bound", None):
+        parent = kv160_study(relaxed_label=label)["kv160"]
+        assert parent["verdict"] == Confirmation.NOT_CONFIRMED, label
+        assert parent["verdict_why"].startswith("relaxing KV tokens moved the knee +25 %, less than the 44 %")
 
 
 def test_the_roles_follow_what_filled_first_at_the_parents_knee():

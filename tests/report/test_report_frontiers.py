@@ -265,6 +265,12 @@ def test_what_moved_the_knee_and_the_verdict_at_a_glance():
     assert glance[0]["found"] == "active-sequence limit (confirmed by intervention; next: compute-bound)"
 
 
+def test_a_knee_above_its_interval_by_less_than_the_least_shift_says_both():
+    r = {"shift": 0.25, "moved": "no", "interval_move": "up", "within_drift": False}
+    assert frontiers._shift(r) == "+25 % (above its interval, less than the least shift that counts)"
+    assert frontiers._shift({**r, "interval_move": "no"}) == "+25 % (within the intervals)"
+
+
 def test_a_parts_knees_side_by_side_each_against_the_first_setting():
     base = {"frontier": "prefix", "reason": "converged", "confidence": 0.9, "parent": None, "hi_inconclusive": False}
     rows = [

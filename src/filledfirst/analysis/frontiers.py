@@ -43,8 +43,9 @@ Columns:
   filledfirst.frontier.interventions.widened: the interventions run after that search, on a
   machine whose speed changed that much over it), moved (`moved`: its interval wholly
   above the parent's and its lo at least 1 + least_shift times the parent's, the same
-  below, or not) and within_drift (it moved by min_shift but not by least_shift: the
-  drift alone could explain it); the parent's row has verdict (`confirmation`),
+  below, or not), within_drift (it moved by min_shift but not by least_shift: the
+  drift alone could explain it) and interval_move (the same as moved by the intervals
+  alone, with no least shift); the parent's row has verdict (`confirmation`),
   verdict_why and next_label (what filled first at the relaxed knee).
 """
 
@@ -85,6 +86,7 @@ SCHEMA = {
     "ttft_p95_from_rps": pl.Float64,
     "parent": pl.String, "knob": pl.String, "relaxed_from": pl.Int64, "relaxed_to": pl.Int64, "min_shift": pl.Float64,
     "least_shift": pl.Float64, "role": pl.String, "shift": pl.Float64, "moved": pl.String, "within_drift": pl.Boolean,
+    "interval_move": pl.String,
     "verdict": pl.String, "verdict_why": pl.String, "next_label": pl.String,
 }
 
@@ -129,8 +131,17 @@ def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float 
 
 def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
                  control: Mapping[str, Any] | None) -> tuple[Confirmation | None, str]:
-    """The verdict on a knee's label from its two interventions' `moved`,
-    `within_drift`, `shift` and `least_shift` (None: the label names no limit an intervention relaxes), and why."""
+    """The verdict on a knee's label from its two interventions' `moved`, `within_drift`,
+    `interval_move`, `shift`, `least_shift` and `knee_label` (None: the label names no limit
+    an intervention relaxes), and why.
+
+    A knee moves when its interval clears the parent's and it moved by the least shift that
+    counts (`moved`); that least shift guards against the noise between two searches. A
+    relaxed knee that cleared the parent's interval by less is still a confirmation when the
+    other limit filled first at it (`next_limit`): the limit relaxed no longer fills first,
+    which is what relaxing it must do, and how far the knee could move was set by how close
+    the next limit was, not by noise. That case asks more of the control: not above the
+    parent's interval even by the intervals alone."""
     if label not in IMPLICATED:
         return None, f"the knee names no limit to relax ({label or 'no label'})"
     relaxed, control = relaxed or {}, control or {}
@@ -138,6 +149,12 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
     knob = IMPLICATED[label]
     if r is None:
         return Confirmation.INCONCLUSIVE, "the relaxed search measured no knee"
+    if r != "up" and relaxed.get("interval_move") == "up" and (after := next_limit(label, relaxed)):
+        if control.get("interval_move") not in (None, "up"):
+            return Confirmation.CONFIRMED, (
+                f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, above its interval, until the {after} "
+                f"filled first (the next limit close behind: less than the {_share(relaxed.get('least_shift'))} a "
+                "move needs otherwise); the control did not move it above its interval")
     if r != "up":
         shift, least = relaxed.get("shift"), relaxed.get("least_shift")
         if relaxed.get("within_drift"):
@@ -163,6 +180,16 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
     return Confirmation.CONFIRMED, why
 
 
+def next_limit(label: str, relaxed: Mapping[str, Any]) -> Label | None:
+    """The other limit, where it filled first at the relaxed knee (None: the same limit, no
+    limit or no label there)."""
+    try:
+        after = Label(relaxed.get("knee_label"))
+    except ValueError:
+        return None
+    return after if after in IMPLICATED and IMPLICATED[after] != IMPLICATED[label] else None
+
+
 def _pct_shift(row: Mapping[str, Any]) -> str:
     return numbers.change(row.get("shift"), "by an unknown share")
 
@@ -185,6 +212,7 @@ def _interventions(rows: list[dict]) -> None:
         r["moved"] = moved(parent, r, least)
         if r["moved"] is not None:
             r["within_drift"] = r["moved"] == "no" and moved(parent, r, r.get("min_shift") or 0.0) != "no"
+            r["interval_move"] = moved(parent, r)
         if (ratio := lo_ratio(parent.get("lo_rps"), r.get("lo_rps"))) is not None:
             r["shift"] = ratio - 1
     for p in rows:

@@ -194,6 +194,8 @@ def _shift(r: Mapping[str, Any]) -> str:
     where = {"up": "above its interval", "down": "below its interval", "no": "within the intervals"}
     if r.get("within_drift"):
         return f"{numbers.change(shift)} (within what the server's drift allows)"
+    if r.get("moved") == "no" and r.get("interval_move") in ("up", "down"):
+        return f"{numbers.change(shift)} ({where[r['interval_move']]}, less than the least shift that counts)"
     return numbers.change(shift) + (f" ({where[r['moved']]})" if r.get("moved") in where else "")
 
 
