@@ -149,12 +149,12 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
     knob = IMPLICATED[label]
     if r is None:
         return Confirmation.INCONCLUSIVE, "the relaxed search measured no knee"
-    if r != "up" and relaxed.get("interval_move") == "up" and (after := next_limit(label, relaxed)):
-        if control.get("interval_move") not in (None, "up"):
-            return Confirmation.CONFIRMED, (
-                f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, above its interval, until the {after} "
-                f"filled first (the next limit close behind: less than the {_share(relaxed.get('least_shift'))} a "
-                "move needs otherwise); the control did not move it above its interval")
+    if (r != "up" and relaxed.get("interval_move") == "up" and control.get("interval_move") not in (None, "up")
+            and (after := next_limit(label, relaxed))):
+        return Confirmation.CONFIRMED, (
+            f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, above its interval, until the {after} "
+            f"filled first (the next limit close behind: less than the {_share(relaxed.get('least_shift'))} a "
+            "move needs otherwise); the control did not move it above its interval")
     if r != "up":
         shift, least = relaxed.get("shift"), relaxed.get("least_shift")
         if relaxed.get("within_drift"):

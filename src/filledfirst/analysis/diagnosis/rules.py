@@ -147,9 +147,7 @@ class KvPressure(_Conditions):
         return [
             _kv_full(f, t),
             _waiting(f, t),
-            # an unknown cap is no headroom: nothing says the cap was not reached
-            _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
-                   f"< {share(t.kv_pressure_max_cap_share)}"),
+            _cap_headroom(f, t),
             *_queue(f, t),
         ]
 
@@ -186,9 +184,7 @@ class PrefixEviction(_Conditions):
             _check(_lt(f.cache_efficiency, t.eviction_max_efficiency),
                    f"the cache served {share(f.cache_efficiency)} of that", f"< {share(t.eviction_max_efficiency)}"),
             _waiting(f, t),
-            # an unknown cap is no headroom, as for KV-capacity pressure
-            _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
-                   f"< {share(t.kv_pressure_max_cap_share)}"),
+            _cap_headroom(f, t),
             *_queue(f, t),
         ]
 
@@ -409,6 +405,13 @@ def _kv_full(f: Features, t: DiagnosisRules) -> Check:
                   f"{share(t.kv_full_min_share)}, or a peak >= {t.kv_peak_pct:g} % with preemptions")
 
 
+def _cap_headroom(f: Features, t: DiagnosisRules) -> Check:
+    """Running at the cap for less of the window than a full cap needs (an unknown cap is no
+    headroom: nothing says the cap was not reached)."""
+    return _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
+                  f"< {share(t.kv_pressure_max_cap_share)}")
+
+
 def _queued(f: Features, t: DiagnosisRules) -> bool:
     """Requests waited, by the time or by the requests: a queue for a share of the window a
     limit's label needs, or (where the server timed them) vLLM's queue more of their TTFT
@@ -441,8 +444,7 @@ def _queue_none_full(f: Features, t: DiagnosisRules) -> list[Check]:
         _check(_queued(f, t), _queue_seen(f),
                f"waiting >= {share(t.waiting_min_share)} of the time, or vLLM's queue "
                f">= {share(t.reference_max_queue_share)} of TTFT"),
-        _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
-               f"< {share(t.kv_pressure_max_cap_share)}"),
+        _cap_headroom(f, t),
         _check(not _kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
                f"< {share(t.kv_full_min_share)}, and no peak >= {t.kv_peak_pct:g} % with preemptions"),
     ]
