@@ -28,10 +28,11 @@ demo: $(STAMP)
 test: $(STAMP) $(CHROMIUM_STAMP) $(SLURM_STAMP)
 	$(PY) -m pytest
 
-# ruff (settings in pyproject.toml), then Snakemake's own lint of the workflow.
+# ruff and snakefmt (settings in pyproject.toml), then Snakemake's own lint of the workflow.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/snakemake --lint --configfile config/cpu.yaml
+	$(VENV)/bin/snakefmt --check workflow
+	$(PY) tools/workflow_lint.py --configfile config/cpu.yaml
 
 install: $(STAMP)
 

@@ -23,7 +23,7 @@ from filledfirst.config import deep_merge, load_config, search_fingerprint, vali
 from filledfirst.frontier.plan import search_plan
 from filledfirst.interrupts import install_interrupt_handlers, watch_owners
 from filledfirst.run.search import Prober
-from filledfirst.study import Study
+from filledfirst.study import Study, as_study
 
 REPO = Path(__file__).resolve().parent.parent
 SETTING = "gain"  # the setting this adds to the frontiers it probes
@@ -53,7 +53,7 @@ def main() -> None:
     probers = {}
     for f in frontiers:
         (out / f).mkdir(parents=True, exist_ok=True)
-        fp = search_fingerprint(cfg, f, SETTING)
+        fp = search_fingerprint(as_study(cfg), f, SETTING)
         probers[f] = Prober(study, search_plan(study, f, SETTING), SETTING, out / f, fp, None, None, progress=False,
                             before=next(iter(probers.values()), None))
     rows: list[dict[str, float]] = []

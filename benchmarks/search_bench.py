@@ -10,7 +10,7 @@ from filledfirst.config import load_config, search_fingerprint
 from filledfirst.frontier.plan import FrontierPlan, search_plan
 from filledfirst.interrupts import install_interrupt_handlers, watch_owners
 from filledfirst.run.search import Prober
-from filledfirst.study import Study, SyntheticWorkload
+from filledfirst.study import Study, SyntheticWorkload, as_study
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,5 +35,5 @@ def prober(args: argparse.Namespace) -> tuple[Study, FrontierPlan, Prober]:
     out.mkdir(parents=True, exist_ok=True)
     install_interrupt_handlers()  # Ctrl-C or a kill still stops the server (no orphan vLLM)
     watch_owners()
-    fp = search_fingerprint(cfg, args.frontier, args.setting)
+    fp = search_fingerprint(as_study(cfg), args.frontier, args.setting)
     return study, plan, Prober(study, plan, args.setting, out, fp, None, None, progress=False)

@@ -51,7 +51,7 @@ def trace_mirror() -> Path | None:
 def snakemake_argv(workdir: Path, configfile: Path, *targets: str) -> list[str]:
     return [
         sys.executable, "-m", "snakemake",
-        "--snakefile", str(REPO / "Snakefile"),
+        "--snakefile", str(REPO / "workflow" / "Snakefile"),
         "--directory", str(workdir),
         "--cores", "1",
         *targets,

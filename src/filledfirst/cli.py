@@ -107,11 +107,11 @@ def _add_trace(sub) -> None:
     scale.add_argument("--time-scale", type=float, default=None,
                        help="multiply arrival gaps (0.5 = twice as fast; default "
                        f"{default_of(TraceWorkload, 'time_scale')})")
-    scale.add_argument("--knee", type=Path, action="append", default=[], dest="knees", metavar="SEARCH_JSON",
+    scale.add_argument("--search", type=Path, default=None, metavar="SEARCH_JSON",
                        help="instead of --time-scale: the time scale at which the window offers --times x the "
-                       "knee (highest rate that held) of this capacity search; with --workload, the search "
-                       "its relative time_scale names")
-    s.add_argument("--times", type=float, default=None, help="with --knee: the multiple of the knee's rate")
+                       "knee (highest rate that held) of this search (its search.json; with --workload, the "
+                       "workload's own relative rate names the search, read from the study's results)")
+    s.add_argument("--times", type=float, default=None, help="with --search: the multiple of the knee's rate")
     s.add_argument("--max-model-len", type=int, default=None, help="clip prompt+output to this")
     s.add_argument("--length-scale", type=float, default=None,
                    help="prompt, output and prefix block sizes x this, for a small engine (default "
@@ -150,16 +150,16 @@ def _cmd_trace_subsample(args) -> int:
             raise UserError("--config goes with --workload NAME")
         if args.minutes is None:
             raise UserError("give --minutes (or --config ... --workload NAME)")
-        if bool(args.knees) != (args.times is not None) or len(args.knees) > 1:
-            raise UserError("--knee SEARCH_JSON (once) and --times X go together")
+        if (args.search is None) != (args.times is None):
+            raise UserError("--search SEARCH_JSON and --times X go together")
         def given(value, key):
             return value if value is not None else default_of(TraceWorkload, key)
 
         relative = None
-        if args.knees:
+        if args.search is not None:
             from filledfirst.frontier.relative import load_knees, trace_scale_resolver
 
-            knees = load_knees(args.knees)
+            knees = load_knees([args.search])
             relative = trace_scale_resolver(next(iter(knees)), args.times, knees)
         spec = dict(start_offset_s=given(args.start_offset, "start_offset_s"), start=args.start, minutes=args.minutes,
                     keep_every=given(args.keep_every, "keep_every"), phase=given(args.phase, "phase"),
@@ -170,15 +170,14 @@ def _cmd_trace_subsample(args) -> int:
     return 0
 
 
-_WINDOW_FLAGS = ("start", "start_offset", "minutes", "keep_every", "phase", "time_scale", "times", "max_model_len",
-                 "length_scale", "format")
+_WINDOW_FLAGS = ("start", "start_offset", "minutes", "keep_every", "phase", "time_scale", "search", "times",
+                 "max_model_len", "length_scale", "format")
 
 
 def _trace_workload_spec(args) -> dict:
     """subsample_to_parquet's window from a trace workload of the config: the config is the
     one place its settings come from, so no window flag may be given beside it."""
     from filledfirst.config import load_study
-    from filledfirst.frontier.relative import load_knees
     from filledfirst.run.schedules import trace_window
 
     given = [f"--{f.replace('_', '-')}" for f in _WINDOW_FLAGS if getattr(args, f) is not None]
@@ -189,7 +188,20 @@ def _trace_workload_spec(args) -> dict:
     study = load_study(args.configs)
     if args.workload not in study.workloads:
         raise UserError(f"workloads: no {args.workload!r} in the config ({sorted(study.workloads)})")
-    return trace_window(study, args.workload, load_knees(args.knees), args.skip_bad)
+    return trace_window(study, args.workload, _study_knees(study, args.workload), args.skip_bad)
+
+
+def _study_knees(study, workload: str):
+    """The knees a workload of the study is placed relative to, from the searches' results
+    where the study's plan puts them (filledfirst.plan)."""
+    from filledfirst.frontier.relative import load_knees
+    from filledfirst.plan import build_plan
+
+    paths = [Path(p) for p in build_plan(study).schedules[workload].knees]
+    if missing := [str(p) for p in paths if not p.is_file()]:
+        raise UserError(f"workload {workload} is placed relative to knees not searched yet: {', '.join(missing)} "
+                        "missing (run the study's searches first: snakemake runs them before its schedules)")
+    return load_knees(paths)
 
 
 def _cmd_trace_stats(args) -> int:
@@ -208,21 +220,17 @@ def _add_workload(sub) -> None:
     s.add_argument("--config", action="append", required=True, type=Path, dest="configs")
     s.add_argument("--workload", required=True)
     s.add_argument("--out", required=True, type=Path)
-    s.add_argument("--knee", action="append", type=Path, default=[], dest="knees", metavar="SEARCH_JSON",
-                   help="a capacity search's search.json, for phases whose interval_s is relative to its knee "
-                   "(once per search the workload names)")
     s.set_defaults(func=_cmd_workload_synth)
 
 
 def _cmd_workload_synth(args) -> int:
     from filledfirst.config import load_study
-    from filledfirst.frontier.relative import load_knees
     from filledfirst.run.schedules import write_synthetic
 
     study = load_study(args.configs)
     if args.workload not in study.workloads:
         raise UserError(f"workloads: no {args.workload!r} in the config ({sorted(study.workloads)})")
-    write_synthetic(study, args.workload, args.out, load_knees(args.knees))
+    write_synthetic(study, args.workload, args.out, _study_knees(study, args.workload))
     return 0
 
 
@@ -245,7 +253,7 @@ def _add_run(sub) -> None:
 
 
 def _cmd_run(args) -> int:
-    from filledfirst.config import load_config
+    from filledfirst.config import load_study
     from filledfirst.run.runner import Job, run_experiments
 
     if not len(args.experiments) == len(args.schedules) == len(args.outs):
@@ -253,9 +261,8 @@ def _cmd_run(args) -> int:
             f"give --experiment, --schedule and --out once per experiment (got {len(args.experiments)}, "
             f"{len(args.schedules)} and {len(args.outs)})"
         )
-    cfg = load_config(args.configs)
     jobs = [Job(*triple) for triple in zip(args.experiments, args.schedules, args.outs)]
-    statuses = run_experiments(cfg, jobs, progress=not args.no_progress)
+    statuses = run_experiments(load_study(args.configs), jobs, progress=not args.no_progress)
     # A failed or partial run is a result: its folder says why, and the report must list
     # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt raises
     # Interrupted: exit 130, so an interrupted group is redone).
@@ -273,7 +280,7 @@ def _add_frontier(sub) -> None:
     p = sub.add_parser("frontier", help="capacity searches (the config's frontiers)")
     fsub = p.add_subparsers(dest="frontier_cmd", required=True)
     r = fsub.add_parser(
-        "run", help="one frontier's search for one server setting (and others on the same server), on one server start",
+        "run", help="one search: a frontier's workload at one server setting, on a server of its own",
         description="Probe the frontier's workload at rising, then bisected rates until the search "
         "stops; each probe is a run folder DIR/pNN, the search DIR/search.json. An interrupted "
         "search resumes from its finished probes.",
@@ -285,63 +292,55 @@ def _add_frontier(sub) -> None:
     r.add_argument("--trace-csv", type=Path, default=None, help="a trace workload's CSV")
     r.add_argument("--shape-stats", type=Path, default=None,
                    help="a trace workload's schedule stats (<schedule>.stats.json): its density")
-    r.add_argument("--then", nargs="+", action="append", default=[], dest="then",
-                   metavar="FRONTIER SETTING DIR [TRACE_CSV SHAPE_STATS]",
-                   help="after the search, another search on the same server start (it must probe exactly the "
-                   "same server); repeat, in config order")
-    r.add_argument("--host", nargs=2, action="append", default=[], dest="hosted", metavar=("EXPERIMENT", "DIR"),
-                   help="after the searches, run this experiment on their server (it must be one a search of the "
-                   "job hosts: placed relative to its knee, with the same server settings) into run folder DIR; "
-                   "repeat, in config order")
-    r.add_argument("--knee", action="append", type=Path, default=[], dest="knees", metavar="SEARCH_JSON",
-                   help="another search the hosted experiments' rates are placed relative to")
-    r.add_argument("--host-trace", nargs=2, action="append", default=[], dest="host_traces", metavar=("TRACE", "CSV"),
-                   help="a hosted trace workload's trace and its CSV")
     r.add_argument("--no-progress", action="store_true", help="no live progress line")
     r.set_defaults(func=_cmd_frontier_run)
 
 
 def _cmd_frontier_run(args) -> int:
-    from filledfirst.config import hosted_experiments, load_config, search_fingerprint, search_groups
-    from filledfirst.run.search import Hosted, SearchTask, run_searches
-    from filledfirst.study import Study
+    from filledfirst.config import load_study, search_fingerprint
+    from filledfirst.run.search import SearchTask, run_searches
 
-    cfg = load_config(args.configs)
-    study = Study.from_dict(cfg)
-    # an unknown search is an error here
-    tasks = [SearchTask(args.frontier, args.setting, args.out, search_fingerprint(cfg, args.frontier, args.setting),
-                        args.trace_csv, args.shape_stats)]
-    for then in args.then:
-        if len(then) not in (3, 5):
-            raise UserError(f"--then {' '.join(then)}: give FRONTIER SETTING DIR, and TRACE_CSV SHAPE_STATS "
-                            "for a trace workload")
-        frontier, setting, out, *trace = then
-        tasks.append(SearchTask(frontier, setting, Path(out), search_fingerprint(cfg, frontier, setting),
-                                *(Path(t) for t in trace)))
-    keys = [f"{t.frontier}/{t.setting}" for t in tasks]
-    if len(tasks) > 1:
-        group = search_groups(cfg, study).get(keys[0], [keys[0]])
-        if stray := [k for k in keys[1:] if k not in group]:
-            raise UserError(f"{stray}: not searches that share {keys[0]}'s server start ({group[1:] or 'none'}): "
-                            "they must probe exactly the same server")
-    hosted = None
-    if args.hosted:
-        hosts = hosted_experiments(cfg, study)
-        allowed = [exp for key in keys for exp in hosts.get(key, [])]
-        if stray := [exp for exp, _ in args.hosted if exp not in allowed]:
-            raise UserError(f"{stray}: not experiments the searches {', '.join(keys)} host ({allowed or 'none'}): an "
-                            "experiment a search hosts is placed relative to its knee and needs its server settings")
-        hosted = Hosted(cfg, [(exp, Path(out)) for exp, out in args.hosted], args.knees,
-                        {trace: Path(csv) for trace, csv in args.host_traces})
-    elif args.knees or args.host_traces:
-        raise UserError("--knee and --host-trace go with --host")
-    searches = run_searches(study, tasks, progress=not args.no_progress, hosted=hosted)
+    study = load_study(args.configs)
+    task = SearchTask(args.frontier, args.setting, args.out, search_fingerprint(study, args.frontier, args.setting),
+                      args.trace_csv, args.shape_stats)
+    (search,) = run_searches(study, [task], progress=not args.no_progress)
     # A search that ended on a failed probe is a result (search.json says why): exit 0,
     # so Snakemake keeps its probe folders for the report.
-    for task, search in zip(tasks, searches):
-        if search.result.error:
-            log.warning("frontier %s/%s: a probe failed (%s); see %s/search.json",
-                        task.frontier, task.setting, search.result.error.splitlines()[0], task.out)
+    if search.result.error:
+        log.warning("search %s/%s: a probe failed (%s); see %s/search.json",
+                    args.frontier, args.setting, search.result.error.splitlines()[0], args.out)
+    return 0
+
+
+def _add_job(sub) -> None:
+    p = sub.add_parser(
+        "job", help="one job of the study's plan: its server start, then its searches and experiments in order",
+        description="The study's plan (which searches and experiments share a server start, in which order, with "
+        "which files) is built from the config files; this runs the job of that name. The Snakemake workflow "
+        "runs every job this way; `--list` shows them.")
+    p.add_argument("--config", action="append", required=True, type=Path, dest="configs")
+    p.add_argument("name", nargs="?", help="the job's name (Snakemake's rule name)")
+    p.add_argument("--list", action="store_true", help="list the plan's jobs, in order, with their tasks")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.set_defaults(func=_cmd_job)
+
+
+def _cmd_job(args) -> int:
+    from filledfirst.config import load_study
+    from filledfirst.plan import build_plan
+
+    study = load_study(args.configs)
+    plan = build_plan(study)
+    if args.list:
+        for job in plan.jobs:
+            tasks = [f"search {s.key}" for s in job.searches] + [e.experiment for e in job.experiments]
+            print(f"{job.name}: {', '.join(tasks)}")
+        return 0
+    if args.name is None:
+        raise UserError("give a job's name (or --list)")
+    from filledfirst.run.job import run_job
+
+    run_job(study, plan.job(args.name), progress=not args.no_progress)
     return 0
 
 
@@ -588,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="filledfirst", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for add in (_add_model, _add_trace, _add_workload, _add_run, _add_frontier, _add_replay, _add_ingest,
+    for add in (_add_model, _add_trace, _add_workload, _add_job, _add_run, _add_frontier, _add_replay, _add_ingest,
                 _add_diagnose, _add_report, _add_compare):
         add(sub)
     return parser

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from filledfirst.deadline import run_deadline_s
-from filledfirst.study import Cluster, Study, as_study
+from filledfirst.plan import Job
+from filledfirst.study import Cluster, Study
 
 DEFAULT_CPUS = Cluster().cpus_per_job
 DEFAULT_MEM_MB = Cluster().mem_mb
@@ -40,21 +41,19 @@ def _external(study: Study, experiment: str) -> bool:
     return study.experiments[experiment].external is not None
 
 
-def gpus_per_job(cfg: Study | dict) -> int:
+def gpus_per_job(study: Study) -> int:
     """`cluster.gpus_per_job`, else one GPU for the gpu launcher and none for the cpu one."""
-    study = as_study(cfg)
     if study.cluster.gpus_per_job is not None:
         return study.cluster.gpus_per_job
     return 1 if study.engine.launcher == "gpu" else 0
 
 
-def job_request(cfg: Study | dict, members: list[str] | None = None) -> dict[str, int | str]:
+def job_request(study: Study, members: list[str] | None = None) -> dict[str, int | str]:
     """The fixed part of an experiment job's resources: `engine` (the one-server-at-a-time
     token), and in the SLURM plugin's names `gpu` (sbatch --gpus), `gpu_model`
     (--gpus=MODEL:N), `cpus_per_task`, `mem_mb`.
     A job that replays against an external endpoint (`server.url`) starts no server and
     asks for no GPU."""
-    study = as_study(cfg)
     cluster = study.cluster
     external = bool(members) and all(_external(study, e) for e in members)
     out: dict[str, int | str] = {
@@ -87,11 +86,10 @@ def schedule_requests(schedule: str | Path) -> int:
     return pq.ParquetFile(schedule).metadata.num_rows
 
 
-def experiment_seconds(cfg: Study | dict, experiment: str, schedule: str | Path) -> float:
+def experiment_seconds(study: Study, experiment: str, schedule: str | Path) -> float:
     """Upper bound of one experiment's time on an already running server: its run's
     deadline, or with `cluster.drain_allowance_s` the allowance in place of the drain
     (closed loop: in place of the whole run)."""
-    study = as_study(cfg)
     loadgen = study.loadgen_for(experiment)
     allowance = study.cluster.drain_allowance_s
     if loadgen.mode == "closed":
@@ -103,12 +101,11 @@ def experiment_seconds(cfg: Study | dict, experiment: str, schedule: str | Path)
     return run_deadline_s("open", 0, None, last_arrival_s(schedule), loadgen.request_timeout_s, drain)
 
 
-def runtime_minutes(cfg: Study | dict, members: list[str], schedules: list[str | Path]) -> int:
+def runtime_minutes(study: Study, members: list[str], schedules: list[str | Path]) -> int:
     """The time limit of the job running `members` (in order, one schedule each), in
     whole minutes: one server start-up, then every experiment's bound."""
     if len(members) != len(schedules):
         raise ValueError(f"{len(members)} experiments but {len(schedules)} schedules")
-    study = as_study(cfg)
     startup = study.cluster.startup_allowance_s
     if startup is None:
         startup = study.engine.startup_timeout_s
@@ -118,7 +115,7 @@ def runtime_minutes(cfg: Study | dict, members: list[str], schedules: list[str |
     return max(1, math.ceil(total / 60))
 
 
-def hosted_seconds(cfg: Study | dict, experiment: str, trace_csv: str | Path | None = None) -> float:
+def hosted_seconds(study: Study, experiment: str, trace_csv: str | Path | None = None) -> float:
     """Upper bound of a hosted experiment's time on its search's server
     (filledfirst.config.hosted_experiments), before the knee it is placed relative to
     exists: every rate at the lowest knee its search can report (the search's `start`;
@@ -132,7 +129,6 @@ def hosted_seconds(cfg: Study | dict, experiment: str, trace_csv: str | Path | N
     from filledfirst.study import SyntheticWorkload
     from filledfirst.trace.subsample import subsample_to_parquet
 
-    study = as_study(cfg)
 
     def lowest(rate) -> float:  # requests/s at the lowest knee, or as written
         if not is_relative(rate):
@@ -167,3 +163,34 @@ def hosted_seconds(cfg: Study | dict, experiment: str, trace_csv: str | Path | N
                               loadgen.drain_timeout_s)
     drain = loadgen.drain_timeout_s if allowance is None else allowance
     return run_deadline_s("open", 0, None, 2.0 * last, loadgen.request_timeout_s, drain)
+
+
+def job_resources(study: Study, job: Job) -> dict:
+    """A job's resources as a Snakemake rule takes them: the fixed part (job_request), and a
+    time limit of one start-up, then each search's probes and drains
+    (filledfirst.frontier.plan), then each experiment's bound. An experiment job's bound is
+    read from its schedules, and one a search job runs after its searches is bounded at the
+    lowest knee it can meet (hosted_seconds), so the limit is a function Snakemake calls
+    once the job's inputs exist."""
+    from filledfirst.frontier.plan import frontier_runtime_minutes
+    from filledfirst.plan import trace_csv
+    from filledfirst.study import TraceWorkload
+
+    if not job.searches:
+        members = [e.experiment for e in job.experiments]
+        schedules = [e.schedule for e in job.experiments]
+        return {**job_request(study, members),
+                "runtime": lambda wildcards, input: runtime_minutes(study, members, schedules)}
+    search = sum(frontier_runtime_minutes(study, s.frontier) for s in job.searches)
+    if not job.experiments:
+        return {**job_request(study), "runtime": search}
+
+    def runtime(wildcards, input) -> int:
+        seconds = 0.0
+        for e in job.experiments:
+            wl = study.workloads[e.workload]
+            csv = trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None
+            seconds += hosted_seconds(study, e.experiment, csv)
+        return search + math.ceil(seconds / 60)
+
+    return {**job_request(study), "runtime": runtime}

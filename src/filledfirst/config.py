@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -67,7 +68,7 @@ def load_study(paths: list[Path]) -> Study:
     return Study.from_dict(load_config(paths))
 
 
-def validate_config(cfg: dict) -> None:
+def validate_config(cfg: dict[str, Any]) -> None:
     """Schema (with defaults filled in, through Snakemake's validator) then cross-references."""
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
@@ -108,14 +109,15 @@ def validate_config(cfg: dict) -> None:
         raise UserError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def external_server(cfg: dict, experiment: str) -> dict | None:
+def external_server(study: Study, experiment: str) -> dict | None:
     """`server: {url: ...}`: an endpoint the study does not start (a deployed vLLM, a
     Kubernetes service); None for a server the study starts itself."""
+    cfg = study.document
     server = cfg["experiments"][experiment].get("server", {})
     return server if "url" in server else None
 
 
-def schema_problem(cfg: dict) -> str | None:
+def schema_problem(cfg: dict[str, Any]) -> str | None:
     """The schema's most relevant complaint in one line, with the key path as the config
     spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing."""
     import jsonschema
@@ -150,37 +152,40 @@ def _branch_of_kind(error):
     return jsonschema.exceptions.best_match(own[0]) if len(own) == 1 else error
 
 
-def server_settings(cfg: dict, experiment: str) -> dict:
+def server_settings(study: Study, experiment: str) -> dict:
     """The engine's defaults with the experiment's overrides on top (for an external
     endpoint, its url and key variable: the engine's defaults do not apply to it)."""
-    if (external := external_server(cfg, experiment)) is not None:
+    cfg = study.document
+    if (external := external_server(study, experiment)) is not None:
         return dict(external)
     base = cfg["engine"].get("server", {})
     return deep_merge(base, cfg["experiments"][experiment].get("server", {}))
 
 
-def experiment_spec(cfg: dict, experiment: str) -> ExperimentSpec:
+def experiment_spec(study: Study, experiment: str) -> ExperimentSpec:
     """Everything that decides an experiment's outcome, typed (what the runner passes on)."""
-    return ExperimentSpec.from_doc(spec_document(cfg, experiment))
+    return ExperimentSpec.from_doc(spec_document(study, experiment))
 
 
-def spec_document(cfg: dict, experiment: str) -> dict:
+def spec_document(study: Study, experiment: str) -> dict:
     """The experiment's spec as written to run.json: its hash (`fingerprint`) triggers
     re-runs, so it is built from the config as written (with the schema's defaults), not
     re-encoded from the types, whose encoding would add every unset key."""
+    cfg = study.document
     exp = cfg["experiments"][experiment]
     return {
         "experiment": experiment,
         "description": exp.get("description", ""),
         "workload_name": exp["workload"],
         "workload": cfg["workloads"][exp["workload"]],
-        "server": server_settings(cfg, experiment),
+        "server": server_settings(study, experiment),
         "loadgen": deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {})),
-        **_model_engine_scrape(cfg),
+        **_model_engine_scrape(study),
     }
 
 
-def _model_engine_scrape(cfg: dict) -> dict:
+def _model_engine_scrape(study: Study) -> dict:
+    cfg = study.document
     return {
         "model": cfg["model"],
         "engine": {k: v for k, v in cfg["engine"].items() if k != "server"},
@@ -188,15 +193,16 @@ def _model_engine_scrape(cfg: dict) -> dict:
     }
 
 
-def search_fingerprint(cfg: dict, frontier: str, setting: str) -> str:
+def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
     """A capacity search's identity: changes when anything that decides a probe's outcome
     or the search's path does (Snakemake re-runs the search; its probes measured before
     are not reused). Hashed from the config as written, as spec_document is: a probe's
     server, model, engine, scrape, its loadgen (the study's, open loop), the shape, and
     the search's SLO, lengths and bounds; an intervention's, what it relaxes too."""
+    cfg = study.document
     from filledfirst.frontier.plan import search_plan, search_terms
 
-    plan = search_plan(Study.from_dict(cfg), frontier, setting)
+    plan = search_plan(study, frontier, setting)
     f = cfg["frontiers"][frontier]
     loadgen = {k: v for k, v in cfg.get("loadgen", {}).items() if k != "concurrency"}
     relaxed = plan.interventions.get(setting)
@@ -205,7 +211,7 @@ def search_fingerprint(cfg: dict, frontier: str, setting: str) -> str:
         "server": deep_merge(cfg["engine"].get("server", {}), own),
         **({} if relaxed is None else {"intervention": msgspec.to_builtins(relaxed)}),
         "loadgen": {**loadgen, "mode": "open"},
-        **_model_engine_scrape(cfg),
+        **_model_engine_scrape(study),
         "workload": cfg["workloads"][f["workload"]],
         **search_terms(plan),
     })
@@ -215,14 +221,14 @@ def fingerprint(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def server_identity(cfg: dict, experiment: str) -> dict:
+def server_identity(study: Study, experiment: str) -> dict:
     """What makes two experiments' servers the same process: model, engine, merged settings.
     The load generator and scrape settings are the client's and do not count."""
-    spec = spec_document(cfg, experiment)
+    spec = spec_document(study, experiment)
     return {"model": spec["model"], "engine": spec["engine"], "server": spec["server"]}
 
 
-def server_groups(cfg: dict) -> dict[str, list[str]]:
+def server_groups(study: Study) -> dict[str, list[str]]:
     """Experiments that run one after the other against one server start, by group name.
 
     A group is named after its first experiment: readable in Snakemake's job list and log
@@ -235,12 +241,12 @@ def server_groups(cfg: dict) -> dict[str, list[str]]:
     put the experiment that should see a cold server first, or mark it `isolate: true`.
     An experiment a capacity search hosts is in no group.
     """
-    hosted = host_of(cfg)  # they run on their search's server (filledfirst.config.hosted_experiments)
+    hosted = host_of(study)  # they run on their search's server (filledfirst.config.hosted_experiments)
     # Canonical JSON, not a hash: equal exactly when the settings are. An external
     # endpoint has no server start to share.
-    return _by_leader((name, None if exp.get("isolate", False) or external_server(cfg, name)
-                       else json.dumps(server_identity(cfg, name), sort_keys=True))
-                      for name, exp in cfg["experiments"].items() if name not in hosted)
+    return _by_leader((name, None if exp.isolate or exp.external is not None
+                       else json.dumps(server_identity(study, name), sort_keys=True))
+                      for name, exp in study.experiments.items() if name not in hosted)
 
 
 def _by_leader(items) -> dict[str, list[str]]:
@@ -258,23 +264,23 @@ def _by_leader(items) -> dict[str, list[str]]:
     return groups
 
 
-def check_shareable(cfg: dict, experiments: list[str]) -> None:
+def check_shareable(study: Study, experiments: list[str]) -> None:
     """Refuse to run `experiments` against one server unless their groups allow it."""
-    unknown = [e for e in experiments if e not in cfg["experiments"]]
+    unknown = [e for e in experiments if e not in study.experiments]
     if unknown:
-        raise UserError(f"experiment(s) {unknown} not in the config ({sorted(cfg['experiments'])})")
+        raise UserError(f"experiment(s) {unknown} not in the config ({sorted(study.experiments)})")
     if len(set(experiments)) != len(experiments):
         raise UserError(f"an experiment is given twice: {experiments}")
     if len(experiments) < 2:
         return
-    isolated = [e for e in experiments if cfg["experiments"][e].get("isolate", False)]
+    isolated = [e for e in experiments if study.experiments[e].isolate]
     if isolated:
         raise UserError(f"{isolated} must have a server of their own (isolate: true)")
-    external = [e for e in experiments if external_server(cfg, e)]
+    external = [e for e in experiments if external_server(study, e)]
     if external:
         raise UserError(f"{external} replay against an external endpoint (server.url): run them separately")
-    first = server_identity(cfg, experiments[0])
-    differ = [e for e in experiments[1:] if server_identity(cfg, e) != first]
+    first = server_identity(study, experiments[0])
+    differ = [e for e in experiments[1:] if server_identity(study, e) != first]
     if differ:
         raise UserError(
             f"{differ} need a different server from {experiments[0]!r} (model, engine or server "
@@ -282,9 +288,9 @@ def check_shareable(cfg: dict, experiments: list[str]) -> None:
         )
 
 
-def group_fingerprint(cfg: dict, experiments: list[str]) -> str:
+def group_fingerprint(study: Study, experiments: list[str]) -> str:
     """Changes when any experiment of the group, or the group's membership or order, does."""
-    return fingerprint([spec_document(cfg, e) for e in experiments])
+    return fingerprint([spec_document(study, e) for e in experiments])
 
 
 def search_server(study: Study, frontier: str, setting: str) -> ServerSpec:
@@ -295,7 +301,7 @@ def search_server(study: Study, frontier: str, setting: str) -> ServerSpec:
     return probe_spec(study, plan, setting, experiment="", description="", workload=plan.workload).server_spec
 
 
-def hosted_experiments(cfg: dict, study: Study | None = None) -> dict[str, list[str]]:
+def hosted_experiments(study: Study) -> dict[str, list[str]]:
     """`<frontier>/<setting>` -> the experiments its job runs on its server once the search
     has ended, in config order; searches that host nothing are left out.
 
@@ -310,18 +316,15 @@ def hosted_experiments(cfg: dict, study: Study | None = None) -> dict[str, list[
     server group's job."""
     from filledfirst.frontier.relative import relative_refs, split_of
 
-    if not cfg.get("frontiers"):
-        return {}
-    study = study if study is not None else Study.from_dict(cfg)
-    if not study.share_search_servers:
+    if not study.frontiers or not study.share_search_servers:
         return {}
     servers: dict[str, ServerSpec | None] = {}
     hosted: dict[str, list[str]] = {}
-    for name, exp in cfg["experiments"].items():
-        if exp.get("isolate", False) or external_server(cfg, name):
+    for name, exp in study.experiments.items():
+        if exp.isolate or exp.external is not None:
             continue
-        needs = experiment_spec(cfg, name).server_spec
-        for _, of in relative_refs(study.workloads[exp["workload"]]):
+        needs = experiment_spec(study, name).server_spec
+        for _, of in relative_refs(study.workloads[exp.workload]):
             if of not in servers:
                 frontier, setting = split_of(of)
                 servers[of] = search_server(study, frontier, setting)
@@ -331,7 +334,7 @@ def hosted_experiments(cfg: dict, study: Study | None = None) -> dict[str, list[
     return hosted
 
 
-def search_groups(cfg: dict, study: Study | None = None) -> dict[str, list[str]]:
+def search_groups(study: Study) -> dict[str, list[str]]:
     """`<frontier>/<setting>` of a job's first search -> the searches that job runs, one
     after the other on one server start, in config order (frontiers, then their settings).
 
@@ -341,9 +344,6 @@ def search_groups(cfg: dict, study: Study | None = None) -> dict[str, list[str]]
     loop measured on the server as the earlier searches left it. An intervention waits for
     its parent's knee, so it keeps a job of its own; so does every search with
     `share_search_servers: false`."""
-    if not cfg.get("frontiers"):
-        return {}
-    study = study if study is not None else Study.from_dict(cfg)
     from filledfirst.frontier.plan import frontier_plan
 
     def searches():
@@ -357,6 +357,6 @@ def search_groups(cfg: dict, study: Study | None = None) -> dict[str, list[str]]
     return _by_leader(searches())
 
 
-def host_of(cfg: dict, study: Study | None = None) -> dict[str, str]:
+def host_of(study: Study) -> dict[str, str]:
     """Each hosted experiment -> `<frontier>/<setting>` of the search whose server it runs on."""
-    return {exp: of for of, exps in hosted_experiments(cfg, study).items() for exp in exps}
+    return {exp: of for of, exps in hosted_experiments(study).items() for exp in exps}

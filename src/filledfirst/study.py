@@ -380,11 +380,16 @@ class Study(_Struct):
     share_search_servers: bool = _d("share_search_servers")
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
     parts: dict[str, Part] | str = {}
+    # The config as written (with the schema's defaults): what a fingerprint hashes, so that
+    # a key the user did not write never changes one (filledfirst.config.spec_document).
+    document: dict[str, Any] = {}
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:
         """A config dict the schema has validated (defaults filled in or not)."""
-        return msgspec.convert(cfg, cls)
+        if "document" in cfg:
+            raise UserError("document: not a config key")
+        return msgspec.structs.replace(msgspec.convert(cfg, cls), document=dict(cfg))
 
     def loadgen_for(self, experiment: str) -> Loadgen:
         """The study's loadgen with the experiment's overrides on top."""

@@ -11,6 +11,7 @@ from filledfirst import cluster
 from filledfirst.cluster import gpus_per_job, job_request, last_arrival_s, runtime_minutes
 from filledfirst.config import SCHEMA_PATH, experiment_spec, load_config, validate_config
 from filledfirst.schedule import write_schedule
+from filledfirst.study import as_study
 
 from conftest import REPO
 
@@ -35,22 +36,22 @@ def cfg() -> dict:
 
 
 def test_gpu_default_follows_the_launcher(cfg):
-    assert gpus_per_job(cfg) == 0  # the cpu launcher
+    assert gpus_per_job(as_study(cfg)) == 0  # the cpu launcher
     gpu = copy.deepcopy(cfg)
     gpu["engine"]["launcher"] = "gpu"
     gpu["engine"]["server"].pop("kv_cache_space_gib")
-    assert gpus_per_job(gpu) == 1
+    assert gpus_per_job(as_study(gpu)) == 1
     gpu["cluster"]["gpus_per_job"] = 0  # a GPU-less cluster
-    assert job_request(gpu)["gpu"] == 0
+    assert job_request(as_study(gpu))["gpu"] == 0
 
 
 def test_gpu_study_asks_for_one_gpu_and_its_model():
     cfg = load_config([REPO / "config" / "config.yaml"])
-    assert job_request(cfg) == {"engine": 1, "gpu": 1, "cpus_per_task": 8, "mem_mb": 65536}
+    assert job_request(as_study(cfg)) == {"engine": 1, "gpu": 1, "cpus_per_task": 8, "mem_mb": 65536}
     cfg["cluster"]["gpu_model"] = "a100"
-    assert job_request(cfg)["gpu_model"] == "a100"
+    assert job_request(as_study(cfg))["gpu_model"] == "a100"
     cfg["cluster"]["gpus_per_job"] = 0
-    assert "gpu_model" not in job_request(cfg)  # no model without a GPU
+    assert "gpu_model" not in job_request(as_study(cfg))  # no model without a GPU
 
 
 def test_schema_and_code_defaults_agree(cfg):
@@ -85,16 +86,16 @@ def test_runtime_is_startup_plus_each_experiments_span_and_drain(cfg, tmp_path):
     s2 = schedule(tmp_path / "2.parquet", [0.0, 50.0])
     s3 = schedule(tmp_path / "3.parquet", [0.0, 999.0])  # closed loop: offsets ignored
     # start-up 400 s (engine.startup_timeout_s), drain 120 s (loadgen.drain_timeout_s)
-    assert runtime_minutes(cfg, ["a"], [s1]) == 12  # 400 + 200 + 120 = 720 s
-    assert runtime_minutes(cfg, ["a", "b"], [s1, s2]) == 15  # 720 + 50 + 120 = 890 s -> 14.8
+    assert runtime_minutes(as_study(cfg), ["a"], [s1]) == 12  # 400 + 200 + 120 = 720 s
+    assert runtime_minutes(as_study(cfg), ["a", "b"], [s1, s2]) == 15  # 720 + 50 + 120 = 890 s -> 14.8
     # closed loop, 2 requests on 2 workers: one request each, 120 s (loadgen.request_timeout_s)
-    assert runtime_minutes(cfg, ["c"], [s3]) == 9  # 400 + 120 = 520 s -> 8.7
+    assert runtime_minutes(as_study(cfg), ["c"], [s3]) == 9  # 400 + 120 = 520 s -> 8.7
     cfg["cluster"].update(startup_allowance_s=60, drain_allowance_s=0)
-    assert runtime_minutes(cfg, ["a", "b"], [s1, s2]) == 6  # 60 + 200 + 50 = 310 s
+    assert runtime_minutes(as_study(cfg), ["a", "b"], [s1, s2]) == 6  # 60 + 200 + 50 = 310 s
     cfg["cluster"].update(startup_allowance_s=0)
-    assert runtime_minutes(cfg, ["c"], [s3]) == 1  # never 0
+    assert runtime_minutes(as_study(cfg), ["c"], [s3]) == 1  # never 0
     with pytest.raises(ValueError):
-        runtime_minutes(cfg, ["a", "b"], [s1])
+        runtime_minutes(as_study(cfg), ["a", "b"], [s1])
 
 
 def test_each_experiments_time_is_its_runs_deadline(cfg, tmp_path):
@@ -111,11 +112,11 @@ def test_each_experiments_time_is_its_runs_deadline(cfg, tmp_path):
     s7 = schedule(tmp_path / "7.parquet", [0.0] * 7)
     s1 = schedule(tmp_path / "1.parquet", [0.0, 100.0, 200.0])
     for name, s in (("c", s7), ("a", s1)):
-        spec = ReplaySettings.from_spec(experiment_spec(cfg, name))
+        spec = ReplaySettings.from_spec(experiment_spec(as_study(cfg), name))
         replay = Replay(load_schedule(s), "http://127.0.0.1:1", spec, progress=False)
         assert cluster.experiment_seconds(study, name, s) == replay.deadline_s
     assert cluster.experiment_seconds(study, "c", s7) == run_deadline_s("closed", 7, 2, 0, 120, 120) == 480
-    assert runtime_minutes(cfg, ["c"], [s7]) == 15  # 400 s start-up + 4 x 120 s = 880 s -> 14.7
+    assert runtime_minutes(as_study(cfg), ["c"], [s7]) == 15  # 400 s start-up + 4 x 120 s = 880 s -> 14.7
 
 
 def test_run_json_records_the_slurm_job_and_its_gpus(monkeypatch):
@@ -136,8 +137,9 @@ def test_a_job_against_an_external_endpoint_asks_for_no_gpu_and_no_startup(cfg, 
     cfg["engine"]["server"].pop("kv_cache_space_gib")
     cfg["experiments"]["d"] = {"workload": "light", "server": {"url": "http://10.0.0.7:8000"}}
     validate_config(cfg)
-    assert job_request(cfg, ["a"])["gpu"] == 1
-    assert job_request(cfg, ["d"])["gpu"] == 0
-    assert job_request(cfg, ["a"])["engine"] == 1 and job_request(cfg, ["d"])["engine"] == 0  # no server started
+    assert job_request(as_study(cfg), ["a"])["gpu"] == 1
+    assert job_request(as_study(cfg), ["d"])["gpu"] == 0
+    # no server started
+    assert job_request(as_study(cfg), ["a"])["engine"] == 1 and job_request(as_study(cfg), ["d"])["engine"] == 0
     s = schedule(tmp_path / "s.parquet", [0.0, 100.0])
-    assert runtime_minutes(cfg, ["d"], [s]) == 4  # 100 + 120 s drain, no start-up
+    assert runtime_minutes(as_study(cfg), ["d"], [s]) == 4  # 100 + 120 s drain, no start-up

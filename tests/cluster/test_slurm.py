@@ -21,6 +21,7 @@ import pytest
 
 from filledfirst.cluster import runtime_minutes
 from filledfirst.config import load_config, server_groups
+from filledfirst.study import as_study
 
 from conftest import REPO
 from helpers.slurm_cluster import SlurmCluster, missing_requirements
@@ -31,7 +32,7 @@ PROFILE = REPO / "profiles" / "slurm"
 def profile_argv(configfile: Path, *extra: str) -> list[str]:
     """Snakemake with the SLURM profile, started in the work folder (the plugin puts its
     logs relative to where Snakemake starts)."""
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"),
             "--profile", str(PROFILE), *extra, "all", "--configfile", str(configfile)]
 
 
@@ -135,16 +136,16 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
     cfg = load_config([cfg_path])
     configured = {f"{f}/{s}" for f, spec in cfg["frontiers"].items() for s in spec["settings"]}
-    groups = {lead: members for lead, members in search_groups(cfg).items() if lead in configured}
+    groups = {lead: members for lead, members in search_groups(as_study(cfg)).items() if lead in configured}
     assert ["decode/default", "prefix/cache_off", "azure/default"] in groups.values()
     searches = {f"frontier_{lead.replace('/', '_')}": members for lead, members in groups.items()}
     by_rule = {opts["--comment"].removeprefix("rule_"): opts for opts in calls}
-    free = {f"run_group_{group}" for group, names in server_groups(cfg).items()
+    free = {f"run_group_{group}" for group, names in server_groups(as_study(cfg)).items()
             if all(cfg["experiments"][e]["workload"].startswith("long_prompts") for e in names)}
     assert free == {"run_group_budget_large", "run_group_budget_small"}
     assert len(calls) == len(searches) + len(free) and set(by_rule) == set(searches) | free, out[-6000:]
     study = Study.from_dict(cfg)
-    hosted = hosted_experiments(cfg, study)
+    hosted = hosted_experiments(as_study(cfg))
     assert hosted, "the GPU study's searches host the experiments placed on their knees"
     for rule, members in searches.items():
         assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
@@ -181,7 +182,7 @@ def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env,
     calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
     work = tmp_path / "work"
     cfg = load_config([cfg_path])
-    groups = server_groups(cfg)
+    groups = server_groups(as_study(cfg))
     by_group = {opts["--comment"].removeprefix("rule_run_group_"): opts for opts in calls}
     # One sbatch per server group and nothing else: schedules, ingest and report are local.
     assert len(calls) == len(groups) and set(by_group) == set(groups), out[-6000:]
@@ -189,7 +190,7 @@ def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env,
         opts = by_group[group]
         schedules = [work / "data" / "schedules" / f"{cfg['experiments'][e]['workload']}.parquet" for e in members]
         assert_gpu_job(opts, work, f"run_group_{group}")
-        assert opts["-t"] == str(runtime_minutes(cfg, members, schedules))
+        assert opts["-t"] == str(runtime_minutes(as_study(cfg), members, schedules))
     # The time limit follows the schedule: start-up 900 s, then natural12's last arrival
     # (600 requests every 0.5 s: 299.5 s) and the 600 s drain -> 30 min.
     assert by_group["seq_limit"]["-t"] == "30"
@@ -241,7 +242,7 @@ def test_study_on_a_real_slurm_cluster(tmp_path, slurm):
     assert proc.returncode == 0, f"{out[-6000:]}\n{logs_of(work)}\n{slurm.diagnostics()}"
 
     cfg = load_config([cfg_path])
-    (group, members), = server_groups(cfg).items()
+    (group, members), = server_groups(as_study(cfg)).items()
 
     # Exactly the experiment job went through sbatch (one per server group) and finished.
     jobs = slurm.jobs()
@@ -257,7 +258,7 @@ def test_study_on_a_real_slurm_cluster(tmp_path, slurm):
     assert job["cpus"] == "2" and job["memory"] == "4G" and job["tres_per_node"] == "N/A"
     assert "gpu" not in record["Tres"]
     schedules = [work / "data" / "schedules" / f"{cfg['experiments'][e]['workload']}.parquet" for e in members]
-    assert record["TimeLimit"] == str(runtime_minutes(cfg, members, schedules)) == "24"
+    assert record["TimeLimit"] == str(runtime_minutes(as_study(cfg), members, schedules)) == "24"
     # sbatch's log of the job, kept by the profile beside the run's own logs
     slurm_log = work / "results" / "logs" / "slurm" / f"rule_run_group_{group}" / f"{job['id']}.log"
     assert f"rule run_group_{group}:" in slurm_log.read_text()

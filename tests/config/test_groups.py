@@ -18,6 +18,7 @@ from filledfirst.config import (
 from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.shared import ServerNotIdle, SharedServer
 from filledfirst.errors import UserError
+from filledfirst.study import as_study
 
 from conftest import REPO
 
@@ -40,17 +41,17 @@ def cfg() -> dict:
 
 def test_identical_settings_share_and_order_is_config_order(cfg):
     # d's load generator differs: the client's business, not the server's
-    assert server_groups(cfg) == {"a": ["a", "c", "d"], "b": ["b"]}
+    assert server_groups(as_study(cfg)) == {"a": ["a", "c", "d"], "b": ["b"]}
 
 
 def test_config_order_decides_group_name_and_order(cfg):
     cfg["experiments"] = {k: cfg["experiments"][k] for k in ("d", "c", "b", "a")}
-    assert server_groups(cfg) == {"d": ["d", "c", "a"], "b": ["b"]}
+    assert server_groups(as_study(cfg)) == {"d": ["d", "c", "a"], "b": ["b"]}
 
 
 def test_a_setting_equal_to_the_engine_default_still_shares(cfg):
     cfg["experiments"]["c"]["server"] = {"max_num_seqs": cfg["engine"]["server"]["max_num_seqs"]}
-    assert server_groups(cfg)["a"] == ["a", "c", "d"]
+    assert server_groups(as_study(cfg))["a"] == ["a", "c", "d"]
 
 
 @pytest.mark.parametrize("change", [
@@ -59,18 +60,18 @@ def test_a_setting_equal_to_the_engine_default_still_shares(cfg):
 ])
 def test_a_different_server_setting_splits(cfg, change):
     change(cfg)
-    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b"], "c": ["c"]}
+    assert server_groups(as_study(cfg)) == {"a": ["a", "d"], "b": ["b"], "c": ["c"]}
 
 
 def test_same_non_default_settings_share(cfg):
     cfg["experiments"]["c"]["server"] = {"max_num_seqs": 8}
-    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b", "c"]}
+    assert server_groups(as_study(cfg)) == {"a": ["a", "d"], "b": ["b", "c"]}
 
 
 def test_isolate_splits(cfg):
     cfg["experiments"]["a"]["isolate"] = True
     validate_config(cfg)  # the schema knows the key
-    assert server_groups(cfg) == {"a": ["a"], "b": ["b"], "c": ["c", "d"]}
+    assert server_groups(as_study(cfg)) == {"a": ["a"], "b": ["b"], "c": ["c", "d"]}
 
 
 def test_isolate_must_be_a_boolean(cfg):
@@ -82,14 +83,14 @@ def test_isolate_must_be_a_boolean(cfg):
 def test_every_experiment_in_exactly_one_group_or_search_of_the_shipped_configs():
     for name in ("config.yaml", "cpu.yaml"):
         c = load_config([REPO / "config" / name])
-        members = [e for group in server_groups(c).values() for e in group]
-        hosted = [e for exps in hosted_experiments(c).values() for e in exps]
+        members = [e for group in server_groups(as_study(c)).values() for e in group]
+        hosted = [e for exps in hosted_experiments(as_study(c)).values() for e in exps]
         assert sorted(members + hosted) == sorted(c["experiments"])
 
 
 def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server():
     c = load_config([REPO / "config" / "cpu.yaml"])
-    hosted = hosted_experiments(c)
+    hosted = hosted_experiments(as_study(c))
     assert hosted["prefix/cache_on_kv160"] == ["prefix_evicted"]
     assert hosted["prefix/cache_on"] == ["mooncake_cache_on"]
     assert hosted["decode/seq2"] == ["seq_limit"]
@@ -97,9 +98,9 @@ def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server(
     assert hosted["decode/default"] == ["interference", "interference_control", "decode_low", "decode_high"]
     # placed on decode/default's knee, but on 160 KV blocks: a server group of its own
     assert "kv_reduced" not in {e for exps in hosted.values() for e in exps}
-    assert server_groups(c)["kv_reduced"] == ["kv_reduced"]
+    assert server_groups(as_study(c))["kv_reduced"] == ["kv_reduced"]
     # on seq2's knee with the default server: in the default group, not hosted by seq2
-    assert "seq_default" in server_groups(c)["seq_default"]
+    assert "seq_default" in server_groups(as_study(c))["seq_default"]
     # no interventions host: nothing is placed on their knees
     assert not [k for k in hosted if "_x2" in k]
 
@@ -107,11 +108,11 @@ def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server(
 def test_isolate_and_the_switch_keep_experiments_in_server_groups():
     c = load_config([REPO / "config" / "cpu.yaml"])
     c["experiments"]["prefix_evicted"]["isolate"] = True
-    assert "prefix/cache_on_kv160" not in hosted_experiments(c)
-    assert server_groups(c)["prefix_evicted"] == ["prefix_evicted"]
+    assert "prefix/cache_on_kv160" not in hosted_experiments(as_study(c))
+    assert server_groups(as_study(c))["prefix_evicted"] == ["prefix_evicted"]
     c["share_search_servers"] = False
-    assert hosted_experiments(c) == {}
-    assert sorted(e for g in server_groups(c).values() for e in g) == sorted(c["experiments"])
+    assert hosted_experiments(as_study(c)) == {}
+    assert sorted(e for g in server_groups(as_study(c)).values() for e in g) == sorted(c["experiments"])
 
 
 def test_searches_that_probe_the_same_server_share_one_job():
@@ -119,14 +120,14 @@ def test_searches_that_probe_the_same_server_share_one_job():
     interventions (they wait for their parent's knee) and every other setting alone."""
     for name in ("config.yaml", "cpu.yaml"):
         c = load_config([REPO / "config" / name])
-        groups = search_groups(c)
+        groups = search_groups(as_study(c))
         assert groups["decode/default"] == ["decode/default", "prefix/cache_off", "azure/default"]
         members = [key for group in groups.values() for key in group]
         study_searches = [f"{f}/{s}" for f, plan in _plans(c).items() for s in plan.settings]
         assert sorted(members) == sorted(study_searches)  # each search in exactly one job
         assert all(len(group) == 1 for lead, group in groups.items() if lead != "decode/default")
         c["share_search_servers"] = False
-        assert all(len(group) == 1 for group in search_groups(c).values())
+        assert all(len(group) == 1 for group in search_groups(as_study(c)).values())
 
 
 def _plans(cfg):
@@ -154,11 +155,11 @@ def test_a_hosted_experiments_bound_takes_the_lowest_knee_its_search_can_report(
 
 
 def test_group_fingerprint_follows_any_member(cfg):
-    before = group_fingerprint(cfg, ["a", "c"])
+    before = group_fingerprint(as_study(cfg), ["a", "c"])
     changed = copy.deepcopy(cfg)
     changed["experiments"]["c"]["description"] = "now described"
-    assert group_fingerprint(changed, ["a", "c"]) != before
-    assert group_fingerprint(cfg, ["c", "a"]) != before  # order is part of the measurement
+    assert group_fingerprint(as_study(changed), ["a", "c"]) != before
+    assert group_fingerprint(as_study(cfg), ["c", "a"]) != before  # order is part of the measurement
 
 
 @pytest.mark.parametrize("names, message", [
@@ -168,14 +169,14 @@ def test_group_fingerprint_follows_any_member(cfg):
 ])
 def test_refuses_experiments_that_cannot_share(cfg, names, message):
     with pytest.raises(UserError, match=message):
-        check_shareable(cfg, names)
+        check_shareable(as_study(cfg), names)
 
 
 def test_refuses_to_share_an_isolated_experiment(cfg):
     cfg["experiments"]["c"]["isolate"] = True
     with pytest.raises(UserError, match="isolate"):
-        check_shareable(cfg, ["a", "c"])
-    check_shareable(cfg, ["c"])  # alone is fine
+        check_shareable(as_study(cfg), ["a", "c"])
+    check_shareable(as_study(cfg), ["c"])  # alone is fine
 
 
 def test_cli_needs_one_schedule_and_out_per_experiment(tmp_path, capsys):
@@ -234,9 +235,9 @@ def test_an_external_endpoint_is_a_group_of_its_own(cfg):
     cfg["experiments"]["c"]["server"] = {"url": "http://10.0.0.7:8000", "api_key_env": "KEY"}
     cfg["experiments"]["e"] = {"workload": "light", "server": {"url": "http://10.0.0.7:8000"}}
     validate_config(cfg)
-    assert server_groups(cfg) == {"a": ["a", "d"], "b": ["b"], "c": ["c"], "e": ["e"]}
+    assert server_groups(as_study(cfg)) == {"a": ["a", "d"], "b": ["b"], "c": ["c"], "e": ["e"]}
     with pytest.raises(UserError, match="external endpoint"):
-        check_shareable(cfg, ["c", "e"])
+        check_shareable(as_study(cfg), ["c", "e"])
 
 
 @pytest.mark.parametrize("server", [

@@ -10,6 +10,7 @@ import yaml
 
 from filledfirst import study
 from filledfirst.config import SCHEMA_PATH, load_config, load_study
+from filledfirst.study import as_study
 
 from conftest import REPO
 
@@ -62,7 +63,18 @@ def test_every_schema_section_has_a_type_with_the_same_keys():
     for path, cls in SECTIONS.items():
         props = set(_node(path)["properties"]) - {"kind"}  # the workloads' tag
         assert props == set(_fields(cls)), (path, cls)
-    assert set(SCHEMA["properties"]) == set(_fields(study.Study))
+    # `document` is the config as written, kept beside its types for fingerprints
+    assert set(SCHEMA["properties"]) == set(_fields(study.Study)) - {"document"}
+
+
+def test_the_config_as_written_is_kept_and_is_no_config_key():
+    from filledfirst.config import load_config
+    from filledfirst.errors import UserError
+
+    cfg = load_config([REPO / "config" / "cpu.yaml"])
+    assert study.Study.from_dict(cfg).document == cfg
+    with pytest.raises(UserError, match="document: not a config key"):
+        study.Study.from_dict({**cfg, "document": {}})
 
 
 def test_each_default_lives_in_one_place():
@@ -125,8 +137,8 @@ def test_an_experiment_spec_is_typed_from_the_document_run_json_keeps():
 
     cfg = load_config([REPO / "config" / "cpu.yaml"])
     s = study.Study.from_dict(cfg)
-    doc = spec_document(cfg, "seq_limit")
-    spec = experiment_spec(cfg, "seq_limit")
+    doc = spec_document(as_study(cfg), "seq_limit")
+    spec = experiment_spec(as_study(cfg), "seq_limit")
     assert spec == study.ExperimentSpec.from_doc(json.loads(json.dumps(doc)))  # as run.json reads back
     assert "server" not in doc["engine"] and spec.engine == s.engine.start()
     assert spec.server == doc["server"] and spec.server["max_num_seqs"] == 2

@@ -6,13 +6,14 @@ import pytest
 from filledfirst.config import experiment_spec, load_config
 from filledfirst.engine.command import build_command
 from filledfirst.errors import UserError
+from filledfirst.study import as_study
 
 from conftest import REPO
 
 
 def command_for(config: str, experiment: str):
     cfg = load_config([REPO / "config" / config])
-    spec = experiment_spec(cfg, experiment)
+    spec = experiment_spec(as_study(cfg), experiment)
     return build_command(
         launcher=spec.engine.launcher, model=spec.model, settings=spec.server,
         host="127.0.0.1", port=8123, seed=0, extra_env={},
@@ -48,7 +49,7 @@ def test_dummy_load_format_is_passed(tmp_path):
     cfg_text = (REPO / "config" / "config.yaml").read_text().replace("load_format: auto", "load_format: dummy")
     (tmp_path / "c.yaml").write_text(cfg_text)
     cfg = load_config([tmp_path / "c.yaml"])
-    spec = experiment_spec(cfg, "decode_low")
+    spec = experiment_spec(as_study(cfg), "decode_low")
     cmd = build_command(launcher="gpu", model=spec.model, settings=spec.server, host="h", port=1, seed=0,
                         extra_env={})
     assert cmd.argv[cmd.argv.index("--load-format") + 1] == "dummy"
@@ -124,7 +125,7 @@ def test_first_error_finds_the_root_cause_not_the_last_line(tmp_path):
 
 def _argv(per_request_metrics=None, extra_args=()):
     cfg = load_config([REPO / "config" / "cpu.yaml"])
-    spec = experiment_spec(cfg, "decode_low")
+    spec = experiment_spec(as_study(cfg), "decode_low")
     settings = spec.server | {"extra_args": list(extra_args)}
     return build_command(launcher="cpu", model=spec.model, settings=settings, host="h", port=1, seed=0,
                          extra_env={}, per_request_metrics=per_request_metrics).argv

@@ -15,6 +15,7 @@ from filledfirst.engine import shared as shared_module
 from filledfirst.engine.server import free_port
 from filledfirst.engine.shared import SharedServer
 from filledfirst.model.tiny import build_tiny_model
+from filledfirst.study import as_study
 from filledfirst.workloads.synthetic import write_synthetic_schedule
 
 from conftest import REPO
@@ -53,7 +54,7 @@ def test_a_picked_port_that_was_taken_is_picked_again(config, tmp_path, taken_po
     monkeypatch.setattr(shared_module, "free_port", pick)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
-    server = SharedServer(experiment_spec(load_config([path]), "few").server_spec, tmp_path / "server.log")
+    server = SharedServer(experiment_spec(as_study(load_config([path])), "few").server_spec, tmp_path / "server.log")
     try:
         assert server.ready("few") is None  # started
         assert server.alive() and not server.base_url.endswith(f":{taken_port}")

@@ -25,7 +25,7 @@ from filledfirst.frontier.interventions import Move, Span, decided, move, widene
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.search import CapacitySearch
 from filledfirst.model.kv import kv_blocks
-from filledfirst.study import Study
+from filledfirst.study import Study, as_study
 
 from conftest import REPO
 from helpers.queue_server import QueueServer
@@ -63,7 +63,7 @@ def test_each_verified_setting_gets_its_cap_and_its_kv_budget_doubled(cfg):
     # an intervention starts from its parent's knee, not from an estimate of its own
     assert plan.estimate_concurrency("seq8") == 8 and plan.estimate_concurrency("seq8_seqs_x2") is None
     # each is its own search, with its own identity
-    prints = {s: search_fingerprint(cfg, "capacity", s) for s in plan.settings}
+    prints = {s: search_fingerprint(as_study(cfg), "capacity", s) for s in plan.settings}
     assert len(set(prints.values())) == len(prints)
 
 

@@ -74,11 +74,16 @@ def test_an_unresolved_phase_is_not_scheduled():
         synthetic_schedule(spec)
 
 
-def test_workload_synth_records_what_it_resolved(tmp_path):
-    search = write_search(tmp_path / "results/frontiers/knee/default/search.json", lo=3.0)
+def test_workload_synth_records_what_it_resolved(tmp_path, monkeypatch, capsys):
+    """The knee comes from the search's result where the study's plan puts it (under the
+    working directory, as Snakemake runs the job); a missing one is named."""
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "twice.parquet"
     argv = ["workload", "synth", *sum((["--config", str(c)] for c in CONFIGS), []),
-            "--workload", "twice_knee", "--knee", str(search), "--out", str(out)]
+            "--workload", "twice_knee", "--out", str(out)]
+    assert main(argv) == 2
+    assert "results/frontiers/knee/default/search.json missing" in capsys.readouterr().err
+    search = write_search(Path("results/frontiers/knee/default/search.json"), lo=3.0)
     assert main(argv) == 0
     stats = json.loads(Path(str(out) + ".stats.json").read_text())
     (rel,) = stats["relative"]
@@ -97,12 +102,13 @@ def test_absolute_workloads_are_unchanged_and_need_no_knee(tmp_path):
     assert "relative" not in json.loads(Path(str(out) + ".stats.json").read_text())
 
 
-def test_workload_synth_without_the_knee_file_names_the_search(tmp_path, capsys):
+def test_workload_synth_without_the_knee_file_names_the_search(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     argv = ["workload", "synth", *sum((["--config", str(c)] for c in CONFIGS), []), "--workload", "twice_knee",
             "--out", str(tmp_path / "x.parquet")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "the capacity search knee/default is needed" in err and "give its search.json" in err
+    assert "relative to knees not searched yet: results/frontiers/knee/default/search.json missing" in err
     assert not (tmp_path / "x.parquet").exists()
 
 
@@ -160,7 +166,7 @@ def test_trace_subsample_cli_takes_a_knee_and_records_it(tmp_path):
     csv = trace_csv(tmp_path / "t.csv")
     search = write_search(tmp_path / "search.json", setting="seq2", lo=1.0)
     out = tmp_path / "s.parquet"
-    assert main(["trace", "subsample", str(csv), "--minutes", "1", "--keep-every", "2", "--knee", str(search),
+    assert main(["trace", "subsample", str(csv), "--minutes", "1", "--keep-every", "2", "--search", str(search),
                  "--times", "0.5", "--out", str(out)]) == 0
     stats = json.loads(Path(str(out) + ".stats.json").read_text())
     assert stats["relative"][0]["of"] == "knee/seq2" and stats["time_scale"] == pytest.approx(1.0 / 0.5)
@@ -170,9 +176,9 @@ def test_trace_subsample_cli_refuses_half_a_knee(tmp_path, capsys):
     csv = trace_csv(tmp_path / "t.csv")
     assert main(["trace", "subsample", str(csv), "--minutes", "1", "--times", "2", "--out",
                  str(tmp_path / "s.parquet")]) == 2
-    assert "--knee SEARCH_JSON (once) and --times X go together" in capsys.readouterr().err
+    assert "--search SEARCH_JSON and --times X go together" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: not both
-        main(["trace", "subsample", str(csv), "--minutes", "1", "--time-scale", "2", "--knee", "x.json",
+        main(["trace", "subsample", str(csv), "--minutes", "1", "--time-scale", "2", "--search", "x.json",
               "--times", "2", "--out", str(tmp_path / "s.parquet")])
 
 
@@ -240,14 +246,15 @@ def test_a_trace_workloads_error_is_its_own_kinds(cfg, value, expected):
     assert expected in str(err.value)
 
 
-def test_trace_subsample_of_a_config_workload(tmp_path, capsys):
+def test_trace_subsample_of_a_config_workload(tmp_path, capsys, monkeypatch):
     """`trace subsample --config --workload` takes every window setting from the config (as
     `workload synth` does), a relative time scale from the search its `of` names; the
     result is the schedule the flags would give."""
     import yaml
 
     csv = trace_csv(tmp_path / "t.csv")
-    search = write_search(tmp_path / "search.json", setting="seq2", lo=1.0)
+    monkeypatch.chdir(tmp_path)
+    write_search(Path("results/frontiers/knee/seq2/search.json"), setting="seq2", lo=1.0)
     cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
     cfg = deep_merge(cfg, yaml.safe_load((REPO / "tests" / "configs" / "frontier.yaml").read_text()))
     cfg["workloads"]["w_abs"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 1, "keep_every": 2,
@@ -264,7 +271,7 @@ def test_trace_subsample_of_a_config_workload(tmp_path, capsys):
     assert pl.read_parquet(by_config).equals(pl.read_parquet(by_flags))
     rel = tmp_path / "r.parquet"
     assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_rel",
-                 "--knee", str(search), "--out", str(rel)]) == 0
+                 "--out", str(rel)]) == 0
     stats = json.loads(Path(str(rel) + ".stats.json").read_text())
     assert stats["relative"][0]["of"] == "knee/seq2" and stats["time_scale"] == pytest.approx(1.0 / 0.5)
     # the config is the one place the window comes from
@@ -277,6 +284,7 @@ def test_trace_subsample_of_a_config_workload(tmp_path, capsys):
     assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "paced", "--out",
                  str(rel)]) == 2
     assert "is synthetic" in capsys.readouterr().err
+    Path("results/frontiers/knee/seq2/search.json").unlink()
     assert main(["trace", "subsample", str(csv), "--config", str(path), "--workload", "w_rel", "--out",
                  str(rel)]) == 2
     assert "knee/seq2" in capsys.readouterr().err

@@ -25,7 +25,7 @@ from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.report import tables
 from filledfirst.run.runner import Job, every_request_failed, run_experiments
 from filledfirst.store.ingest import ingest
-from filledfirst.study import DiagnosisRules
+from filledfirst.study import DiagnosisRules, as_study
 
 from conftest import REPO
 from helpers.schedules import probe_schedule
@@ -154,7 +154,7 @@ def run_external(cfg, job, url, monkeypatch) -> dict:
     monkeypatch.setattr(runner, "watch_owners", lambda: None)
     cfg["experiments"]["deployed"]["server"]["url"] = url
     validate_config(cfg)
-    statuses = run_experiments(cfg, [job], progress=False)
+    statuses = run_experiments(as_study(cfg), [job], progress=False)
     meta = json.loads((job.out / "run.json").read_text())
     assert statuses == [meta["status"]]
     return meta

@@ -21,7 +21,7 @@ from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 from filledfirst.loadgen.replay import Replay
 from filledfirst.run import search as frun
 from filledfirst.store.ingest import ingest
-from filledfirst.study import Study
+from filledfirst.study import Study, as_study
 
 from conftest import REPO
 from helpers.contracts import assert_round_trips
@@ -94,7 +94,7 @@ def run_search(cfg, frontier, setting, out, **kw):
     """`filledfirst frontier run` as the command line calls it: the config typed, the
     search's identity from the config as written."""
     return frun.run_frontier(Study.from_dict(cfg), frontier, setting, out,
-                             fingerprint=search_fingerprint(cfg, frontier, setting), **kw)
+                             fingerprint=search_fingerprint(as_study(cfg), frontier, setting), **kw)
 
 
 def expected_search(cfg) -> CapacitySearch:
@@ -446,22 +446,21 @@ def test_an_estimate_needs_a_sequence_cap_to_fill(study, caplog):
     assert "no max_num_seqs" in caplog.text
 
 
-def test_searches_that_probe_the_same_server_share_one_start(study, monkeypatch, capsys):
-    """`frontier run --then`: a second frontier's search with the same server runs on the
-    first one's start, in its own folder, with a search.json of its own; a search of
-    another server is refused before anything starts."""
+def test_searches_that_probe_the_same_server_share_one_start(study, monkeypatch, capsys, tmp_path):
+    """`filledfirst job`: a second frontier's search with the same server runs in the first
+    one's job, on its start, in its own folder, with a search.json of its own; the job is
+    found by its name alone, and a search of another server is in a job of its own."""
     from filledfirst.config import search_groups, validate_config
 
-    cfg, out, state = study
+    cfg, _, state = study
     cfg["frontiers"]["again"] = {**copy.deepcopy(cfg["frontiers"]["cap"]), "settings": {"plain": {}}}
     validate_config(cfg)
-    assert search_groups(cfg)["cap/default"] == ["cap/default", "again/plain"]
-    assert search_groups(cfg)["cap/seq8"] == ["cap/seq8"]
+    assert search_groups(as_study(cfg))["cap/default"] == ["cap/default", "again/plain"]
+    assert search_groups(as_study(cfg))["cap/seq8"] == ["cap/seq8"]
     monkeypatch.setattr(config, "load_config", lambda paths: cfg)
-    second = out.parent.parent / "again" / "plain"
-    argv = ["frontier", "run", "--config", "study.yaml", "--frontier", "cap", "--setting", "default",
-            "--out", str(out), "--then", "again", "plain", str(second), "--no-progress"]
-    assert cli.main(argv) == 0
+    monkeypatch.chdir(tmp_path)  # the plan's paths are the workflow's, under its working directory
+    out, second = tmp_path / "results/frontiers/cap/default", tmp_path / "results/frontiers/again/plain"
+    assert cli.main(["job", "--config", "study.yaml", "frontier_cap_default", "--no-progress"]) == 0
     assert state["shared"].starts == ["cap/default/p01"]  # one start for both searches
     first, then = SearchRecord.read(out / "search.json"), SearchRecord.read(second / "search.json")
     assert (then.frontier, then.setting) == ("again", "plain")
@@ -472,9 +471,7 @@ def test_searches_that_probe_the_same_server_share_one_start(study, monkeypatch,
     assert "start-up for" in (out / "p01" / "server.log").read_text()
     assert "start-up for" not in (second / "p01" / "server.log").read_text()
     assert not list(out.glob(".server-*")) and not list(second.glob(".server-*"))
-    capsys.readouterr()
-    assert cli.main([*argv[:-5], "--then", "cap", "seq8", str(out.parent / "seq8"), "--no-progress"]) != 0
-    assert "must probe exactly the same server" in capsys.readouterr().err
     assert not (out.parent / "seq8").exists()
-    assert cli.main([*argv[:-5], "--then", "again", "plain", "--no-progress"]) != 0
-    assert "TRACE_CSV SHAPE_STATS" in capsys.readouterr().err
+    capsys.readouterr()
+    assert cli.main(["job", "--config", "study.yaml", "frontier_again_plain", "--no-progress"]) == 2
+    assert "no job 'frontier_again_plain'" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from filledfirst.engine.command import ServerCommand
 from filledfirst.loadgen.replay import Replay
 from filledfirst.run import runner
 from filledfirst.run.runner import Job, run_experiments
+from filledfirst.study import as_study
 from filledfirst.workloads.synthetic import write_synthetic_schedule
 
 from conftest import REPO
@@ -57,7 +58,7 @@ def server_log(job):
 
 def test_one_start_for_the_group_and_the_log_split(group):
     cfg, jobs, state = group
-    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert run_experiments(as_study(cfg), jobs, progress=False) == ["ok", "ok", "ok"]
     assert state["shared"].starts == ["a"]
     assert server_log(jobs[0]) == "start-up for a\nrequests of a\n"
     assert [server_log(j) for j in jobs[1:]] == ["requests of b\n", "requests of c\n"]
@@ -71,7 +72,7 @@ def test_one_start_for_the_group_and_the_log_split(group):
 def test_a_server_that_dies_is_started_afresh_for_the_rest(group):
     cfg, jobs, state = group
     state["during"]["a"] = "server dies"
-    assert run_experiments(cfg, jobs, progress=False) == ["partial", "ok", "ok"]
+    assert run_experiments(as_study(cfg), jobs, progress=False) == ["partial", "ok", "ok"]
     assert state["shared"].starts == ["a", "b"]
     assert "vLLM exited during the run" in meta(jobs[0])["error"]
     assert server_log(jobs[1]).startswith("start-up for b\n")
@@ -83,7 +84,7 @@ def test_a_failed_start_fails_every_experiment_that_needed_it(group):
     cfg, jobs, state = group
     state["during"]["a"] = "server dies"
     state["failing_starts"] = ("b",)
-    assert run_experiments(cfg, jobs, progress=False) == ["partial", "failed", "failed"]
+    assert run_experiments(as_study(cfg), jobs, progress=False) == ["partial", "failed", "failed"]
     assert state["shared"].starts == ["a", "b"]  # not retried for c
     for job in jobs[1:]:
         assert "exited with code 1 before it was healthy (b)" in meta(job)["error"]
@@ -94,7 +95,7 @@ def test_an_interruption_publishes_the_current_run_and_starts_no_other(group):
     cfg, jobs, state = group
     state["during"]["b"] = "interrupt"
     with pytest.raises(interrupts.Interrupted, match="received SIGINT"):
-        run_experiments(cfg, jobs, progress=False)
+        run_experiments(as_study(cfg), jobs, progress=False)
     assert [meta(j)["status"] for j in jobs[:2]] == ["ok", "partial"]
     assert not jobs[2].out.exists()
     assert not state["shared"].alive()  # stopped on the way out
@@ -124,7 +125,7 @@ def interrupted_at_b_then_cleaned(group, monkeypatch):
     cfg, jobs, state = group
     state["during"]["b"] = "interrupt"
     with pytest.raises(interrupts.Interrupted):
-        run_experiments(cfg, jobs, progress=False)
+        run_experiments(as_study(cfg), jobs, progress=False)
     first_a = meta(jobs[0])["run_id"]
     for job in jobs:
         shutil.rmtree(job.out, ignore_errors=True)
@@ -140,7 +141,7 @@ def test_a_rerun_after_an_interruption_measures_only_what_was_unfinished(group, 
     warm_up = runner._warm_up
     monkeypatch.setattr(runner, "_warm_up", lambda group, job, progress: (warmups.append(job.experiment),
                                                                           warm_up(group, job, progress))[1])
-    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert run_experiments(as_study(cfg), jobs, progress=False) == ["ok", "ok", "ok"]
     assert meta(jobs[0])["run_id"] == first_a  # a was restored, not measured again
     # b meets the server as it did in the uninterrupted run: one that has just served a
     # (replayed, not recorded), not a freshly started one.
@@ -166,7 +167,7 @@ def test_a_kept_run_is_not_reused_on_other_versions_or_hardware(group, monkeypat
     else:
         real = provenance.hardware
         monkeypatch.setattr(provenance, "hardware", lambda: {**real(), what: "other"})
-    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert run_experiments(as_study(cfg), jobs, progress=False) == ["ok", "ok", "ok"]
     assert meta(jobs[0])["run_id"] != first_a
     assert state["shared"].starts == ["a"]
 
@@ -180,7 +181,7 @@ def test_a_kept_run_is_not_reused_when_its_experiment_changed(group, monkeypatch
     else:
         phases = [{**phase, "output_tokens": 9} for phase in cfg["workloads"]["light"]["phases"]]
         write_synthetic_schedule({**cfg["workloads"]["light"], "phases": phases}, jobs[0].schedule)
-    run_experiments(cfg, jobs, progress=False)
+    run_experiments(as_study(cfg), jobs, progress=False)
     assert meta(jobs[0])["run_id"] != first_a
     assert state["shared"].starts[0] == "a"
 
@@ -209,6 +210,6 @@ def test_a_server_started_with_an_api_key_gets_it_on_every_request(group, monkey
         real(self, experiment)
 
     monkeypatch.setattr(FakeShared, "_start", start)
-    assert run_experiments(cfg, jobs, progress=False) == ["ok", "ok", "ok"]
+    assert run_experiments(as_study(cfg), jobs, progress=False) == ["ok", "ok", "ok"]
     assert state["keys"] == ["sk-started-with"] * 3
     assert "sk-started-with" not in json.dumps(meta(jobs[0]))  # sent, never written

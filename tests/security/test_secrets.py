@@ -32,7 +32,7 @@ from filledfirst.run import runner
 from filledfirst.run import search as frun
 from filledfirst.run.runner import Job, run_experiments
 from filledfirst.store.ingest import ingest
-from filledfirst.study import DiagnosisRules, Study
+from filledfirst.study import DiagnosisRules, Study, as_study
 
 from conftest import REPO
 from helpers.fake_server import FakeVllm
@@ -148,16 +148,16 @@ def outputs(tmp_path_factory):
             # filledfirst run: a server the study starts, with engine.env and --api-key
             cfg = planted_config()
             light = probe_schedule(root / "light.parquet", n=6)
-            assert run_experiments(cfg, [Job("planted", light, runs / "started")], progress=False) == ["ok"]
+            assert run_experiments(as_study(cfg), [Job("planted", light, runs / "started")], progress=False) == ["ok"]
             DoubleAsVllm.lives = 1  # alive when the runner records it, dead once the replay looks
-            assert run_experiments(cfg, [Job("planted", light, runs / "died")], progress=False) == ["partial"]
+            assert run_experiments(as_study(cfg), [Job("planted", light, runs / "died")], progress=False) == ["partial"]
             DoubleAsVllm.lives, DoubleAsVllm.fail = None, True
-            assert run_experiments(cfg, [Job("planted", light, runs / "never-started")],
+            assert run_experiments(as_study(cfg), [Job("planted", light, runs / "never-started")],
                                    progress=False) == ["failed"]
             # a capacity search whose first probe met a server that did not start
             search_dir = runs / "search"
             frun.run_frontier(Study.from_dict(cfg), "cap", "default", search_dir, progress=False,
-                              fingerprint=search_fingerprint(cfg, "cap", "default"))
+                              fingerprint=search_fingerprint(as_study(cfg), "cap", "default"))
             db = root / "study.duckdb"
             ingest([runs / "replayed", runs / "started", runs / "died", runs / "never-started", search_dir], db)
             write_diagnosis(db, DiagnosisRules())
@@ -263,7 +263,7 @@ def test_the_spec_fingerprint_is_the_config_as_written(outputs):
     from filledfirst.config import fingerprint, spec_document
 
     meta = json.loads((outputs["runs"] / "started" / "run.json").read_text())
-    written = spec_document(planted_config(), "planted")
+    written = spec_document(as_study(planted_config()), "planted")
     assert meta["spec"]["engine"]["env"] == {k: redact.MARK for k in ENV}
     assert meta["spec_fingerprint"] == fingerprint(written) != fingerprint(meta["spec"])
 

@@ -22,7 +22,7 @@ from filledfirst.engine import shared
 from filledfirst.engine.server import VllmServer, log_excerpt
 from filledfirst.report import render
 from filledfirst.store.ingest import ingest
-from filledfirst.study import DiagnosisRules
+from filledfirst.study import DiagnosisRules, as_study
 
 from conftest import REPO
 from helpers.chromium import chromium_run
@@ -265,7 +265,7 @@ def _hostile(cfg: dict) -> None:
 def _server_command(configfile: Path, monkeypatch, tmp_path: Path, experiment="decode_low"):
     """The command the runner builds for `experiment` of `configfile`, and the base URL."""
     monkeypatch.setattr(shared, "VllmServer", FakeVllm)
-    spec = config_module.experiment_spec(config_module.load_config([configfile]), experiment)
+    spec = config_module.experiment_spec(as_study(config_module.load_config([configfile])), experiment)
     server = shared.SharedServer(spec.server_spec, tmp_path / "server.log")
     server.ready(experiment)
     return server.cmd, server.base_url
@@ -347,8 +347,8 @@ def test_config_values_reach_snakemake_shell_lines_only_single_quoted(tmp_path):
 
     configfile = _config_with(tmp_path, edit)
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-         "-n", "-p", "all", "--configfile", str(configfile)],
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"),
+         "--directory", str(tmp_path), "-n", "-p", "all", "--configfile", str(configfile)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

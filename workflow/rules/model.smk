@@ -1,18 +1,19 @@
-if config["model"]["source"] == "tiny":
+if STUDY.model.source == "tiny":
 
     localrules:
         tiny_model,
 
-
     rule tiny_model:
         output:
-            directory(config["model"]["path"]),
+            model=directory(STUDY.model.path),
         log:
             "results/logs/model.log",
-        conda:
-            "../../environment.yml"
         params:
             cli=FILLEDFIRST,
-            shape=tiny_model_args(),
+            # the tiny model's shape, as `filledfirst model tiny` options
+            shape=" ".join(
+                f"--{key.replace('_', '-')} {int(value)}"
+                for key, value in sorted(config["model"].get("tiny", {}).items())
+            ),
         shell:
-            "{params.cli} model tiny {output:q} {params.shape} > {log:q} 2>&1"
+            "{params.cli} model tiny {output.model:q} {params.shape} > {log:q} 2>&1"

@@ -7,8 +7,6 @@ rule report:
         "reports/report.html",
     log:
         "results/logs/report.log",
-    conda:
-        "../../environment.yml"
     params:
         cli=FILLEDFIRST,
         # a new title re-renders the report alone (Snakemake re-runs on changed params)
@@ -36,8 +34,6 @@ if COMPARE_BASELINE:
             db=COMPARE_DB,
         log:
             "results/logs/compare.log",
-        conda:
-            "../../environment.yml"
         params:
             cli=FILLEDFIRST,
             config=CONFIG_ARGS,

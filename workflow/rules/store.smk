@@ -1,14 +1,12 @@
 rule ingest:
     input:
-        expand("results/runs/{exp}", exp=EXPERIMENTS),
-        # a capacity search's search.json stands for its probe folders
-        FRONTIER_SEARCHES,
+        runs=PLAN.run_folders,
+        # a search's search.json stands for its probe folders
+        searches=PLAN.search_results,
     output:
         INGESTED,
     log:
         "results/logs/ingest.log",
-    conda:
-        "../../environment.yml"
     params:
         cli=FILLEDFIRST,
     shell:
@@ -24,8 +22,6 @@ rule diagnose:
         DB,
     log:
         "results/logs/diagnose.log",
-    conda:
-        "../../environment.yml"
     params:
         cli=FILLEDFIRST,
         configs=CONFIG_ARGS,

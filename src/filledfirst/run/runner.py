@@ -41,7 +41,7 @@ from filledfirst.model.kv import kv_record
 from filledfirst.run import folder, kept
 from filledfirst.run.provenance import hardware, versions
 from filledfirst.schedule import load_schedule
-from filledfirst.study import Experiment, ExperimentSpec, Study, as_study
+from filledfirst.study import Experiment, ExperimentSpec, Study
 
 log = logging.getLogger(__name__)
 
@@ -169,30 +169,29 @@ class Job:
     out: Path
 
 
-def run_experiment(cfg: dict, experiment: str, schedule_path: Path, out: Path, progress: bool = True) -> str:
+def run_experiment(study: Study, experiment: str, schedule_path: Path, out: Path, progress: bool = True) -> str:
     """Returns the run status; the run folder is written whatever happens, then swapped into place."""
-    return run_experiments(cfg, [Job(experiment, Path(schedule_path), Path(out))], progress)[0]
+    return run_experiments(study, [Job(experiment, Path(schedule_path), Path(out))], progress)[0]
 
 
-def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[str]:
+def run_experiments(study: Study, jobs: list[Job], progress: bool = True) -> list[str]:
     """Experiments with identical server settings, in the given order, against one server
     start. Each run folder is published as soon as its experiment ends; an interruption
     publishes the current one and raises `Interrupted` without starting the rest."""
-    check_shareable(cfg, [job.experiment for job in jobs])
-    study = as_study(cfg)  # the typed config, for what the runner itself reads
+    check_shareable(study, [job.experiment for job in jobs])
     if len({job.out.resolve() for job in jobs}) < len(jobs):
         raise UserError(f"two experiments would write the same run folder: {[str(job.out) for job in jobs]}")
     install_interrupt_handlers()
     watch_owners()
-    if (external := external_server(cfg, jobs[0].experiment)) is not None:
-        return [_run_against_endpoint(cfg, study, jobs[0], external, progress)]
+    if (external := external_server(study, jobs[0].experiment)) is not None:
+        return [_run_against_endpoint(study, jobs[0], external, progress)]
     parent = jobs[0].out.parent
     parent.mkdir(parents=True, exist_ok=True)
     # The server's whole log, beside the run folders (same file system), gone at the end:
     # each run folder keeps its own part.
     scratch = Path(tempfile.mkdtemp(prefix=f".{jobs[0].experiment}.server-", dir=parent))
-    shared = SharedServer(experiment_spec(cfg, jobs[0].experiment).server_spec, scratch / folder.SERVER_LOG)
-    group = _Group(cfg, study, jobs, shared)
+    shared = SharedServer(experiment_spec(study, jobs[0].experiment).server_spec, scratch / folder.SERVER_LOG)
+    group = _Group(study, jobs, shared)
     try:
         statuses = [group.run(position, progress) for position in range(len(jobs))]
     finally:
@@ -202,7 +201,7 @@ def run_experiments(cfg: dict, jobs: list[Job], progress: bool = True) -> list[s
     return statuses
 
 
-def run_hosted(cfg: dict, study: Study, jobs: list[Job], shared: SharedServer, searches: dict[str, str],
+def run_hosted(study: Study, jobs: list[Job], shared: SharedServer, searches: dict[str, str],
                log_from: int, progress: bool = True) -> list[str]:
     """Experiments on the server of the capacity searches that host them (`searches`:
     experiment -> `<frontier>/<setting>`, filledfirst.config.hosted_experiments), once those
@@ -210,7 +209,7 @@ def run_hosted(cfg: dict, study: Study, jobs: list[Job], shared: SharedServer, s
     `log_from`. The caller stops the server."""
     for job in jobs:
         job.out.parent.mkdir(parents=True, exist_ok=True)
-    group = _Group(cfg, study, jobs, shared, after_search=searches)
+    group = _Group(study, jobs, shared, after_search=searches)
     group.log_from = log_from
     statuses = [group.run(position, progress) for position in range(len(jobs))]
     kept.forget([job.out for job in jobs])
@@ -220,9 +219,8 @@ def run_hosted(cfg: dict, study: Study, jobs: list[Job], shared: SharedServer, s
 class _Group:
     """The experiments of one call and the server they share, run one after the other."""
 
-    def __init__(self, cfg: dict, study: Study, jobs: list[Job], shared: SharedServer,
+    def __init__(self, study: Study, jobs: list[Job], shared: SharedServer,
                  after_search: dict[str, str] | None = None):
-        self.cfg = cfg
         self.after_search = after_search or {}  # experiment -> the capacity search whose server this is
         self.study = study
         self.jobs = jobs
@@ -235,7 +233,7 @@ class _Group:
 
     def run(self, position: int, progress: bool) -> str:
         job = self.jobs[position]
-        doc = spec_document(self.cfg, job.experiment)
+        doc = spec_document(self.study, job.experiment)
         spec = ExperimentSpec.from_doc(doc)
         keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
         if keeping and (reused := kept.restore(job.out, fingerprint(doc), job.schedule)) is not None:
@@ -299,7 +297,7 @@ def _warm_up(group: _Group, job: Job, progress: bool) -> str | None:
     experiment then meets a fresh server, as its run.json shows)."""
     log.info("%s: replaying it unrecorded, so the next experiment meets a server that has just served it",
              job.experiment)
-    spec = ExperimentSpec.from_doc(spec_document(group.cfg, job.experiment))
+    spec = ExperimentSpec.from_doc(spec_document(group.study, job.experiment))
     try:
         group.shared.ready(job.experiment)
         replay = Replay(read_schedule(job.schedule), group.shared.base_url, _settings_for(spec, group.shared),
@@ -368,9 +366,9 @@ def spec_meta(spec: dict[str, Any]) -> dict[str, Any]:
             "spec_fingerprint": fingerprint(spec), "model": msgspec.convert(spec["model"], ModelInfo)}
 
 
-def _run_against_endpoint(cfg: dict, study: Study, job: Job, external: dict, progress: bool) -> str:
+def _run_against_endpoint(study: Study, job: Job, external: dict, progress: bool) -> str:
     """An experiment whose server someone else runs: nothing to start or stop."""
-    doc = spec_document(cfg, job.experiment)
+    doc = spec_document(study, job.experiment)
     settings = ReplaySettings.from_spec(ExperimentSpec.from_doc(doc))
     key_env = external.get("api_key_env")
     settings.api_key = _api_key(key_env, f"experiments.{job.experiment}.server.api_key_env")

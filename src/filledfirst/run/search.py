@@ -402,9 +402,9 @@ def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probe
 
     prober = probers[-1]
     names = [exp for exp, _ in hosted.runs]
-    check_shareable(hosted.cfg, names)
+    check_shareable(study, names)
     keys = ", ".join(r.key for r in records)
-    other = [exp for exp in names if experiment_spec(hosted.cfg, exp).server_spec != prober.shared.spec]
+    other = [exp for exp in names if experiment_spec(study, exp).server_spec != prober.shared.spec]
     if other:
         raise UserError(f"{other} need another server than the search {keys} probed: run them apart")
     knees = {**load_knees(hosted.knees),
@@ -418,8 +418,8 @@ def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probe
         write_workload(study, name, schedule, knees, csv)
         jobs.append(Job(exp, schedule, Path(run_out)))
     log.info("%s: on %s server, %s", keys, "its" if len(records) == 1 else "their", ", ".join(names))
-    hosts = host_of(hosted.cfg, study)
-    statuses = run_hosted(hosted.cfg, study, jobs, prober.shared, {exp: hosts[exp] for exp in names},
+    hosts = host_of(study)
+    statuses = run_hosted(study, jobs, prober.shared, {exp: hosts[exp] for exp in names},
                           prober.log_from, progress=prober.progress)
     for job, status in zip(jobs, statuses):
         if status != "ok":  # a result all the same: its folder says why, the report lists it
@@ -433,7 +433,6 @@ class Hosted:
     from the job's knees and the `knees` (search.json files) of the others they name,
     a trace workload's from `traces` (trace name -> CSV)."""
 
-    cfg: dict
     runs: list[tuple[str, Path]]
     knees: list[Path] = dataclasses.field(default_factory=list)
     traces: dict[str, Path] = dataclasses.field(default_factory=dict)

@@ -1,0 +1,233 @@
+"""The study's jobs, built once from the typed study: which searches and experiments share
+one server start, in which order, with the files each job reads and writes.
+
+Snakemake's rules are made from it (workflow/rules/*.smk), and `filledfirst job NAME`
+builds the same plan from the same config files and runs the job of that name: nothing
+about a job travels on its command line but its name.
+
+A job is either a **search job** (one or more searches that probe exactly the same server,
+one after the other on one start, then the experiments placed relative to their knees that
+need that very server) or an **experiment job** (experiments with identical server
+settings, one after the other on one start). All paths are relative to the workflow's
+working directory.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from filledfirst.config import (
+    fingerprint,
+    group_fingerprint,
+    hosted_experiments,
+    search_fingerprint,
+    search_groups,
+    server_groups,
+)
+from filledfirst.errors import UserError
+from filledfirst.frontier.plan import frontier_plan
+from filledfirst.frontier.relative import knee_searches, split_of
+from filledfirst.study import Study, TraceWorkload
+
+RESULTS = "results"
+LOGS = f"{RESULTS}/logs"
+
+
+def search_dir(frontier: str, setting: str) -> str:
+    return f"{RESULTS}/frontiers/{frontier}/{setting}"
+
+
+def search_json(frontier: str, setting: str) -> str:
+    """A search's result, which stands for its probe folders beside it."""
+    return f"{search_dir(frontier, setting)}/search.json"
+
+
+def search_json_of(of: str) -> str:
+    """The search.json of `<frontier>/<setting>`."""
+    return search_json(*split_of(of))
+
+
+def run_dir(experiment: str) -> str:
+    return f"{RESULTS}/runs/{experiment}"
+
+
+def schedule_path(workload: str) -> str:
+    return f"data/schedules/{workload}.parquet"
+
+
+def schedule_stats(workload: str) -> str:
+    """A schedule's stats beside it (for a trace window: its density)."""
+    return f"{schedule_path(workload)}.stats.json"
+
+
+def trace_csv(trace: str) -> str:
+    return f"data/traces/{trace}.csv"
+
+
+class SearchStep(msgspec.Struct, frozen=True):
+    """One search of a search job, with what it reads of a trace workload (its CSV and its
+    schedule's stats, the window's density)."""
+
+    frontier: str
+    setting: str
+    fingerprint: str  # changes whenever anything that decides a probe or the search's path does
+    trace_csv: str | None = None
+    shape_stats: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.frontier}/{self.setting}"
+
+    @property
+    def out(self) -> str:
+        return search_dir(self.frontier, self.setting)
+
+    @property
+    def result(self) -> str:
+        return search_json(self.frontier, self.setting)
+
+
+class ExperimentStep(msgspec.Struct, frozen=True):
+    """One experiment of a job. `schedule` is None for one a search job runs after its
+    searches: its schedule is made there, from their knees."""
+
+    experiment: str
+    workload: str
+    schedule: str | None = None
+    # the search whose server it runs on, for one a search job runs
+    after_search: str | None = None
+
+    @property
+    def out(self) -> str:
+        return run_dir(self.experiment)
+
+
+class Inputs(msgspec.Struct, frozen=True):
+    """What a job reads, by kind."""
+
+    model: list[str] = []
+    schedules: list[str] = []  # one per experiment of an experiment job, in order
+    parents: list[str] = []  # an intervention's parent search.json
+    knees: list[str] = []  # search.json of other searches its experiments are placed relative to
+    traces: list[str] = []  # trace CSVs its searches and experiments read
+    stats: list[str] = []  # a trace-shaped search's schedule stats
+
+
+class Job(msgspec.Struct, frozen=True):
+    name: str
+    searches: list[SearchStep]
+    experiments: list[ExperimentStep]
+    inputs: Inputs
+    fingerprint: str  # changes whenever anything that decides the job's outcome does
+
+    @property
+    def search_outputs(self) -> list[str]:
+        return [s.result for s in self.searches]
+
+    @property
+    def run_outputs(self) -> list[str]:
+        return [e.out for e in self.experiments]
+
+    @property
+    def log(self) -> str:
+        if self.searches:
+            return f"{LOGS}/frontier-{self.searches[0].frontier}-{self.searches[0].setting}.log"
+        return f"{LOGS}/run-{self.experiments[0].experiment}.log"
+
+
+class ScheduleStep(msgspec.Struct, frozen=True):
+    """A workload's schedule: the knees it is placed relative to, a trace's CSV."""
+
+    workload: str
+    knees: list[str]  # search.json files
+    trace_csv: str | None = None
+    fingerprint: str = ""
+
+    @property
+    def out(self) -> str:
+        return schedule_path(self.workload)
+
+    @property
+    def stats(self) -> str:
+        return schedule_stats(self.workload)
+
+
+class Plan(msgspec.Struct, frozen=True):
+    jobs: list[Job]
+    schedules: dict[str, ScheduleStep]  # workload -> its schedule
+    # every search.json, in config order (frontiers, then their settings): what ingest reads
+    search_results: list[str]
+
+    def job(self, name: str) -> Job:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise UserError(f"no job {name!r} in the study's plan ({', '.join(j.name for j in self.jobs) or 'none'})")
+
+    @property
+    def run_folders(self) -> list[str]:
+        """Every experiment's run folder, by name."""
+        return sorted(path for job in self.jobs for path in job.run_outputs)
+
+
+def model_inputs(study: Study) -> list[str]:
+    """The locally built model folder, when the config serves one."""
+    return [study.model.path] if study.model.source == "tiny" and study.model.path else []
+
+
+def build_plan(study: Study) -> Plan:
+    """The study's jobs: search jobs in config order (frontiers, then their settings), then
+    experiment jobs in config order; and every workload's schedule."""
+    cfg = study.document
+    hosted = hosted_experiments(study)
+    jobs = [_search_job(study, [split_of(m) for m in members], hosted)
+            for members in search_groups(study).values()]
+    jobs += [_experiment_job(study, members) for members in server_groups(study).values()]
+    schedules = {name: ScheduleStep(name, [search_json_of(of) for of in knee_searches(wl)],
+                                    trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None,
+                                    fingerprint(cfg["workloads"][name]))
+                 for name, wl in study.workloads.items()}
+    searches = [search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).settings]
+    return Plan(jobs, schedules, searches)
+
+
+def _trace_of(study: Study, workload: str) -> str | None:
+    wl = study.workloads[workload]
+    return trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None
+
+
+def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, list[str]]) -> Job:
+    steps = []
+    for frontier, setting in members:
+        workload = frontier_plan(study, frontier).workload_name
+        trace = _trace_of(study, workload)
+        steps.append(SearchStep(frontier, setting, search_fingerprint(study, frontier, setting), trace,
+                                schedule_stats(workload) if trace else None))
+    own = {s.key for s in steps}
+    runs = [ExperimentStep(exp, study.experiments[exp].workload, after_search=s.key)
+            for s in steps for exp in hosted.get(s.key, [])]
+    lead_frontier, lead_setting = members[0]
+    relaxed = frontier_plan(study, lead_frontier).interventions.get(lead_setting)
+    knees = sorted({of for e in runs for of in knee_searches(study.workloads[e.workload])} - own)
+    traces = [s.trace_csv for s in steps if s.trace_csv]
+    traces += sorted({t for e in runs if (t := _trace_of(study, e.workload)) and t not in traces})
+    inputs = Inputs(
+        model=model_inputs(study),
+        parents=[search_json(lead_frontier, relaxed.parent)] if relaxed is not None else [],
+        knees=[search_json_of(of) for of in knees],
+        traces=traces,
+        stats=[s.shape_stats for s in steps if s.shape_stats],
+    )
+    spec = " ".join(s.fingerprint for s in steps)
+    if runs:
+        spec += " " + group_fingerprint(study, [e.experiment for e in runs])
+    return Job(f"frontier_{lead_frontier}_{lead_setting}", steps, runs, inputs, spec)
+
+
+def _experiment_job(study: Study, members: list[str]) -> Job:
+    runs = [ExperimentStep(exp, study.experiments[exp].workload, schedule_path(study.experiments[exp].workload))
+            for exp in members]
+    inputs = Inputs(model=model_inputs(study), schedules=[r.schedule for r in runs if r.schedule])
+    return Job(f"run_group_{members[0]}", [], runs, inputs, group_fingerprint(study, members))
+
+

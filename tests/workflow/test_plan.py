@@ -1,0 +1,53 @@
+"""The study's plan (filledfirst.plan) holds the jobs the workflow ran before it existed:
+the same jobs in the same order, each with the same tasks, files and log, for both
+shipped studies (tests/workflow/plans/*.json, recorded from the workflow's dry runs)."""
+
+import json
+
+import pytest
+
+from filledfirst.config import load_study
+from filledfirst.plan import build_plan
+
+from conftest import REPO
+
+
+@pytest.fixture(params=["cpu", "config"])
+def study_and_recorded(request):
+    recorded = json.loads((REPO / "tests" / "workflow" / "plans" / f"{request.param}.json").read_text())
+    return load_study([REPO / "config" / f"{request.param}.yaml"]), recorded
+
+
+def test_the_jobs_and_their_order_are_the_recorded_ones(study_and_recorded):
+    study, recorded = study_and_recorded
+    plan = build_plan(study)
+    assert [job.name for job in plan.jobs] == [job["name"] for job in recorded["jobs"]]
+    for job, old in zip(plan.jobs, recorded["jobs"]):
+        assert [*job.search_outputs, *job.run_outputs] == old["outputs"], job.name
+        inputs = {path for paths in (job.inputs.model, job.inputs.schedules, job.inputs.parents, job.inputs.knees,
+                                     job.inputs.traces, job.inputs.stats) for path in paths}
+        assert sorted(inputs) == old["inputs"], job.name
+        assert job.log == old["log"]
+
+
+def test_each_schedule_waits_for_the_recorded_searches(study_and_recorded):
+    study, recorded = study_and_recorded
+    plan = build_plan(study)
+    for out, old_inputs in recorded["schedules"].items():
+        step = next(s for s in plan.schedules.values() if s.out == out)
+        assert sorted([*step.knees, *([step.trace_csv] if step.trace_csv else [])]) == old_inputs, out
+
+
+def test_a_job_is_found_by_name_and_an_unknown_one_is_refused(study_and_recorded):
+    from filledfirst.errors import UserError
+
+    plan = build_plan(study_and_recorded[0])
+    assert plan.job(plan.jobs[-1].name) is plan.jobs[-1]
+    with pytest.raises(UserError, match="no job 'nope'.*run_group_"):
+        plan.job("nope")
+
+
+def test_every_experiment_runs_in_exactly_one_job(study_and_recorded):
+    study, _ = study_and_recorded
+    runs = [e.experiment for job in build_plan(study).jobs for e in job.experiments]
+    assert sorted(runs) == sorted(study.experiments)

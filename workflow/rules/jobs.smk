@@ -1,0 +1,38 @@
+# One rule per job of the plan (filledfirst.plan), named after it: a search job (searches
+# that probe exactly the same server, then the experiments placed relative to their knees
+# that need that server) or an experiment job (experiments with identical server
+# settings). `filledfirst job NAME` starts the server once and runs the job's tasks in
+# order. A search job's declared outputs are its search.json files and its experiments'
+# run folders: the probe folders beside each search.json (pNN/, ordinary run folders) are
+# not known before the search has run, and as undeclared files they survive an
+# interrupted job, whose re-run then resumes from its finished probes. Snakemake cannot
+# give one rule a varying number of outputs, hence a rule per job.
+for job in PLAN.jobs:
+
+    rule:
+        name:
+            job.name
+        input:
+            model=job.inputs.model,
+            schedules=job.inputs.schedules,
+            parents=job.inputs.parents,
+            knees=job.inputs.knees,
+            traces=job.inputs.traces,
+            stats=job.inputs.stats,
+        output:
+            searches=job.search_outputs,
+            runs=[directory(path) for path in job.run_outputs],
+        log:
+            job=job.log,
+        # What the job asks a cluster for (the SLURM profile); a local run ignores it.
+        resources:
+            **job_resources(STUDY, job),
+        params:
+            cli=FILLEDFIRST,
+            configs=CONFIG_ARGS,
+            job=job.name,
+            # a changed setting, workload or order of tasks re-runs the job
+            fingerprint=job.fingerprint,
+        shell:
+            # tee: progress reaches the terminal and the job's log file alike.
+            "{params.cli} job {params.configs} {params.job:q} --no-progress 2>&1 | tee {log.job:q}"
