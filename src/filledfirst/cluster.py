@@ -1,7 +1,7 @@
-"""What an experiment job asks a batch system for: GPUs, CPUs, memory and a time limit.
+"""What a job asks a batch system for: GPUs, CPUs, memory and a time limit.
 
-One job per server group (Snakemake rule `run_group_<name>`): one vLLM start, then the
-group's experiments one after the other. The SLURM profile (profiles/slurm) turns
+One job of the study's plan (filledfirst.plan): one vLLM start, then the job's searches
+and experiments one after the other. The SLURM profile (profiles/slurm) turns
 these resources into sbatch options; a local run ignores them. Defaults are the schema's
 (`cluster` in src/filledfirst/schemas/config.schema.yaml), read through filledfirst.study.
 
@@ -30,7 +30,7 @@ from filledfirst.study import Cluster, Study
 DEFAULT_CPUS = Cluster().cpus_per_job
 DEFAULT_MEM_MB = Cluster().mem_mb
 # The resource every job that starts a vLLM server holds one of. The workflow profile
-# (profiles/default) makes one available, so a local `snakemake --cores N` never runs two
+# (workflow/profiles/default) makes one available, so a local `snakemake --cores N` never runs two
 # servers at once (on one GPU: out of memory; on a CPU: two measurements that starve
 # each other); the Snakefile scopes it `local`, so cluster jobs on their own nodes do not
 # wait for each other. `--resources engine=N` says otherwise.
