@@ -254,7 +254,7 @@ def _add_run(sub) -> None:
 
 def _cmd_run(args) -> int:
     from filledfirst.config import load_study
-    from filledfirst.run.runner import Job, run_experiments
+    from filledfirst.run.runner import Job, run_experiments, warn_unfinished
 
     if not len(args.experiments) == len(args.schedules) == len(args.outs):
         raise UserError(
@@ -262,17 +262,7 @@ def _cmd_run(args) -> int:
             f"{len(args.schedules)} and {len(args.outs)})"
         )
     jobs = [Job(*triple) for triple in zip(args.experiments, args.schedules, args.outs)]
-    statuses = run_experiments(load_study(args.configs), jobs, progress=not args.no_progress)
-    # A failed or partial run is a result: its folder says why, and the report must list
-    # it. Exiting 0 keeps Snakemake from deleting the group's folders (an interrupt raises
-    # Interrupted: exit 130, so an interrupted group is redone).
-    for job, status in zip(jobs, statuses):
-        if status != "ok":
-            log.warning(
-                "experiment %s: %s (see %s/run.json); the folder is kept for the report. "
-                "To run it again, delete the folder or use snakemake --forcerun.",
-                job.experiment, status, job.out,
-            )
+    warn_unfinished(jobs, run_experiments(load_study(args.configs), jobs, progress=not args.no_progress))
     return 0
 
 
@@ -298,17 +288,12 @@ def _add_frontier(sub) -> None:
 
 def _cmd_frontier_run(args) -> int:
     from filledfirst.config import load_study, search_fingerprint
-    from filledfirst.run.search import SearchTask, run_searches
+    from filledfirst.run.search import SearchTask, run_searches, warn_failed
 
     study = load_study(args.configs)
     task = SearchTask(args.frontier, args.setting, args.out, search_fingerprint(study, args.frontier, args.setting),
                       args.trace_csv, args.shape_stats)
-    (search,) = run_searches(study, [task], progress=not args.no_progress)
-    # A search that ended on a failed probe is a result (search.json says why): exit 0,
-    # so Snakemake keeps its probe folders for the report.
-    if search.result.error:
-        log.warning("search %s/%s: a probe failed (%s); see %s/search.json",
-                    args.frontier, args.setting, search.result.error.splitlines()[0], args.out)
+    warn_failed([task], run_searches(study, [task], progress=not args.no_progress))
     return 0
 
 

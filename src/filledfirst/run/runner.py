@@ -169,6 +169,17 @@ class Job:
     out: Path
 
 
+def warn_unfinished(jobs: list[Job], statuses: list[str]) -> None:
+    """A failed or partial run is a result: its folder says why and the report lists it, so
+    its job succeeds and Snakemake keeps the folders (an interrupt raises Interrupted
+    instead: exit 130, and the job is redone). Said in the log."""
+    for job, status in zip(jobs, statuses):
+        if status != "ok":
+            log.warning("experiment %s: %s (see %s/run.json); the folder is kept for the report. "
+                        "To run it again, delete the folder or use snakemake --forcerun.",
+                        job.experiment, status, job.out)
+
+
 def run_experiment(study: Study, experiment: str, schedule_path: Path, out: Path, progress: bool = True) -> str:
     """Returns the run status; the run folder is written whatever happens, then swapped into place."""
     return run_experiments(study, [Job(experiment, Path(schedule_path), Path(out))], progress)[0]

@@ -486,6 +486,15 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
     return records
 
 
+def warn_failed(tasks: list[SearchTask], records: list[SearchRecord]) -> None:
+    """A search that ended on a failed probe is a result (search.json says why), so its
+    job succeeds and Snakemake keeps its probe folders for the report: said in the log."""
+    for task, search in zip(tasks, records):
+        if search.result.error:
+            log.warning("search %s/%s: a probe failed (%s); see %s/search.json",
+                        task.frontier, task.setting, search.result.error.splitlines()[0], task.out)
+
+
 def _clean(out: Path) -> None:
     """A search folder ready for the search: what a SIGKILL left and the old search.json gone."""
     out.mkdir(parents=True, exist_ok=True)
