@@ -10,6 +10,8 @@ import duckdb
 
 from filledfirst.analysis import prefix_cache, request_path, signals
 from filledfirst.analysis.diagnosis.storage import stored_rules
+from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers
 from filledfirst.store.study_parts import stored_parts
@@ -25,11 +27,11 @@ class ReportData:
     roles: list[dict[str, Any]]  # signals.role_summary
     metas: dict[str, RunMeta]  # run.json typed, per run id
     documents: dict[str, dict[str, Any]]  # run.json whole, only for the setup dumps
-    diagnosis: list[dict[str, Any]]  # table `diagnosis`; empty before `filledfirst diagnose`
+    diagnosis: list[DiagnosisRow]  # table `diagnosis`; empty before `filledfirst diagnose`
     rates: dict[str, dict[str, Any]]  # signals.run_rates, per run id
     queue_shares: dict[str, float | None]  # vLLM's queue over TTFT (None: no per-request timings)
-    frontier_rows: list[dict[str, Any]]  # table `frontiers`
-    probe_points: list[dict[str, Any]]  # the capacity searches' probes (frontiers.probe_points)
+    frontier_rows: list[FrontierRow]  # table `frontiers`
+    probe_points: list[frontiers.ProbePoint]  # the capacity searches' probes
     rules: DiagnosisRules  # the rules the stored diagnosis was made with
     study_parts: dict[str, Part]  # the study's parts, in order
     # Run ids of the capacity searches' probes (run.json has a `frontier` block): they are
@@ -69,7 +71,8 @@ def load(con: duckdb.DuckDBPyConnection) -> ReportData:
         metas=metas,
         documents=signals.run_meta(con),
         # The diagnosis table exists once `filledfirst diagnose` has run on the database.
-        diagnosis=con.sql("SELECT * FROM diagnosis").pl().to_dicts() if table_exists(con, "diagnosis") else [],
+        diagnosis=([DiagnosisRow.from_columns(d) for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()]
+                   if table_exists(con, "diagnosis") else []),
         rates={x["run_id"]: x for x in signals.run_rates(con).to_dicts()},
         queue_shares={x["run_id"]: x["queue_share"] for x in request_path.queue_shares(con).to_dicts()},
         frontier_rows=frontiers.frontier_rows(con),

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from filledfirst.analysis import numbers
+from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.report import frontiers, markup, tables
 from filledfirst.report.markup import html_table
 from filledfirst.report.tables import cap_suffix, requests_cell
@@ -62,7 +63,7 @@ def reference_roles_table(part: Part) -> str:
 def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequence[Mapping[str, Any]],
                 rates: Mapping[str, Mapping[str, Any]], queue_shares: Mapping[str, float | None],
                 metas: Mapping[str, Any], prefix_cache: Mapping[str, Mapping[str, Any]],
-                frontier_rows: Sequence[Mapping[str, Any]]) -> list[str]:
+                frontier_rows: Sequence[FrontierRow]) -> list[str]:
     """The HTML of one part: heading, its table, and what goes with it (`prefix_cache`:
     analysis.prefix_cache.counts per run id; `frontier_rows`: table `frontiers`)."""
     from filledfirst.report import charts
@@ -91,7 +92,7 @@ def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequenc
         sentence = tables.schedule_sentence(meta.schedule.stats) if meta is not None else ""
         if sentence:
             out.append(markup.para(f"{r['experiment']}: {sentence}"))
-    knees = [r for r in frontier_rows if r["frontier"] == part.knees]
+    knees = [r for r in frontier_rows if r.frontier == part.knees]
     if knees:
         out.append(markup.para(f"The knees of frontier {part.knees} (its searches, in the capacity search):"))
         out.append(frontiers.knee_shift_table_html(knees, schema_default("frontiers", "*", "verify_min_shift")))

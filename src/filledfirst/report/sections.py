@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import msgspec
+
 from filledfirst.analysis import prefix_cache as prefix_cache_stats
 from filledfirst.analysis import request_path, signals
 from filledfirst.report import charts, frontiers, markup, parts, patterns, run_json, tables
@@ -74,13 +76,13 @@ def runs(data: ReportData) -> list[str]:
 def what_filled_first(data: ReportData) -> list[str]:
     if not data.diagnosis:
         return [_no_diagnosis()]
-    designed = [d for d in data.diagnosis if d["run_id"] not in data.is_probe]
+    designed = [d for d in data.diagnosis if d.run_id not in data.is_probe]
     out = [patterns.patterns_table(designed), patterns.evidence_intro(data.rules),
            patterns.evidence_table(designed, data.rules)]
     open_loop = [
-        {**data.rates[d["run_id"]], **d} for d in designed
-        if d["run_id"] in data.rates and d.get("goodput_rps") is not None
-        and not (d["run_id"] in data.metas and data.metas[d["run_id"]].closed_loop)
+        {**data.rates[d.run_id], **msgspec.structs.asdict(d)} for d in designed
+        if d.run_id in data.rates and d.goodput_rps is not None
+        and not (d.run_id in data.metas and data.metas[d.run_id].closed_loop)
     ]
     if open_loop:
         out.append(charts.embed(charts.goodput_chart(open_loop)))
@@ -132,13 +134,13 @@ def capacity_search(data: ReportData) -> list[str]:
     return out
 
 
-def search_probes(data: ReportData, setting: str, points: list[dict[str, Any]], checks: _Checks) -> str:
+def search_probes(data: ReportData, setting: str, points: list[frontiers.ProbePoint], checks: _Checks) -> str:
     """One search's probes, folded: a line per probe, then what the report shows of the
     study's runs elsewhere (the diagnosis' evidence, the measurement checks) for these
     probes, and the search's server command."""
-    ids = {p["run_id"] for p in points}
-    diagnosed = [d for d in data.diagnosis if d["run_id"] in ids]
-    inner = [frontiers.probe_table_html(points, {d["run_id"]: d["label"] for d in diagnosed})]
+    ids = {p.run_id for p in points}
+    diagnosed = [d for d in data.diagnosis if d.run_id in ids]
+    inner = [frontiers.probe_table_html(points, {d.run_id: d.label for d in diagnosed})]
     if diagnosed:
         inner += [markup.para("The diagnosis' evidence, probe by probe (columns as under What filled up first):"),
                   patterns.evidence_table(diagnosed, data.rules)]
@@ -147,7 +149,7 @@ def search_probes(data: ReportData, setting: str, points: list[dict[str, Any]], 
     if measured:
         inner += [markup.para("Measurement checks, probe by probe (columns as under Measurement checks):"),
                   tables.measurement_table(measured, server_checks)]
-    argv = next((a for p in points if (a := data.metas[p["run_id"]].server.argv)), None)
+    argv = next((a for p in points if (a := data.metas[p.run_id].server.argv)), None)
     if argv:  # a search runs its probes on one server start
         inner.append(markup.code_details("server command", run_json.fmt_value(argv)))
     return markup.details_html(frontiers.probes_summary(setting, points), "".join(inner))
