@@ -155,8 +155,8 @@ def search_probes(data: ReportData, setting: str, points: list[frontiers.ProbePo
     return markup.details_html(frontiers.probes_summary(setting, points), "".join(inner))
 
 
-def shared_setup(documents: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any],
-                                                                      list[str]]:
+def shared_setup(documents: Mapping[str, run_json.JsonObject]
+                 ) -> tuple[dict[str, dict[str, object]], dict[str, object], list[str]]:
     """The SHARED_SETUP sections of each run.json flattened ("model.name", ...), what every
     run agrees on, and the keys that differ."""
     setup = {
