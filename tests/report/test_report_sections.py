@@ -59,9 +59,9 @@ def data(tmp_path_factory):
 
 def test_load_tells_the_probes_from_the_experiments(data):
     assert data.is_probe == {PROBE}
-    assert [r["run_id"] for r in data.experiments] == [RUN_A, RUN_LEGACY, RUN_FAILED]  # by start time
-    assert [r["run_id"] for r in data.probes] == [PROBE]
-    assert [r["run_id"] for r in data.measured] == [RUN_A, RUN_LEGACY]  # the failed run measured nothing
+    assert [r.run_id for r in data.experiments] == [RUN_A, RUN_LEGACY, RUN_FAILED]  # by start time
+    assert [r.run_id for r in data.probes] == [PROBE]
+    assert [r.run_id for r in data.measured] == [RUN_A, RUN_LEGACY]  # the failed run measured nothing
     assert {d.run_id for d in data.diagnosis} == {RUN_A, RUN_LEGACY, RUN_FAILED, PROBE}
     assert data.part_of[RUN_A] == "interference" and list(data.study_parts)
     assert PROBE not in data.part_of  # its run.json says part `frontier`: a probe is in no part of the study
