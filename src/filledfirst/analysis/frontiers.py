@@ -5,7 +5,9 @@ each probe run's `frontier` block (run.json, typed: filledfirst.contracts.runmet
 its `diagnosis` row, its rates (`signals.run_rates`) and the search's search.json (`frontier_searches`, when it
 was ingested; without it the bracket is read off the probes: lo the highest rate that
 held below the lowest that broke). When a probe was measured more than once (a search
-resumed after a failure) its latest run counts.
+resumed after a failure) its latest run counts. Its rows are records
+(filledfirst.contracts.frontiers.FrontierRow, an intervention's with its Intervention), never
+changed in place: comparing an intervention with its parent makes a new row; stored flat.
 
 Columns:
 - frontier, setting, workload, slo_ttft_ms, slo_itl_ms, target, probes (runs counted),
