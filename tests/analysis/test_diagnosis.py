@@ -532,6 +532,7 @@ def test_first_token_timeouts_stand_beside_the_ttft_percentiles(tmp_path):
 
 
 def test_the_report_states_the_thresholds_the_diagnosis_used(tmp_path):
+    from filledfirst.contracts.diagnosis import DiagnosisRow
     from filledfirst.report import patterns
 
     rules = DiagnosisRules(kv_full_pct=80, warmup_frac=0.25, cap_frac=0.75)
@@ -539,8 +540,37 @@ def test_the_report_states_the_thresholds_the_diagnosis_used(tmp_path):
     write_diagnosis(db, rules)
     with duckdb.connect(str(db), read_only=True) as con:
         stored = stored_rules(con)
-        rows = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
+        rows = [DiagnosisRow.from_columns(d) for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()]
     assert stored == rules
     html = patterns.evidence_table(rows, stored) + patterns.evidence_intro(stored)
     assert "KV &gt;= 80 %" in html and "25 % warm-up" in html and "&gt;= 75 % of max_num_seqs" in html
     assert "90 %" not in html and "10 %" not in html
+
+
+def test_each_label_means_one_thing_held_on_its_rule():
+    """What a label means elsewhere (the knob an intervention relaxes, the number At a glance
+    quotes, what would move a knee) is read off the rule that gives it: every label has one,
+    and the knobs the interventions relax are those of the two limits and the eviction."""
+    from filledfirst.analysis.diagnosis.labels import Label
+    from filledfirst.analysis.diagnosis.rules import LABELLED, labelled
+    from filledfirst.analysis.frontiers import IMPLICATED, NoQueueLabel, meaning
+    from filledfirst.contracts.search import Knob
+
+    assert set(LABELLED) == set(Label) and all(rule.label is label for label, rule in LABELLED.items())
+    assert IMPLICATED == {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV, Label.PREFIX_EVICTION: Knob.KV}
+    assert labelled(None) is labelled("no such label") is LABELLED[Label.UNCLASSIFIED]
+    assert {meaning(label).moves_the_knee for label in NoQueueLabel} == {"more compute or a smaller batch"}
+    assert meaning(Label.REFERENCE).moves_the_knee is None and meaning(Label.FAILED).knob is None
+
+
+def test_the_typed_rows_have_a_field_per_column():
+    """The records the report and the comparison read hold every column of their table."""
+    from filledfirst.analysis.diagnosis.storage import SCHEMA as DIAGNOSIS
+    from filledfirst.analysis.frontiers import SCHEMA as FRONTIERS
+    from filledfirst.contracts.diagnosis import DiagnosisRow
+    from filledfirst.contracts.frontiers import FrontierRow
+
+    assert list(DiagnosisRow.__struct_fields__) == list(DIAGNOSIS)
+    row = FrontierRow(frontier="f", setting="s", slo_ttft_ms=500.0, slo_itl_ms=100.0, probes=1)
+    assert set(row.columns()) == set(FRONTIERS)
+    assert FrontierRow.from_columns(row.columns()) == row

@@ -107,9 +107,10 @@ def test_a_knee_broken_by_its_growing_queue_names_the_limit_that_was_full(cap, k
     little of its window for the diagnosis' shares (waiting 13 %), and what was full while
     it grew is what filled first, not a `compute-bound` 'SLO broken with no queue'."""
     from filledfirst.analysis.frontiers import _knee_label
+    from filledfirst.contracts.diagnosis import DiagnosisRow
 
-    d = {"label": "unclassified", "clue": "", "waiting_share": 0.13, "running_at_cap_share": cap,
-         "kv_full_share": kv_full}
+    d = DiagnosisRow(run_id="kv/kv160/p03", experiment="kv/kv160/p03", label="unclassified", clue="",
+                     waiting_share=0.13, running_at_cap_share=cap, kv_full_share=kv_full)
     got, clue = _knee_label(d, _knee(), DiagnosisRules())
     assert got == label and said in clue and "queue grew 0.14 s/s" in clue
     # broken by its attainment, the same evidence is a break with no queue

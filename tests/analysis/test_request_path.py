@@ -210,13 +210,16 @@ def test_an_old_database_gains_the_columns_when_diagnosed(tmp_path):
 
 
 def test_the_glance_number_of_a_limit_carries_its_queue(tmp_path):
+    from filledfirst.contracts.diagnosis import DiagnosisRow
     from filledfirst.report.frontiers import key_number
 
     rules = DiagnosisRules()
     d = run_of(tmp_path, **seq_limit_run("glance", with_timings=True))
-    assert key_number(d, rules) == "running at the cap 100 % of the time, vLLM's queue 99 % of TTFT"
+    assert key_number(DiagnosisRow.from_columns(d), rules) == ("running at the cap 100 % of the time, vLLM's queue "
+                                                               "99 % of TTFT")
     d = run_of(tmp_path, **seq_limit_run("glance_gauges", with_timings=False))
-    assert key_number(d, rules) == "running at the cap 100 % of the time"
+    assert key_number(DiagnosisRow.from_columns(d), rules) == "running at the cap 100 % of the time"
     run = interference_run("glance_int")
     d = run_of(tmp_path, **run | {"requests": [timed(r, queue_s=0.0) for r in run["requests"]]})
-    assert key_number(d, rules) == "TTFT p90 30.0x higher behind a long prompt (30.0x outside vLLM's queue)"
+    assert key_number(DiagnosisRow.from_columns(d), rules) == ("TTFT p90 30.0x higher behind a long prompt "
+                                                               "(30.0x outside vLLM's queue)")

@@ -138,10 +138,11 @@ def test_a_queue_behind_steps_that_used_the_whole_token_budget_is_the_prefill_to
     assert d["token_budget"] == 2048 and d["budget_queued_steps"] == 100
     assert d["budget_fill"] == pytest.approx(0.95)
     assert d["label"] == "prefill token budget", d["clue"]
+    from filledfirst.contracts.diagnosis import DiagnosisRow
     from filledfirst.report.frontiers import key_number  # "At a glance"'s number for it
 
-    assert key_number(d, DiagnosisRules()) == ("steps used 95 % of the token budget (2048) while requests waited, "
-                                               "vLLM's queue 86 % of TTFT")
+    assert key_number(DiagnosisRow.from_columns(d), DiagnosisRules()) == (
+        "steps used 95 % of the token budget (2048) while requests waited, vLLM's queue 86 % of TTFT")
     assert d["clue"] == ("requests queued (waiting 8 % of the time, vLLM's queue 86 % of TTFT) and the 100 engine "
                          "steps while requests waited used 95 % of the token budget (2048) on average; running at "
                          "most 29 of 64, KV at most 30 %; vLLM's queue was 86 % of the TTFT of the 80 requests "

@@ -34,8 +34,11 @@ def _run(run_id, ttft_s=0.05, failed=0, interval_s=0.1):
             "meta": {"part": "decode", "spec": {"server": {"max_num_seqs": 64}}}}
 
 
+KNEE = "frontier, setting, lo_rps, hi_rps, floor_rps, reason, knee_label, drifted"  # the columns a test sets
+# table `frontiers`' columns a knee needs (the SLO and probes too: every row has them)
 KNEE_COLUMNS = "frontier VARCHAR, setting VARCHAR, lo_rps DOUBLE, hi_rps DOUBLE, floor_rps DOUBLE, reason VARCHAR, " \
-               "knee_label VARCHAR, drifted BOOLEAN"
+               "knee_label VARCHAR, drifted BOOLEAN, slo_ttft_ms DOUBLE DEFAULT 500, slo_itl_ms DOUBLE DEFAULT 100, " \
+               "probes BIGINT DEFAULT 4"
 
 
 def _db(path, runs, knees, vllm="0.32.0"):
@@ -46,7 +49,7 @@ def _db(path, runs, knees, vllm="0.32.0"):
     with duckdb.connect(str(path)) as con:
         con.execute(f"CREATE OR REPLACE TABLE frontiers ({KNEE_COLUMNS})")
         for k in knees:
-            con.execute("INSERT INTO frontiers VALUES (?, ?, ?, ?, ?, ?, ?, ?)", k)
+            con.execute(f"INSERT INTO frontiers ({KNEE}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", k)
     return path
 
 
@@ -126,8 +129,8 @@ def test_a_run_on_a_drifting_search_server_needs_a_wider_change(tmp_path):
         _db(path, [run], [])
         with duckdb.connect(str(path)) as con:
             con.execute("ALTER TABLE frontiers ADD COLUMN drift DOUBLE")
-            con.execute("INSERT INTO frontiers VALUES ('knee', 'capped', 4.0, 4.4, 3.8, 'converged', "
-                        "'active-sequence limit', false, ?)", [drift])
+            con.execute(f"INSERT INTO frontiers ({KNEE}, drift) VALUES ('knee', 'capped', 4.0, 4.4, 3.8, "
+                        "'converged', 'active-sequence limit', false, ?)", [drift])
         return path
 
     steady = compare(side(tmp_path / "a.duckdb", 0.05, None), side(tmp_path / "b.duckdb", 0.08, 0.0), RULES)
@@ -217,11 +220,16 @@ def test_a_run_label_change_fails_the_gate_only_for_a_designed_run(tmp_path, exp
 def test_a_drifting_search_widens_the_least_shift_that_counts():
     """The same study twice on a VM whose speed moved by 50 % over the second search:
     12.5 then 19.1 req/s (+53 %) is no change; the same knees with no drift are higher."""
-    from filledfirst.compare.knees import knee_row
+    from msgspec.structs import replace
 
-    base = {"lo_rps": 12.5, "hi_rps": 13.2, "floor_rps": 11.4, "reason": "converged", "drift": 0.07}
-    cand = {"lo_rps": 19.1, "hi_rps": 20.2, "floor_rps": 17.4, "reason": "converged", "drift": 0.50}
+    from filledfirst.compare.knees import knee_row
+    from filledfirst.contracts.frontiers import FrontierRow
+
+    knee = {"frontier": "knee", "setting": "capped", "slo_ttft_ms": 500.0, "slo_itl_ms": 100.0, "probes": 4,
+            "reason": "converged"}
+    base = FrontierRow(**knee, lo_rps=12.5, hi_rps=13.2, floor_rps=11.4, drift=0.07)
+    cand = FrontierRow(**knee, lo_rps=19.1, hi_rps=20.2, floor_rps=17.4, drift=0.50)
     row = knee_row(("knee", "capped"), base, cand, RULES)
     assert row["min_shift"] == pytest.approx(1.5 * 1.07 * 1.5 - 1) and row["verdict"] == Change.SAME
-    still = knee_row(("knee", "capped"), {**base, "drift": None}, {**cand, "drift": None}, RULES)
+    still = knee_row(("knee", "capped"), replace(base, drift=None), replace(cand, drift=None), RULES)
     assert still["min_shift"] == pytest.approx(0.5) and still["verdict"] == Change.HIGHER

@@ -18,6 +18,7 @@ from filledfirst.analysis.frontiers import (
     moved,
 )
 from filledfirst.config import load_config, search_fingerprint, validate_config
+from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.contracts.search import Knob, SearchBounds, StopReason
 from filledfirst.engine.command import build_command
 from filledfirst.errors import UserError
@@ -125,9 +126,16 @@ def test_the_kv_budget_in_tokens_becomes_the_engine_block_count():
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == "320" and "kv_tokens" not in " ".join(argv)
 
 
-def row(setting, lo, hi, floor=None, label=None, parent=None, knob=None, reason="converged"):
-    return {"frontier": "f", "setting": setting, "lo_rps": lo, "hi_rps": hi, "floor_rps": floor,
-            "knee_label": label, "parent": parent, "knob": knob, "reason": reason}
+def row(setting, lo, hi, floor=None, label=None, parent=None, knob=None, reason="converged", **columns):
+    return FrontierRow.from_columns({
+        "frontier": "f", "setting": setting, "slo_ttft_ms": 500.0, "slo_itl_ms": 100.0, "probes": 1, "lo_rps": lo,
+        "hi_rps": hi, "floor_rps": floor, "knee_label": label, "parent": parent, "knob": knob, "reason": reason,
+        **columns})
+
+
+def table(rows):
+    """The rows with their interventions compared, as table `frontiers` stores them, by setting."""
+    return {r.setting: r.columns() for r in _interventions(rows)}
 
 
 def test_a_knee_moves_only_beyond_both_intervals():
@@ -158,7 +166,8 @@ def test_a_knee_moves_only_beyond_both_intervals():
     ("compute-bound", "up", "no", None),
 ])
 def test_the_verdict_needs_the_relaxed_knee_to_move_and_the_control_not(label, relaxed, control, verdict):
-    got, why = confirmation(label, {"moved": relaxed}, {"moved": control})
+    got, why = confirmation(label, row("r", 2, 3, parent="p", knob="KV tokens", moved=relaxed),
+                            row("c", 2, 3, parent="p", knob="max_num_seqs", moved=control))
     assert got == verdict and why
 
 
@@ -169,14 +178,12 @@ def test_a_move_within_the_parents_drift_is_not_a_move():
     assert widened(0.3, -0.16) == pytest.approx(0.508) and widened(0.3, None) == pytest.approx(0.3)
 
     def study(relaxed_lo, control_lo, drift):
-        parent = {**row("kv160", 2.0, 2.2, floor=1.9, label=Label.KV_PRESSURE), "drift": drift}
-        rows = [parent,
-                {**row("kv160_kv_x4", relaxed_lo, relaxed_lo * 1.1, floor=relaxed_lo * 0.95,
-                       parent="kv160", knob=Knob.KV.value), "min_shift": 0.3},
-                {**row("kv160_seqs_x4", control_lo, control_lo * 1.1, floor=control_lo * 0.95,
-                       parent="kv160", knob=Knob.SEQS.value), "min_shift": 0.3}]
-        _interventions(rows)
-        return {r["setting"]: r for r in rows}
+        parent = row("kv160", 2.0, 2.2, floor=1.9, label=Label.KV_PRESSURE, drift=drift)
+        return table([parent,
+                      row("kv160_kv_x4", relaxed_lo, relaxed_lo * 1.1, floor=relaxed_lo * 0.95,
+                          parent="kv160", knob=Knob.KV.value, min_shift=0.3),
+                      row("kv160_seqs_x4", control_lo, control_lo * 1.1, floor=control_lo * 0.95,
+                          parent="kv160", knob=Knob.SEQS.value, min_shift=0.3)])
 
     quiet = study(3.12, 2.64, None)  # +56 %, +32 %, no drift measured: the control moved
     assert quiet["kv160_seqs_x4"]["moved"] == "up" and quiet["kv160"]["verdict"] == Confirmation.INCONCLUSIVE
@@ -199,13 +206,11 @@ def kv160_study(relaxed_label=Label.SEQ_LIMIT, control=(7.18, 8.97, 6.53)):
     +25 %, beyond both intervals but by less than the least shift (44 % after the parent's
     -11 % drift), and at the new knee the cap filled first; the control moved it -20 %."""
     lo, hi, floor = control
-    rows = [{**row("kv160", 8.97, 9.49, floor=8.16, label=Label.KV_PRESSURE), "drift": -0.11},
-            {**row("kv160_kv_x4", 11.22, 12.54, floor=10.2, label=relaxed_label,
-                   parent="kv160", knob=Knob.KV.value), "min_shift": 0.3},
-            {**row("kv160_seqs_x4", lo, hi, floor=floor, label=Label.KV_PRESSURE,
-                   parent="kv160", knob=Knob.SEQS.value), "min_shift": 0.3}]
-    _interventions(rows)
-    return {r["setting"]: r for r in rows}
+    return table([row("kv160", 8.97, 9.49, floor=8.16, label=Label.KV_PRESSURE, drift=-0.11),
+                  row("kv160_kv_x4", 11.22, 12.54, floor=10.2, label=relaxed_label,
+                      parent="kv160", knob=Knob.KV.value, min_shift=0.3),
+                  row("kv160_seqs_x4", lo, hi, floor=floor, label=Label.KV_PRESSURE,
+                      parent="kv160", knob=Knob.SEQS.value, min_shift=0.3)])
 
 
 def test_a_knee_that_moved_until_the_next_limit_filled_first_is_confirmed():
@@ -243,8 +248,7 @@ def test_the_roles_follow_what_filled_first_at_the_parents_knee():
             row("kv160", 4, 4.4, floor=3.9, label=Label.KV_PRESSURE),
             row("kv160_seqs_x2", 8, 9, floor=7.5, label=Label.KV_PRESSURE, parent="kv160", knob=Knob.SEQS.value),
             row("kv160_kv_x2", 8, 9, floor=7.5, label=Label.SEQ_LIMIT, parent="kv160", knob=Knob.KV.value)]
-    _interventions(rows)
-    by = {r["setting"]: r for r in rows}
+    by = table(rows)
     assert by["seq8_seqs_x2"]["role"] == Role.RELAXED and by["seq8_kv_x2"]["role"] == Role.CONTROL
     assert by["seq8_seqs_x2"]["moved"] == "up" and by["seq8_seqs_x2"]["shift"] == pytest.approx(1.0)
     assert by["seq8"]["verdict"] == Confirmation.CONFIRMED and by["seq8"]["next_label"] == "compute-bound"

@@ -23,6 +23,7 @@ from filledfirst.config import load_config, validate_config
 from filledfirst.contracts.records import RequestRecord
 from filledfirst.loadgen.endpoint import EndpointError, check_endpoint
 from filledfirst.report import tables
+from filledfirst.report.rows import RunRow
 from filledfirst.run.runner import Job, every_request_failed, run_experiments
 from filledfirst.store.ingest import ingest
 from filledfirst.study import DiagnosisRules, as_study
@@ -119,9 +120,9 @@ def test_a_replay_whose_every_request_failed_is_failed_with_the_commonest_error(
     diagnosis = write_diagnosis(db, DiagnosisRules()).to_dicts()
     assert [(d["label"], d["clue"]) for d in diagnosis] == [("failed", why)]
     con = duckdb.connect(str(db), read_only=True)
-    summary = signals.run_summary(con).to_dicts()
+    summary = RunRow.of(signals.run_summary(con))
     con.close()
-    assert [(r["status"], r["error"], r["n_failed"]) for r in summary] == [("failed", why, 8)]
+    assert [(r.status, r.error, r.n_failed) for r in summary] == [("failed", why, 8)]
     html = tables.runs_table(summary)
     assert "<td>failed</td>" in html and "does not exist" in html
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pyarrow as pa
 import pytest
 import yaml
@@ -20,6 +21,7 @@ from filledfirst.config import load_study
 from filledfirst.contracts.records import SAMPLE_SCHEMA
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.report import markup, render, tables
+from filledfirst.report.rows import RunRow
 from filledfirst.study import DiagnosisRules
 
 from conftest import REPO
@@ -330,26 +332,32 @@ def test_sweep_chart_draws_and_marks_failed_levels():
     import vl_convert
 
     from filledfirst.report import charts
+    from filledfirst.report.rows import RunRates, SweepLine
 
-    rows = [{"concurrency": c, "n_requests": 4 * c, "n_failed": int(c == 4), "ttft_p50_ms": 10.0 * c,
-             "ttft_p95_ms": 15.0 * c, "tok_s_per_request": 100.0 / c, "total_tok_s": 100.0 + c}
+    rows = [SweepLine(concurrency=c, run=RunRow(run_id=f"c{c}", n_requests=4 * c, n_failed=int(c == 4),
+                                                ttft_p50_ms=10.0 * c),
+                      rates=RunRates(run_id=f"c{c}", ttft_p95_ms=15.0 * c, tok_s_per_request=100.0 / c,
+                                     total_tok_s=100.0 + c))
             for c in (1, 2, 4)]
     svg = vl_convert.vegalite_to_svg(charts.sweep_chart(rows).to_dict())
     assert svg.count("<path") > 3 and "TTFT against concurrency" in svg
     html = tables.sweep_table(rows)
     assert html.count("<tr>") == 4 and "40.0 ms" in html
     assert html.count(tables.NOT_REPORTED) == 3  # no per-request timings from the server
-    html = tables.sweep_table([r | {"queue_share": 0.1 * r["concurrency"]} for r in rows])
+    html = tables.sweep_table([msgspec.structs.replace(r, queue_share=0.1 * r.concurrency) for r in rows])
     assert tables.NOT_REPORTED not in html and "vLLM&#x27;s queue share of TTFT" in html and "40 %" in html
 
 
 def test_goodput_chart_marks_runs_with_failures():
     import vl_convert
 
+    from filledfirst.contracts.diagnosis import DiagnosisRow
     from filledfirst.report import charts
+    from filledfirst.report.rows import RunRates
 
-    rows = [{"experiment": "a", "offered_rps": 2.0, "goodput_rps": 1.9, "n_failed": 0, "slo_met_share": 0.95},
-            {"experiment": "b", "offered_rps": 4.0, "goodput_rps": 0.5, "n_failed": 3, "slo_met_share": 0.1}]
+    rows = [(DiagnosisRow(run_id=e, experiment=e, goodput_rps=goodput, slo_met_share=met),
+             RunRates(run_id=e, offered_rps=offered, n_failed=failed))
+            for e, offered, goodput, failed, met in (("a", 2.0, 1.9, 0, 0.95), ("b", 4.0, 0.5, 3, 0.1))]
     spec = charts.goodput_chart(rows).to_dict()
     svg = vl_convert.vegalite_to_svg(spec)
     assert "Goodput against offered load" in svg and charts.FAILED_COLOR in svg
@@ -375,10 +383,11 @@ def test_ttft_parts_chart_draws_a_bar_per_role_and_quantile():
     import vl_convert
 
     from filledfirst.report import charts
+    from filledfirst.report.rows import TtftPart
 
-    rows = [{"role": role, "q": q, "n_ok": 10, "n_timed": 10 if role == "probe" else 0, "n_band": 2,
-             "ttft_q_ms": 100.0, "ttft_ms": 100.0, "dispatch_ms": 1.0, "front_end_ms": 4.0, "queue_ms": 80.0,
-             "prefill_ms": 15.0} for role in ("probe", "decoding") for q in (0.5, 0.9)]
+    rows = [TtftPart(run_id="r", role=role, q=q, n_ok=10, n_timed=10 if role == "probe" else 0, n_band=2,
+                     ttft_q_ms=100.0, ttft_ms=100.0, dispatch_ms=1.0, front_end_ms=4.0, queue_ms=80.0,
+                     prefill_ms=15.0) for role in ("probe", "decoding") for q in (0.5, 0.9)]
     svg = vl_convert.vegalite_to_svg(charts.ttft_parts_chart(rows).to_dict())
     assert "Where TTFT went" in svg and "server queue" in svg and "probe p90" in svg
     assert "decoding p50" not in svg  # a role without timings has no bar
@@ -468,7 +477,7 @@ def test_a_study_with_parts_of_its_own(tmp_path, db):
     write_diagnosis(own, DiagnosisRules(), parts=study.parts)
     with duckdb.connect(str(own), read_only=True) as c:
         assert stored_parts(c) == study.parts
-        summary = [r for r in signals.run_summary(c).to_dicts() if r["n_requests"] > 0]
+        summary = [r for r in RunRow.of(signals.run_summary(c)) if r.n_requests]
         metas = signals.run_metas(c)
     part_of = {RUN_A: "warm_up", RUN_LEGACY: "decode_load"}
     blocks = parts.parts_html(study.parts, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas,

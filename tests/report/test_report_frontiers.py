@@ -9,11 +9,14 @@ import re
 from html import unescape
 
 import duckdb
+import msgspec
 import pytest
 import vl_convert
 
 from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
+from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.frontiers import FrontierRow, Intervention
 from filledfirst.report import charts, frontiers, markup, render, sections
 from filledfirst.report.data import load
 from filledfirst.study import DiagnosisRules
@@ -24,6 +27,12 @@ from helpers.searches import SEQ8_SEARCH, SLO, cap_probes
 from helpers.synthetic_db import every, gauges, make_db, queue, reference_run
 
 PROBE_ERROR = "server exited with code -9 <b>boom</b>"
+
+
+def row(**columns) -> FrontierRow:
+    """A row of table `frontiers` from the columns a test names (the rest NULL)."""
+    return FrontierRow.from_columns({"frontier": "f", "setting": "s", "slo_ttft_ms": 500.0, "slo_itl_ms": 100.0,
+                                     "probes": 1, **columns})
 
 
 def failed_probe(frontier, setting, probe, rate):
@@ -59,27 +68,26 @@ def con(db):
 
 
 def test_probe_points_from_the_runs_in_duckdb(con):
-    points = {(p["setting"], p["probe"]): p for p in frontiers.probe_points(con)}
+    points = {(p.setting, p.probe.probe): p for p in frontiers.probe_points(con)}
     assert set(points) == {("seq8", 1), ("seq8", 2), ("seq8", 3), ("seq8", 4), ("slow", 1), ("slow", 2),
                            ("slow", 3)}
-    assert points[("seq8", 3)]["attainment"] == 0.3 and points[("seq8", 3)]["held"] is False
-    assert not points[("seq8", 3)]["failed"]
+    assert points[("seq8", 3)].probe.attainment == 0.3 and points[("seq8", 3)].probe.held is False
+    assert not points[("seq8", 3)].failed
     slow2, slow3 = points[("slow", 2)], points[("slow", 3)]
-    assert slow2["failed"] and not slow2["outright"] and slow2["n_failed"] == 1  # a failed request
-    assert slow3["outright"] and slow3["attainment"] is None and slow3["error"] == PROBE_ERROR
+    assert slow2.failed and not slow2.outright and slow2.n_failed == 1  # a failed request
+    assert slow3.outright and slow3.probe.attainment is None and slow3.probe.error == PROBE_ERROR
 
 
 def test_leading_signal_and_its_lead():
-    row = {"hi_rps": 8.0, "waiting_from_rps": 4.0, "cap_from_rps": 4.0, "kv_full_from_rps": 8.0}
-    assert frontiers.leading_signal(row) == {"signals": ["waiting > 0", "running at the cap"], "rps": 4.0,
-                                             "lead": 2.0}
-    assert frontiers.leading_text(row) == "waiting > 0 and running at the cap from 4 req/s: 2x ahead of the " \
+    r = row(hi_rps=8.0, waiting_from_rps=4.0, cap_from_rps=4.0, kv_full_from_rps=8.0)
+    assert frontiers.leading_signal(r) == (["waiting > 0", "running at the cap"], 4.0, 2.0)
+    assert frontiers.leading_text(r) == "waiting > 0 and running at the cap from 4 req/s: 2x ahead of the " \
                                           "break at 8 req/s"
-    assert frontiers.leading_signal({"hi_rps": 8.0, "kv_full_from_rps": 2.0})["signals"] == ["KV full"]
-    assert frontiers.leading_text({"hi_rps": 8.0, "cap_from_rps": 8.0}).endswith("at the break itself, no warning")
-    assert frontiers.leading_text({"hi_rps": 4.0, "cap_from_rps": 8.0}).endswith("only after the break at 4 req/s")
-    assert frontiers.leading_text({"hi_rps": None, "waiting_from_rps": 3.0}).endswith("(the SLO never broke)")
-    assert frontiers.leading_text({"hi_rps": 2.0}) == "none crossed at any probed rate"
+    assert frontiers.leading_signal(row(hi_rps=8.0, kv_full_from_rps=2.0)).signals == ["KV full"]
+    assert frontiers.leading_text(row(hi_rps=8.0, cap_from_rps=8.0)).endswith("at the break itself, no warning")
+    assert frontiers.leading_text(row(hi_rps=4.0, cap_from_rps=8.0)).endswith("only after the break at 4 req/s")
+    assert frontiers.leading_text(row(hi_rps=None, waiting_from_rps=3.0)).endswith("(the SLO never broke)")
+    assert frontiers.leading_text(row(hi_rps=2.0)) == "none crossed at any probed rate"
 
 
 @pytest.mark.parametrize(("label", "words"), [
@@ -93,16 +101,16 @@ def test_leading_signal_and_its_lead():
     ("failed", "failed outright"),
 ])
 def test_what_would_move_the_knee(label, words):
-    assert words in frontiers.move_the_knee({"hi_rps": 2.0, "knee_label": label})
+    assert words in frontiers.move_the_knee(row(hi_rps=2.0, knee_label=label))
 
 
 def test_nothing_broke_means_raise_the_maximum():
-    assert "maximum" in frontiers.move_the_knee({"hi_rps": None, "knee_label": None})
+    assert "maximum" in frontiers.move_the_knee(row(hi_rps=None, knee_label=None))
 
 
 def test_frontier_table_per_setting(con):
     rows = frontiers.frontier_rows(con)
-    assert [(r["frontier"], r["setting"]) for r in rows] == [("cap", "seq8"), ("cap", "slow")]
+    assert [(r.frontier, r.setting) for r in rows] == [("cap", "seq8"), ("cap", "slow")]
     html = frontiers.frontier_table_html(rows)
     assert html.count("<tr>") == 3
     assert ("<td>5.66 req/s</td><td>8 req/s</td><td>5.14 to 8 req/s (90 %)</td>"
@@ -111,7 +119,7 @@ def test_frontier_table_per_setting(con):
     assert "<td>1 req/s</td><td>2 req/s</td><td>—</td><td>—</td>" in html  # no search.json: no interval
     # output tokens/s beside the rate when the runs measured it (these synthetic runs did not)
     assert "5.66 req/s (1,234 output tok/s)" in frontiers.frontier_table_html(
-        [{**rows[0], "lo_output_tok_s": 1234.4}])
+        [msgspec.structs.replace(rows[0], lo_output_tok_s=1234.4)])
     assert "running at &gt;= 8 of 8" in html  # the knee's clue, escaped
     assert "waiting &gt; 0 and running at the cap from 8 req/s: at the break itself" in html
     assert "more sequences (max_num_seqs)" in html and "ITL-bound" in html and "budget" in html
@@ -139,35 +147,36 @@ def test_no_frontiers_table_means_nothing(tmp_path):
 
 
 def test_summary_rows_by_part_and_frontier(con):
-    diagnosis = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
+    diagnosis = [DiagnosisRow.from_columns(d) for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()]
     from filledfirst.analysis import signals
 
     rows = frontiers.summary_rows(diagnosis, signals.run_metas(con), frontiers.frontier_rows(con), DiagnosisRules())
-    assert [(r["part"], r["what"]) for r in rows] == [
+    assert [(r.part, r.what) for r in rows] == [
         ("decode_load", "ref"), ("sequence_limit", "lim"), ("frontier cap", "seq8"), ("frontier cap", "slow")]
     ref, lim, seq8, slow = rows
-    assert (ref["found"], ref["mark"], ref["number"]) == ("reference", "as designed", "waiting 0 % of the time")
-    assert (lim["designed"], lim["found"], lim["mark"]) == ("KV-capacity pressure", "active-sequence limit", "DIFFERS")
-    assert lim["number"] == "running at the cap 100 % of the time"
-    assert (seq8["found"], seq8["number"]) == (
+    assert (ref.found, ref.mark, ref.number) == ("reference", "as designed", "waiting 0 % of the time")
+    assert (lim.designed, lim.found, lim.mark) == ("KV-capacity pressure", "active-sequence limit", "DIFFERS")
+    assert lim.number == "running at the cap 100 % of the time"
+    assert (seq8.found, seq8.number) == (
         "active-sequence limit",
         "held 5.66 req/s, broke at 8 req/s; capacity 5.14 to 8 req/s (90 %); drift -14 % (DRIFTED)")
-    assert slow["found"] == "ITL-bound"
+    assert slow.found == "ITL-bound"
     html = frontiers.summary_table(rows)
     assert html.count("<tr>") == 5 and "<strong>differs</strong>" in html
     assert html.count("frontier cap") == 1  # a part named once
 
 
 def test_at_a_glance_names_the_second_limit_where_two_filled(con):
-    diagnosis = con.sql("SELECT * FROM diagnosis").pl().to_dicts()
+    diagnosis = [DiagnosisRow.from_columns(d) for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()]
     from filledfirst.analysis import signals
 
-    lim = next(d for d in diagnosis if d["experiment"] == "lim")
-    both = [d | {"then_filled": "KV-capacity pressure at 12.0 s"} if d is lim else d for d in diagnosis]
+    lim = next(d for d in diagnosis if d.experiment == "lim")
+    both = [msgspec.structs.replace(d, then_filled="KV-capacity pressure at 12.0 s") if d is lim else d
+            for d in diagnosis]
     rows = frontiers.summary_rows(both, signals.run_metas(con), [], DiagnosisRules())
-    row = next(r for r in rows if r["what"] == "lim")
-    assert row["found"] == "active-sequence limit, then KV-capacity pressure at 12.0 s"
-    assert row["mark"] == "DIFFERS"  # designed for KV: what filled first is what counts
+    line = next(r for r in rows if r.what == "lim")
+    assert line.found == "active-sequence limit, then KV-capacity pressure at 12.0 s"
+    assert line.mark == "DIFFERS"  # designed for KV: what filled first is what counts
 
 
 @pytest.fixture(scope="module")
@@ -202,12 +211,12 @@ def test_each_search_folds_a_line_per_probe(con):
     folded = [b for b in blocks if b.startswith("<details>")]
     assert [b[:b.index("</summary>")].removeprefix("<details><summary>") for b in folded] == [
         "seq8: its 4 probes, 2 req/s to 8 req/s", "slow: its 3 probes, 1 req/s to 2 req/s"]
-    labels = {d["run_id"]: d["label"] for d in data.diagnosis}
-    for block, points in zip(folded, [[p for p in data.probe_points if p["setting"] == s] for s in ("seq8", "slow")]):
+    labels = {d.run_id: d.label for d in data.diagnosis}
+    for block, points in zip(folded, [[p for p in data.probe_points if p.setting == s] for s in ("seq8", "slow")]):
         probe_table = block[:block.index("</table>")]
         lines = re.findall(r"<tr><th scope='row'>(\d+)</th>(.*?)</tr>", probe_table)
-        assert [int(n) for n, _ in lines] == sorted(p["probe"] for p in points)  # a line per probe, in order
-        assert all(p["run_id"] in probe_table and markup.esc(labels[p["run_id"]]) in probe_table for p in points)
+        assert [int(n) for n, _ in lines] == sorted(p.probe.probe for p in points)  # a line per probe, in order
+        assert all(p.run_id in probe_table and markup.esc(labels[p.run_id]) in probe_table for p in points)
     slow = folded[1][:folded[1].index("</table>")]
     cells = [re.findall(r"<td>(.*?)</td>", line) for line in slow.split("</tr>")]
     p02 = next(c for c in cells if c and c[0] == "2 req/s")
@@ -237,7 +246,7 @@ def test_what_moved_the_knee_and_the_verdict_at_a_glance():
     base = {"frontier": "decode", "reason": "converged", "confidence": 0.9, "knob": None, "parent": None,
             "relaxed_from": None, "relaxed_to": None, "role": None, "shift": None, "moved": None,
             "verdict": None, "verdict_why": None, "next_label": None, "hi_inconclusive": False, "drift": None}
-    rows = [
+    rows = [row(**r) for r in [
         {**base, "setting": "seq8", "lo_rps": 10.0, "hi_rps": 11.0, "floor_rps": 9.5, "drift": -0.16,
          "knee_label": "active-sequence limit", "verdict": "confirmed",
          "verdict_why": "relaxing max_num_seqs moved the knee above its interval; the control did not",
@@ -250,7 +259,7 @@ def test_what_moved_the_knee_and_the_verdict_at_a_glance():
          "knee_label": "compute-bound", "parent": "seq8", "knob": "max_num_seqs", "relaxed_from": 8,
          "relaxed_to": 16, "role": "relaxed", "shift": 0.9, "moved": "up", "within_drift": False,
          "min_shift": 0.3, "least_shift": 0.508},
-    ]
+    ]]
     html = frontiers.moved_table_html(rows)
     lines = [unescape(line) for line in re.findall(r"<tr>(.*?)</tr>", html, re.S)[1:]]
     # the relaxed line first, with the verdict; the control's with its move
@@ -261,19 +270,19 @@ def test_what_moved_the_knee_and_the_verdict_at_a_glance():
     assert "51 % (30 %, widened by the parent's drift of -16 %)" in lines[0]
     assert "9.5 to 11 req/s (90 %)" in lines[0] and "18 to 21 req/s (90 %)" in lines[0]
     glance = frontiers.summary_rows([], {}, rows, DiagnosisRules())
-    assert [g["what"] for g in glance] == ["seq8"]  # the interventions speak through their parent
-    assert glance[0]["found"] == "active-sequence limit (confirmed by intervention; next: compute-bound)"
+    assert [g.what for g in glance] == ["seq8"]  # the interventions speak through their parent
+    assert glance[0].found == "active-sequence limit (confirmed by intervention; next: compute-bound)"
 
 
 def test_a_knee_above_its_interval_by_less_than_the_least_shift_says_both():
-    r = {"shift": 0.25, "moved": "no", "interval_move": "up", "within_drift": False}
-    assert frontiers._shift(r) == "+25 % (above its interval, less than the least shift that counts)"
-    assert frontiers._shift({**r, "interval_move": "no"}) == "+25 % (within the intervals)"
+    i = Intervention(parent="p", knob="KV tokens", shift=0.25, moved="no", interval_move="up", within_drift=False)
+    assert frontiers._shift(i) == "+25 % (above its interval, less than the least shift that counts)"
+    assert frontiers._shift(msgspec.structs.replace(i, interval_move="no")) == "+25 % (within the intervals)"
 
 
 def test_a_parts_knees_side_by_side_each_against_the_first_setting():
     base = {"frontier": "prefix", "reason": "converged", "confidence": 0.9, "parent": None, "hi_inconclusive": False}
-    rows = [
+    rows = [row(**r) for r in [
         {**base, "setting": "cache_off", "lo_rps": 42.7, "hi_rps": 45.1, "floor_rps": 38.8,
          "knee_label": "prefill token budget"},
         {**base, "setting": "cache_on", "lo_rps": 125.8, "hi_rps": 133.0, "floor_rps": 114.0,
@@ -282,8 +291,8 @@ def test_a_parts_knees_side_by_side_each_against_the_first_setting():
          "knee_label": "prefix-cache eviction"},
         # an intervention of a verified setting is not one of the frontier's own settings
         {**base, "setting": "cache_on_seqs_x2", "lo_rps": 200.0, "hi_rps": 210.0, "floor_rps": 190.0,
-         "parent": "cache_on", "knee_label": None},
-    ]
+         "parent": "cache_on", "knob": "max_num_seqs", "knee_label": None},
+    ]]
     html = frontiers.knee_shift_table_html(rows, 0.3)
     lines = re.findall(r"<tr>(.*?)</tr>", html, re.S)[1:]
     assert len(lines) == 3
@@ -292,6 +301,6 @@ def test_a_parts_knees_side_by_side_each_against_the_first_setting():
     # intervals overlap: no move, however the ratio reads
     assert "x0.90 (within the noise)" in lines[2] and "prefix-cache eviction" in lines[2]
     # disjoint intervals but a change below the least that counts
-    small = [rows[0], {**rows[1], "lo_rps": 50.0, "hi_rps": 52.0, "floor_rps": 46.0}]
+    small = [rows[0], msgspec.structs.replace(rows[1], lo_rps=50.0, hi_rps=52.0, floor_rps=46.0)]
     assert "x1.17 (within the noise)" in frontiers.knee_shift_table_html(small, 0.3)
     assert frontiers.knee_shift_table_html([rows[3]], 0.3) == ""

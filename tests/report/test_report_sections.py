@@ -59,13 +59,13 @@ def data(tmp_path_factory):
 
 def test_load_tells_the_probes_from_the_experiments(data):
     assert data.is_probe == {PROBE}
-    assert [r["run_id"] for r in data.experiments] == [RUN_A, RUN_LEGACY, RUN_FAILED]  # by start time
-    assert [r["run_id"] for r in data.probes] == [PROBE]
-    assert [r["run_id"] for r in data.measured] == [RUN_A, RUN_LEGACY]  # the failed run measured nothing
-    assert {d["run_id"] for d in data.diagnosis} == {RUN_A, RUN_LEGACY, RUN_FAILED, PROBE}
+    assert [r.run_id for r in data.experiments] == [RUN_A, RUN_LEGACY, RUN_FAILED]  # by start time
+    assert [r.run_id for r in data.probes] == [PROBE]
+    assert [r.run_id for r in data.measured] == [RUN_A, RUN_LEGACY]  # the failed run measured nothing
+    assert {d.run_id for d in data.diagnosis} == {RUN_A, RUN_LEGACY, RUN_FAILED, PROBE}
     assert data.part_of[RUN_A] == "interference" and list(data.study_parts)
     assert PROBE not in data.part_of  # its run.json says part `frontier`: a probe is in no part of the study
-    assert [(p["run_id"], p["requests"], p["missed"]) for p in data.probe_points] == [
+    assert [(p.run_id, p.probe.requests, p.probe.missed) for p in data.probe_points] == [
         (PROBE, 2, {"failed": 0, "ttft": 1, "itl": 0})]  # read without table `frontiers`
 
 
@@ -115,7 +115,7 @@ def test_capacity_search_folds_each_searchs_probes_until_diagnosed(data):
     table = folded[:folded.index("</table>")]
     assert table.count("<tr>") == 2  # the header and the one probe
     row = table[table.rindex("<tr>"):]
-    label = next(d["label"] for d in data.diagnosis if d["run_id"] == PROBE)  # its run's own diagnosis
+    label = next(d.label for d in data.diagnosis if d.run_id == PROBE)  # its run's own diagnosis
     assert re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) == [
         "1", "2 req/s", "1.0 s", "2", "50.0 %", "—", "—", "broke", "—", label, "0", "1", "0", PROBE]
     assert "vllm.entrypoints.openai.api_server" in folded  # its search's server command

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from filledfirst.analysis.frontiers import IMPLICATED, confirmation, moved
+from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.contracts.search import SearchBounds, StopReason
 from filledfirst.frontier.interventions import Span, widened
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
@@ -157,14 +158,15 @@ def test_capacity_search_on_the_engine(tmp_path):
     # The verdict is the one the two knees give against seq2's, the roles the ones its label names.
     table = pl.from_arrow(con.sql("SELECT * FROM frontiers WHERE frontier = 'knee'").to_arrow_table())
     by = {r["setting"]: r for r in table.to_dicts()}
+    typed = {s: FrontierRow.from_columns(r) for s, r in by.items()}  # as the report reads them
     implicated = IMPLICATED.get(by["seq2"]["knee_label"])
     for setting in ("seq2_seqs_x2", "seq2_kv_x2"):
         r = by[setting]
         assert r["least_shift"] == pytest.approx(widened(0.3, by["seq2"]["drift"]))
-        assert r["parent"] == "seq2" and r["moved"] == moved(by["seq2"], r, r["least_shift"])
+        assert r["parent"] == "seq2" and r["moved"] == moved(typed["seq2"], typed[setting], r["least_shift"])
         assert r["role"] == (None if implicated is None else "relaxed" if r["knob"] == implicated else "control")
-    relaxed = next((r for r in by.values() if r["role"] == "relaxed"), None)
-    control = next((r for r in by.values() if r["role"] == "control"), None)
+    relaxed = next((typed[s] for s, r in by.items() if r["role"] == "relaxed"), None)
+    control = next((typed[s] for s, r in by.items() if r["role"] == "control"), None)
     verdict, _ = confirmation(by["seq2"]["knee_label"], relaxed, control)
     assert by["seq2"]["verdict"] == (verdict.value if verdict else None)
     assert by["default"]["verdict"] is None and by["default"]["parent"] is None

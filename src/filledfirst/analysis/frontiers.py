@@ -5,7 +5,9 @@ each probe run's `frontier` block (run.json, typed: filledfirst.contracts.runmet
 its `diagnosis` row, its rates (`signals.run_rates`) and the search's search.json (`frontier_searches`, when it
 was ingested; without it the bracket is read off the probes: lo the highest rate that
 held below the lowest that broke). When a probe was measured more than once (a search
-resumed after a failure) its latest run counts.
+resumed after a failure) its latest run counts. Its rows are records
+(filledfirst.contracts.frontiers.FrontierRow, an intervention's with its Intervention), never
+changed in place: comparing an intervention with its parent makes a new row; stored flat.
 
 Columns:
 - frontier, setting, workload, slo_ttft_ms, slo_itl_ms, target, probes (runs counted),
@@ -51,18 +53,22 @@ Columns:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import msgspec
 import polars as pl
 
 from filledfirst.analysis import numbers, signals
 from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.analysis.diagnosis.rules import LABELLED, Meaning, labelled
 from filledfirst.analysis.diagnosis.storage import stored_rules
+from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention, Role
 from filledfirst.contracts.runmeta import FrontierProbe
 from filledfirst.contracts.search import Knob, SearchRecord
 from filledfirst.errors import UserError
@@ -91,30 +97,17 @@ SCHEMA = {
 }
 
 
-class Confirmation(StrEnum):
-    """Did relaxing what filled first move the knee, and the control not?"""
-
-    CONFIRMED = "confirmed"
-    NOT_CONFIRMED = "not confirmed"
-    INCONCLUSIVE = "inconclusive"
+# The knee's label -> the knob that relaxes the limit it names (frontier.interventions), from its rule.
+IMPLICATED: dict[Label, Knob] = {label: rule.knob for label, rule in LABELLED.items() if rule.knob is not None}
 
 
-class Role(StrEnum):
-    RELAXED = "relaxed"  # relaxes the limit named at its parent's knee
-    CONTROL = "control"  # relaxes the other one by the same factor
-
-
-# The knee's label -> the knob that relaxes the limit it names (frontier.interventions).
-IMPLICATED = {Label.SEQ_LIMIT: Knob.SEQS, Label.KV_PRESSURE: Knob.KV, Label.PREFIX_EVICTION: Knob.KV}
-
-
-def _span(row: Mapping[str, Any]) -> Span | None:
+def _span(row: FrontierRow) -> Span | None:
     """A row's knee (filledfirst.frontier.interventions.Span), None when the search measured
     no knee (it failed)."""
-    return Span.measured(row.get("lo_rps"), row.get("hi_rps"), row.get("floor_rps"), row.get("reason"))
+    return Span.measured(row.lo_rps, row.hi_rps, row.floor_rps, row.reason)
 
 
-def knee_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
+def knee_span(row: FrontierRow) -> tuple[float, float] | None:
     """A row's knee interval [floor, hi) (hi infinite when nothing broke, floor 0 when
     start broke; floor lo itself without an interval), None when the search measured no
     knee (it failed)."""
@@ -122,15 +115,18 @@ def knee_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
     return None if span is None else (span.floor, span.hi)
 
 
-def moved(before: Mapping[str, Any], after: Mapping[str, Any], min_shift: float = 0.0) -> str | None:
+def moved(before: FrontierRow, after: FrontierRow, min_shift: float = 0.0) -> str | None:
     """Whether after's knee moved from before's (filledfirst.frontier.interventions.move:
     'up', 'down' or 'no'), None when either has no interval."""
     a, b = _span(before), _span(after)
     return None if a is None or b is None else str(move(a, b, min_shift))
 
 
-def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
-                 control: Mapping[str, Any] | None) -> tuple[Confirmation | None, str]:
+_NOT_COMPARED = Intervention(parent="", knob="")  # a missing intervention: nothing moved
+
+
+def confirmation(label: str | None, relaxed: FrontierRow | None,
+                 control: FrontierRow | None) -> tuple[Confirmation | None, str]:
     """The verdict on a knee's label from its two interventions' `moved`, `within_drift`,
     `interval_move`, `shift`, `least_shift` and `knee_label` (None: the label names no limit
     an intervention relaxes), and why.
@@ -144,27 +140,28 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
     parent's interval even by the intervals alone."""
     if label not in IMPLICATED:
         return None, f"the knee names no limit to relax ({label or 'no label'})"
-    relaxed, control = relaxed or {}, control or {}
-    r, c = relaxed.get("moved"), control.get("moved")
+    ri = (relaxed.intervention if relaxed else None) or _NOT_COMPARED
+    ci = (control.intervention if control else None) or _NOT_COMPARED
+    r, c = ri.moved, ci.moved
     knob = IMPLICATED[label]
-    if r is None:
+    if r is None or relaxed is None:
         return Confirmation.INCONCLUSIVE, "the relaxed search measured no knee"
-    if (r != "up" and relaxed.get("interval_move") == "up" and control.get("interval_move") not in (None, "up")
+    if (r != "up" and ri.interval_move == "up" and ci.interval_move not in (None, "up")
             and (after := next_limit(label, relaxed))):
         return Confirmation.CONFIRMED, (
-            f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, above its interval, until the {after} "
-            f"filled first (the next limit close behind: less than the {_share(relaxed.get('least_shift'))} a "
+            f"relaxing {knob} moved the knee {_pct_shift(ri)}, above its interval, until the {after} "
+            f"filled first (the next limit close behind: less than the {_share(ri.least_shift)} a "
             "move needs otherwise); the control did not move it above its interval")
     if r != "up":
-        shift, least = relaxed.get("shift"), relaxed.get("least_shift")
-        if relaxed.get("within_drift"):
-            return Confirmation.INCONCLUSIVE, (f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, beyond "
-                                               f"{_share(relaxed.get('min_shift'))} but not beyond the "
+        shift, least = ri.shift, ri.least_shift
+        if ri.within_drift:
+            return Confirmation.INCONCLUSIVE, (f"relaxing {knob} moved the knee {_pct_shift(ri)}, beyond "
+                                               f"{_share(ri.min_shift)} but not beyond the "
                                                f"{_share(least)} the server's drift allows")
         if shift is None or least is None or not 0 < shift < least:
             return Confirmation.NOT_CONFIRMED, f"relaxing {knob} did not move the knee above its interval"
-        why = f"relaxing {knob} moved the knee {_pct_shift(relaxed)}, less than the {_share(least)} that counts"
-        after = relaxed.get("knee_label")
+        why = f"relaxing {knob} moved the knee {_pct_shift(ri)}, less than the {_share(least)} that counts"
+        after = relaxed.knee_label
         if after and after != label:
             # What filled first changed: the next limit is close behind the first one.
             why += f"; at the new knee the {after} filled first"
@@ -174,58 +171,65 @@ def confirmation(label: str | None, relaxed: Mapping[str, Any] | None,
     if c != "no":
         return Confirmation.INCONCLUSIVE, f"the knee moved, and the control moved it too ({c})"
     why = f"relaxing {knob} moved the knee above its interval; the control did not"
-    if control.get("within_drift"):
-        why += (f" (it moved {_pct_shift(control)}, within the {_share(control.get('least_shift'))} "
+    if ci.within_drift:
+        why += (f" (it moved {_pct_shift(ci)}, within the {_share(ci.least_shift)} "
                 "the server's drift allows)")
     return Confirmation.CONFIRMED, why
 
 
-def next_limit(label: str, relaxed: Mapping[str, Any]) -> Label | None:
+def next_limit(label: str, relaxed: FrontierRow) -> Label | None:
     """The other limit, where it filled first at the relaxed knee (None: the same limit, no
     limit or no label there)."""
     try:
-        after = Label(relaxed.get("knee_label"))
+        after = Label(relaxed.knee_label)
     except ValueError:
         return None
     return after if after in IMPLICATED and IMPLICATED[after] != IMPLICATED[label] else None
 
 
-def _pct_shift(row: Mapping[str, Any]) -> str:
-    return numbers.change(row.get("shift"), "by an unknown share")
+def _pct_shift(i: Intervention) -> str:
+    return numbers.change(i.shift, "by an unknown share")
 
 
 def _share(x: float | None) -> str:
     return numbers.share(x, "an unknown share")
 
 
-def _interventions(rows: list[dict]) -> None:
-    """Fill in the intervention columns: an intervention's role, shift and move against its
-    parent; a parent's verdict and what filled first at its relaxed knee."""
-    by_setting = {(r["frontier"], r["setting"]): r for r in rows}
-    for r in rows:
-        parent = by_setting.get((r["frontier"], r["parent"])) if r["parent"] else None
-        if parent is None:
-            continue
-        implicated = IMPLICATED.get(parent.get("knee_label"))
-        r["role"] = None if implicated is None else (Role.RELAXED if r["knob"] == implicated else Role.CONTROL)
-        least = r["least_shift"] = widened(r.get("min_shift") or 0.0, parent.get("drift"))
-        r["moved"] = moved(parent, r, least)
-        if r["moved"] is not None:
-            r["within_drift"] = r["moved"] == "no" and moved(parent, r, r.get("min_shift") or 0.0) != "no"
-            r["interval_move"] = moved(parent, r)
-        if (ratio := lo_ratio(parent.get("lo_rps"), r.get("lo_rps"))) is not None:
-            r["shift"] = ratio - 1
-    for p in rows:
-        mine = [r for r in rows if r["frontier"] == p["frontier"] and r["parent"] == p["setting"]]
-        if not mine:
-            continue
-        relaxed = next((r for r in mine if r["role"] == Role.RELAXED), None)
-        control = next((r for r in mine if r["role"] == Role.CONTROL), None)
-        verdict, p["verdict_why"] = confirmation(p.get("knee_label"), relaxed, control)
-        p["verdict"] = verdict.value if verdict else None
-        if relaxed is not None:
-            p["next_label"] = relaxed.get("knee_label") or ("nothing broke" if relaxed.get("lo_rps") else None)
+def _compared(parent: FrontierRow, r: FrontierRow, i: Intervention) -> Intervention:
+    """An intervention against its parent: its role, least shift, move and shift."""
+    implicated = IMPLICATED.get(parent.knee_label)
+    least = widened(i.min_shift or 0.0, parent.drift)
+    move_ = moved(parent, r, least)
+    ratio = lo_ratio(parent.lo_rps, r.lo_rps)
+    return msgspec.structs.replace(
+        i, role=None if implicated is None else (Role.RELAXED if i.knob == implicated else Role.CONTROL),
+        least_shift=least, moved=move_,
+        within_drift=None if move_ is None else move_ == "no" and moved(parent, r, i.min_shift or 0.0) != "no",
+        interval_move=None if move_ is None else moved(parent, r),
+        shift=None if ratio is None else ratio - 1)
 
+
+def _interventions(rows: list[FrontierRow]) -> list[FrontierRow]:
+    """The rows with the intervention columns filled in: an intervention's role, shift and
+    move against its parent; a parent's verdict and what filled first at its relaxed knee."""
+    by_setting = {(r.frontier, r.setting): r for r in rows}
+    compared = []
+    for r in rows:
+        parent = by_setting.get((r.frontier, r.intervention.parent)) if r.intervention else None
+        if parent is not None and r.intervention is not None:
+            r = msgspec.structs.replace(r, intervention=_compared(parent, r, r.intervention))
+        compared.append(r)
+    out = []
+    for p in compared:
+        mine = [r for r in compared if r.frontier == p.frontier and r.parent == p.setting]
+        if mine:
+            relaxed = next((r for r in mine if r.intervention and r.intervention.role == Role.RELAXED), None)
+            control = next((r for r in mine if r.intervention and r.intervention.role == Role.CONTROL), None)
+            verdict, why = confirmation(p.knee_label, relaxed, control)
+            after = None if relaxed is None else relaxed.knee_label or ("nothing broke" if relaxed.lo_rps else None)
+            p = msgspec.structs.replace(p, verdict=verdict, verdict_why=why, next_label=after)
+        out.append(p)
+    return out
 
 
 class NoQueueLabel(StrEnum):
@@ -233,6 +237,21 @@ class NoQueueLabel(StrEnum):
 
     ITL_BOUND = "ITL-bound"
     COMPUTE_BOUND = "compute-bound"
+
+
+class NoQueue:
+    """What a knee's own label means (`_knee_label` names it): no limit full, so none an
+    intervention relaxes, and only the work per step or the compute behind it moves the knee."""
+
+    knob: Knob | None = None
+    moves_the_knee: str | None = "more compute or a smaller batch"
+
+
+def meaning(label: str | None) -> Meaning:
+    """What a knee's label means: its knob and what would move the knee, from its rule."""
+    if label in {n.value for n in NoQueueLabel}:
+        return NoQueue()
+    return labelled(label)
 
 
 @dataclass(frozen=True)
@@ -258,9 +277,12 @@ def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[Pro
     return out
 
 
-def _knee_label(d: dict, probe: FrontierProbe, rules: DiagnosisRules) -> tuple[str | None, str | None]:
-    label, clue = d.get("label"), d.get("clue")
-    ws, cap, kvf = d.get("waiting_share"), d.get("running_at_cap_share"), d.get("kv_full_share")
+def _knee_label(d: DiagnosisRow | None, probe: FrontierProbe, rules: DiagnosisRules
+                ) -> tuple[str | None, str | None]:
+    if d is None:
+        return None, None
+    label, clue = d.label, d.clue
+    ws, cap, kvf = d.waiting_share, d.running_at_cap_share, d.kv_full_share
     if label not in (Label.REFERENCE, Label.UNCLASSIFIED) or ws is None or ws >= rules.waiting_min_share:
         return label, clue
     if _broke_on_backlog(probe):
@@ -295,7 +317,7 @@ def _broke_on_backlog(probe: FrontierProbe) -> bool:
             and probe.attainment_lo is not None and probe.target is not None and probe.attainment_lo >= probe.target)
 
 
-def _interval(search: SearchRecord | None) -> dict:
+def _interval(search: SearchRecord | None) -> dict[str, float | bool | None]:
     """The knee's interval, estimate and drift columns of a search (None without search.json)."""
     result = search.result if search else None
     drift = search.drift if search else None
@@ -303,75 +325,82 @@ def _interval(search: SearchRecord | None) -> dict:
             "hi_inconclusive": result.hi_inconclusive if result else None,
             "estimate_rps": search.estimate_rps if search else None,
             "drift_start_rps": drift.start_rps if drift else None, "drift_end_rps": drift.end_rps if drift else None,
-            "drift": drift.change if drift else None, "drifted": drift.drifted if drift else None,
-            **_relaxation(search)}
+            "drift": drift.change if drift else None, "drifted": drift.drifted if drift else None}
 
 
-def _relaxation(search: SearchRecord | None) -> dict:
-    """What an intervention relaxes (all None for a setting of the config)."""
+def _relaxation(search: SearchRecord | None) -> Intervention | None:
+    """What an intervention relaxes (None for a setting of the config)."""
     i = search.intervention if search else None
-    return {"parent": i.parent if i else None, "knob": i.knob.value if i else None,
-            "relaxed_from": i.before if i else None, "relaxed_to": i.after if i else None,
-            "min_shift": i.min_shift if i else None}
+    return None if i is None else Intervention(parent=i.parent, knob=i.knob.value, relaxed_from=i.before,
+                                               relaxed_to=i.after, min_shift=i.min_shift)
 
 
-def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+_UNDIAGNOSED = DiagnosisRow(run_id="", experiment="")  # a probe with no diagnosis row: no signal crossed
+
+
+def _row(name: str, setting: str, probes: list[ProbeRun], search: SearchRecord | None,
+         diag: dict[str, DiagnosisRow], rates: dict[str, dict[str, Any]], rules: DiagnosisRules) -> FrontierRow:
+    """One search's row, before its interventions are compared."""
+    measured = [p for p in probes if p.probe.attainment is not None]
+    result = search.result if search is not None else None
+    if result is not None:
+        lo, hi = result.lo, result.hi
+    else:
+        broke = [p.probe.rate for p in measured if not p.probe.held]
+        hi = min(broke, default=None)
+        lo = max((p.probe.rate for p in measured if p.probe.held and (hi is None or p.probe.rate < hi)),
+                 default=None)
+    lo_p = next((p for p in reversed(measured) if lo is not None and p.probe.rate == lo and p.probe.held), None)
+    hi_p = next((p for p in measured if hi is not None and p.probe.rate == hi and not p.probe.held), None)
+    slo = probes[0].probe.slo
+    sides: dict[str, Any] = {}
+    for side, p in (("lo", lo_p), ("hi", hi_p)):
+        r = rates.get(p.run_id, {}) if p else {}
+        offered = r.get("offered_rps")
+        sides[f"{side}_offered_rps"] = offered
+        sides[f"{side}_output_tok_s"] = r.get("total_tok_s")
+        sides[f"{side}_attainment"] = p.probe.attainment if p else None
+        sides[f"{side}_goodput_rps"] = p.probe.attainment * offered if p and offered is not None else None
+    knee_label, knee_clue = _knee_label(diag.get(hi_p.run_id), hi_p.probe, rules) if hi_p else (None, None)
+
+    def lowest(crossed: Callable[[DiagnosisRow, dict[str, Any]], bool]) -> float | None:
+        return min((p.probe.rate for p in measured
+                    if crossed(diag.get(p.run_id, _UNDIAGNOSED), rates.get(p.run_id, {}))), default=None)
+
+    return FrontierRow(
+        frontier=name, setting=setting, workload=probes[0].workload, slo_ttft_ms=slo.ttft_ms, slo_itl_ms=slo.itl_ms,
+        target=probes[0].probe.target, probes=len(probes), reason=result.reason.value if result else None,
+        error=result.error if result else None, lo_rps=lo, hi_rps=hi, **_interval(search), **sides,
+        lo_run_id=lo_p.run_id if lo_p else None, knee_run_id=hi_p.run_id if hi_p else None,
+        knee_label=knee_label, knee_clue=knee_clue,
+        waiting_from_rps=lowest(lambda d, r: (d.waiting_share or 0) > 0),
+        cap_from_rps=lowest(lambda d, r: (d.running_at_cap_share or 0) > 0),
+        kv_full_from_rps=lowest(lambda d, r: (d.kv_full_share or 0) > 0),
+        ttft_p95_from_rps=lowest(lambda d, r: r.get("ttft_p95_ms") is not None and r["ttft_p95_ms"] > slo.ttft_ms),
+        intervention=_relaxation(search))
+
+
+def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
+    """The rows of table `frontiers`, computed from the ingested probes and searches."""
     if not table_exists(con, "diagnosis"):
         raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
     rules = stored_rules(con)
     groups = probe_runs(con)
     if not groups:
-        return pl.DataFrame([], schema=SCHEMA)
-    diag = {d["run_id"]: d for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
+        return []
+    diag = {d["run_id"]: DiagnosisRow.from_columns(d)
+            for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
     searches: dict[tuple[str, str], SearchRecord] = {}  # each ingested search's search.json
     if table_exists(con, "frontier_searches"):
         searches = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}")
                     for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
-    rows = []
-    for (name, setting), probes in groups.items():
-        measured = [p for p in probes if p.probe.attainment is not None]
-        search = searches.get((name, setting))
-        result = search.result if search is not None else None
-        if result is not None:
-            lo, hi = result.lo, result.hi
-        else:
-            broke = [p.probe.rate for p in measured if not p.probe.held]
-            hi = min(broke, default=None)
-            lo = max((p.probe.rate for p in measured if p.probe.held and (hi is None or p.probe.rate < hi)),
-                     default=None)
-        lo_p = next((p for p in reversed(measured) if lo is not None and p.probe.rate == lo and p.probe.held), None)
-        hi_p = next((p for p in measured if hi is not None and p.probe.rate == hi and not p.probe.held), None)
-        slo = probes[0].probe.slo
-        row = {"frontier": name, "setting": setting, "workload": probes[0].workload,
-               "slo_ttft_ms": slo.ttft_ms, "slo_itl_ms": slo.itl_ms, "target": probes[0].probe.target,
-               "probes": len(probes), "reason": result.reason.value if result else None,
-               "error": result.error if result else None, "lo_rps": lo, "hi_rps": hi,
-               **_interval(search)}
-        for side, p in (("lo", lo_p), ("hi", hi_p)):
-            r = rates.get(p.run_id, {}) if p else {}
-            offered = r.get("offered_rps")
-            row[f"{side}_offered_rps"] = offered
-            row[f"{side}_output_tok_s"] = r.get("total_tok_s")
-            row[f"{side}_attainment"] = p.probe.attainment if p else None
-            row[f"{side}_goodput_rps"] = p.probe.attainment * offered if p and offered is not None else None
-        row["lo_run_id"] = lo_p.run_id if lo_p else None
-        if hi_p is not None:
-            row["knee_run_id"] = hi_p.run_id
-            row["knee_label"], row["knee_clue"] = _knee_label(diag.get(hi_p.run_id, {}), hi_p.probe, rules)
+    return _interventions([_row(name, setting, probes, searches.get((name, setting)), diag, rates, rules)
+                           for (name, setting), probes in groups.items()])
 
-        def lowest(crossed) -> float | None:
-            return min((p.probe.rate for p in measured if crossed(diag.get(p.run_id, {}), rates.get(p.run_id, {}))),
-                       default=None)
 
-        row["waiting_from_rps"] = lowest(lambda d, r: (d.get("waiting_share") or 0) > 0)
-        row["cap_from_rps"] = lowest(lambda d, r: (d.get("running_at_cap_share") or 0) > 0)
-        row["kv_full_from_rps"] = lowest(lambda d, r: (d.get("kv_full_share") or 0) > 0)
-        row["ttft_p95_from_rps"] = lowest(
-            lambda d, r: r.get("ttft_p95_ms") is not None and r["ttft_p95_ms"] > slo.ttft_ms)
-        rows.append(row)
-    _interventions(rows)
-    return pl.DataFrame(rows, schema=SCHEMA)
+def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    return pl.DataFrame([r.columns() for r in frontier_rows(con)], schema=SCHEMA)
 
 
 def write_frontiers(db_path: str | Path) -> pl.DataFrame:

@@ -20,6 +20,7 @@ from filledfirst.compare.figures import FIGURES, judge, offered_rps, samples
 from filledfirst.compare.knees import knee_rows, label_changed
 from filledfirst.compare.setup import setup_rows
 from filledfirst.compare.verdicts import Change
+from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import widened
 from filledfirst.paths import RESULTS_DB, results_database
@@ -46,7 +47,7 @@ class Side:
     labels: dict[str, str | None]  # run id -> what filled first (table `diagnosis`)
     status: dict[str, str]  # run id -> the run's status
     rules: DiagnosisRules  # the diagnosis' (the attainment's SLO)
-    knees: list[dict[str, Any]]  # table `frontiers`
+    knees: list[FrontierRow]  # table `frontiers`
     searches: dict[str, dict[str, Any]]  # "<frontier>/<setting>" -> one of its probes' run.json
     diagnosed: bool
 
@@ -54,8 +55,8 @@ class Side:
         """The drift of the capacity search whose server the run ran on, right after it
         (run.json server.after_search); None for a run on a server of its own."""
         search = (self.documents.get(run_id, {}).get("server") or {}).get("after_search")
-        knee = next((k for k in self.knees if f"{k['frontier']}/{k['setting']}" == search), None)
-        return None if knee is None else knee.get("drift")
+        knee = next((k for k in self.knees if f"{k.frontier}/{k.setting}" == search), None)
+        return None if knee is None else knee.drift
 
     @classmethod
     def read(cls, con: duckdb.DuckDBPyConnection, path: Path) -> Side:

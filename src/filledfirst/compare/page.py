@@ -60,7 +60,7 @@ def setup_html(c: Comparison) -> str:
     return markup.html_table(["", _BASE, _CAND], ((r["key"], r["base"], r["candidate"]) for r in c.setup))
 
 
-KNEE_COLUMNS: list[markup.Column] = [
+KNEE_COLUMNS: list[markup.Column[dict[str, Any]]] = [
     ("search", lambda r: f"{r['frontier']}/{r['setting']}"),
     (f"{_BASE} knee (interval)", lambda r: _knee(r["base_lo_rps"], r["base_floor_rps"], r["base_hi_rps"])),
     (f"{_CAND} knee (interval)", lambda r: _knee(r["cand_lo_rps"], r["cand_floor_rps"], r["cand_hi_rps"])),
@@ -119,7 +119,7 @@ def _change(r: Mapping[str, Any]) -> str:
     return fmt(r["change"]) + interval
 
 
-RUN_COLUMNS: list[markup.Column] = [
+RUN_COLUMNS: list[markup.Column[dict[str, Any]]] = [
     ("experiment", lambda r: r["experiment"]),
     ("figure", lambda r: r["figure"]),
     (_BASE, lambda r: _value(r["base"], r["unit"])),
@@ -131,7 +131,7 @@ RUN_COLUMNS: list[markup.Column] = [
     ("requests", lambda r: f"{r['n_base']:,} / {r['n_cand']:,}"),
 ]
 
-LABEL_COLUMNS: list[markup.Column] = [
+LABEL_COLUMNS: list[markup.Column[dict[str, Any]]] = [
     ("experiment", lambda r: r["experiment"]),
     ("status", lambda r: f"{r['base_status']} / {r['cand_status']}"),
     ("designed for", lambda r: r["expect"] or DASH),

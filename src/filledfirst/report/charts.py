@@ -10,11 +10,15 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import altair as alt
 import polars as pl
 import vl_convert
+
+from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.report.rows import RunRates, SweepLine, TtftPart
 
 WIDTH = 640
 _ids = itertools.count(1)
@@ -144,12 +148,12 @@ def run_chart(points: pl.DataFrame, series: pl.DataFrame, max_num_seqs: int | No
     ).resolve_scale(x="shared", color="independent")
 
 
-def sweep_chart(rows: list[dict[str, Any]]) -> alt.HConcatChart:
+def sweep_chart(rows: Sequence[SweepLine]) -> alt.HConcatChart:
     """Seed 001's sweep: TTFT p50 and p95 against concurrency, and total tokens/s.
     Failed requests show as a count in the tooltip and mark their level in red."""
     data = pl.DataFrame(
-        [{"concurrency": r["concurrency"], "failed": r["n_failed"],
-          "TTFT p50": r["ttft_p50_ms"], "TTFT p95": r["ttft_p95_ms"], "total tok/s": r["total_tok_s"]}
+        [{"concurrency": r.concurrency, "failed": r.run.n_failed,
+          "TTFT p50": r.run.ttft_p50_ms, "TTFT p95": r.rates.ttft_p95_ms, "total tok/s": r.rates.total_tok_s}
          for r in rows],
         schema={"concurrency": pl.Int64, "failed": pl.Int64, "TTFT p50": pl.Float64,
                 "TTFT p95": pl.Float64, "total tok/s": pl.Float64},
@@ -177,12 +181,13 @@ def sweep_chart(rows: list[dict[str, Any]]) -> alt.HConcatChart:
     return alt.hconcat(ttft, alt.layer(tput, failed))
 
 
-def goodput_chart(rows: list[dict[str, Any]]) -> alt.LayerChart:
-    """Goodput against offered load, one point per open-loop run; the diagonal is "every
-    request met the SLO". Runs with failed requests are drawn red (they count as missed)."""
+def goodput_chart(rows: Sequence[tuple[DiagnosisRow, RunRates]]) -> alt.LayerChart:
+    """Goodput against offered load, one point per open-loop run (its diagnosis and its
+    rates); the diagonal is "every request met the SLO". Runs with failed requests are drawn
+    red (they count as missed)."""
     data = pl.DataFrame(
-        [{"run": r["experiment"], "offered": r["offered_rps"], "goodput": r["goodput_rps"],
-          "failed": r["n_failed"], "met": 100 * (r["slo_met_share"] or 0)} for r in rows],
+        [{"run": d.experiment, "offered": r.offered_rps, "goodput": d.goodput_rps,
+          "failed": r.n_failed, "met": 100 * (d.slo_met_share or 0)} for d, r in rows],
         schema={"run": pl.String, "offered": pl.Float64, "goodput": pl.Float64,
                 "failed": pl.Int64, "met": pl.Float64},
     )
@@ -202,7 +207,7 @@ def goodput_chart(rows: list[dict[str, Any]]) -> alt.LayerChart:
         width=WIDTH, height=260, title="Goodput against offered load (open loop; red: runs with failed requests)")
 
 
-def ttft_parts_chart(rows: list[dict[str, Any]]) -> alt.Chart:
+def ttft_parts_chart(rows: Sequence[TtftPart]) -> alt.Chart:
     """One run's TTFT split along the request path (request_path.TTFT_PARTS), a stacked bar
     per role and quantile: the mean parts of the requests around that TTFT quantile, which
     add up to their mean TTFT. `rows`: request_path.ttft_parts, roles without timings left
@@ -211,9 +216,9 @@ def ttft_parts_chart(rows: list[dict[str, Any]]) -> alt.Chart:
 
     names = [name for _, name in TTFT_PARTS]
     data = pl.DataFrame(
-        [{"bar": f"{r['role']} p{round(r['q'] * 100)}", "part": name, "order": k, "ms": r[col],
-          "ttft": r["ttft_ms"], "requests": r["n_band"]}
-         for r in rows if r["n_timed"] for k, (col, name) in enumerate(TTFT_PARTS)],
+        [{"bar": f"{r.role} p{round((r.q or 0) * 100)}", "part": name, "order": k, "ms": getattr(r, col),
+          "ttft": r.ttft_ms, "requests": r.n_band}
+         for r in rows if r.n_timed for k, (col, name) in enumerate(TTFT_PARTS)],
         schema={"bar": pl.String, "part": pl.String, "order": pl.Int64, "ms": pl.Float64, "ttft": pl.Float64,
                 "requests": pl.Int64},
     )

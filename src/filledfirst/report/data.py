@@ -10,8 +10,11 @@ import duckdb
 
 from filledfirst.analysis import prefix_cache, request_path, signals
 from filledfirst.analysis.diagnosis.storage import stored_rules
+from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers
+from filledfirst.report.rows import PrefixCacheRow, RoleRow, RunRates, RunRow
 from filledfirst.store.study_parts import stored_parts
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules, Part
@@ -21,36 +24,36 @@ from filledfirst.study import DiagnosisRules, Part
 class ReportData:
     # Kept for what is read run by run (each run's requests and series), one run at a time.
     con: duckdb.DuckDBPyConnection
-    summary: list[dict[str, Any]]  # signals.run_summary, one row per run, by start time
-    roles: list[dict[str, Any]]  # signals.role_summary
+    summary: list[RunRow]  # signals.run_summary, one row per run, by start time
+    roles: list[RoleRow]  # signals.role_summary
     metas: dict[str, RunMeta]  # run.json typed, per run id
     documents: dict[str, dict[str, Any]]  # run.json whole, only for the setup dumps
-    diagnosis: list[dict[str, Any]]  # table `diagnosis`; empty before `filledfirst diagnose`
-    rates: dict[str, dict[str, Any]]  # signals.run_rates, per run id
+    diagnosis: list[DiagnosisRow]  # table `diagnosis`; empty before `filledfirst diagnose`
+    rates: dict[str, RunRates]  # signals.run_rates, per run id
     queue_shares: dict[str, float | None]  # vLLM's queue over TTFT (None: no per-request timings)
-    frontier_rows: list[dict[str, Any]]  # table `frontiers`
-    probe_points: list[dict[str, Any]]  # the capacity searches' probes (frontiers.probe_points)
+    frontier_rows: list[FrontierRow]  # table `frontiers`
+    probe_points: list[frontiers.ProbePoint]  # the capacity searches' probes
     rules: DiagnosisRules  # the rules the stored diagnosis was made with
     study_parts: dict[str, Part]  # the study's parts, in order
     # Run ids of the capacity searches' probes (run.json has a `frontier` block): they are
     # the searches' measurements, shown under Capacity search only, not runs of the study.
     is_probe: frozenset[str]
     # analysis.prefix_cache.counts per run id, for the runs whose schedule had prefix blocks
-    prefix_cache: dict[str, dict[str, Any]]
+    prefix_cache: dict[str, PrefixCacheRow]
 
     @property
-    def measured(self) -> list[dict[str, Any]]:
+    def measured(self) -> list[RunRow]:
         """The study's own runs with at least one request (no probe)."""
-        return [r for r in self.experiments if r["n_requests"] > 0]
+        return [r for r in self.experiments if r.n_requests]
 
     @property
-    def experiments(self) -> list[dict[str, Any]]:
+    def experiments(self) -> list[RunRow]:
         """The study's own runs: every run but the probes."""
-        return [r for r in self.summary if r["run_id"] not in self.is_probe]
+        return [r for r in self.summary if r.run_id not in self.is_probe]
 
     @property
-    def probes(self) -> list[dict[str, Any]]:
-        return [r for r in self.summary if r["run_id"] in self.is_probe]
+    def probes(self) -> list[RunRow]:
+        return [r for r in self.summary if r.run_id in self.is_probe]
 
     @property
     def part_of(self) -> dict[str, str | None]:
@@ -64,18 +67,19 @@ def load(con: duckdb.DuckDBPyConnection) -> ReportData:
     is_probe = frozenset(run_id for run_id, m in metas.items() if m.frontier is not None)
     return ReportData(
         con=con,
-        summary=signals.run_summary(con).to_dicts(),
-        roles=signals.role_summary(con).to_dicts(),
+        summary=RunRow.of(signals.run_summary(con)),
+        roles=RoleRow.of(signals.role_summary(con)),
         metas=metas,
         documents=signals.run_meta(con),
         # The diagnosis table exists once `filledfirst diagnose` has run on the database.
-        diagnosis=con.sql("SELECT * FROM diagnosis").pl().to_dicts() if table_exists(con, "diagnosis") else [],
-        rates={x["run_id"]: x for x in signals.run_rates(con).to_dicts()},
+        diagnosis=([DiagnosisRow.from_columns(d) for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()]
+                   if table_exists(con, "diagnosis") else []),
+        rates={x.run_id: x for x in RunRates.of(signals.run_rates(con))},
         queue_shares={x["run_id"]: x["queue_share"] for x in request_path.queue_shares(con).to_dicts()},
         frontier_rows=frontiers.frontier_rows(con),
         probe_points=frontiers.probe_points(con) if is_probe else [],
         rules=stored_rules(con),
         study_parts=stored_parts(con),
         is_probe=is_probe,
-        prefix_cache={x["run_id"]: x for x in prefix_cache.counts(con).to_dicts() if x["n_with_ideal"]},
+        prefix_cache={x.run_id: x for x in PrefixCacheRow.of(prefix_cache.counts(con)) if x.n_with_ideal},
     )

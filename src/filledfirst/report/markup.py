@@ -8,8 +8,8 @@ a run's error message or description can never inject markup into the report.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 # nbconvert's lab theme right-aligns every cell with a selector more specific than ours
 # (hence !important); the seed's tables read left to right.
@@ -47,11 +47,12 @@ def html_table(
     )
 
 
-# A table's column: its header and its cell of one row (a dict of the data).
-Column = tuple[str, Callable[[Mapping[str, Any]], object]]
+Row = TypeVar("Row")
+# A table's column: its header and its cell of one row (a typed record, or a dict of the data).
+Column = tuple[str, Callable[[Row], object]]
 
 
-def column_table(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> str:
+def column_table(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> str:
     """A line per row, a cell per column: adding a column is one more entry in `columns`."""
     return html_table([h for h, _ in columns], ([cell(r) for _, cell in columns] for r in rows))
 

@@ -10,48 +10,53 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from filledfirst.analysis import numbers
+from filledfirst.contracts.frontiers import FrontierRow
+from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.report import frontiers, markup, tables
 from filledfirst.report.markup import html_table
+from filledfirst.report.rows import PrefixCacheRow, RoleRow, RunRates, RunRow, SweepLine
 from filledfirst.report.tables import cap_suffix, requests_cell
 from filledfirst.schema import schema_default
 from filledfirst.study import Part
 
-_Row = tuple[str, Callable[[Mapping[str, Any]], str]]
+_Row = tuple[str, Callable[[RunRow, PrefixCacheRow | None], str]]
 
-# Every row a signals table can hold: (label, formatter of a run_summary row). The
+# Every row a signals table can hold: (label, formatter of a run_summary row and its
+# prefix cache counts, None for a run whose schedule had no prefix blocks). The
 # config schema's `parts.*.rows` enum lists the same keys (a test holds them equal).
 ROWS: dict[str, _Row] = {
-    "requests_failed": ("requests (failed)", lambda r: f"{requests_cell(r)} ({r['n_failed']:,})"),
-    "running_median": ("running (median)", lambda r: numbers.count(r["running_median"]) + cap_suffix(r)),
-    "running_max": ("running (max)", lambda r: numbers.count(r["running_max"]) + cap_suffix(r)),
-    "running_median_max": ("running (median / max)", lambda r: (
-        f"{numbers.count(r['running_median'])} / {numbers.count(r['running_max'])}{cap_suffix(r)}")),
-    "waiting_median": ("waiting (median)", lambda r: numbers.count(r["waiting_median"])),
-    "waiting_max": ("waiting (max)", lambda r: numbers.count(r["waiting_max"])),
+    "requests_failed": ("requests (failed)", lambda r, _: f"{requests_cell(r)} ({r.n_failed:,})"),
+    "running_median": ("running (median)", lambda r, _: numbers.count(r.running_median) + cap_suffix(r)),
+    "running_max": ("running (max)", lambda r, _: numbers.count(r.running_max) + cap_suffix(r)),
+    "running_median_max": ("running (median / max)", lambda r, _: (
+        f"{numbers.count(r.running_median)} / {numbers.count(r.running_max)}{cap_suffix(r)}")),
+    "waiting_median": ("waiting (median)", lambda r, _: numbers.count(r.waiting_median)),
+    "waiting_max": ("waiting (max)", lambda r, _: numbers.count(r.waiting_max)),
     "waiting_median_max": ("waiting (median / max)",
-                           lambda r: f"{numbers.count(r['waiting_median'])} / {numbers.count(r['waiting_max'])}"),
-    "kv_median": ("KV (median)", lambda r: numbers.percent(r["kv_median_pct"])),
-    "kv_max": ("KV (max)", lambda r: numbers.percent(r["kv_max_pct"])),
+                           lambda r, _: f"{numbers.count(r.waiting_median)} / {numbers.count(r.waiting_max)}"),
+    "kv_median": ("KV (median)", lambda r, _: numbers.percent(r.kv_median_pct)),
+    "kv_max": ("KV (max)", lambda r, _: numbers.percent(r.kv_max_pct)),
     "kv_median_max": ("KV (median / max)",
-                      lambda r: f"{numbers.percent(r['kv_median_pct'])} / {numbers.percent(r['kv_max_pct'])}"),
-    "preemptions": ("preemptions", lambda r: numbers.count(r["preemptions"])),
-    "ttft_p50": ("TTFT p50", lambda r: numbers.ms(r["ttft_p50_ms"])),
-    "ttft_p90": ("TTFT p90", lambda r: numbers.ms(r["ttft_p90_ms"])),
-    "itl_p50": ("ITL p50", lambda r: numbers.ms(r["itl_p50_ms"])),
+                      lambda r, _: f"{numbers.percent(r.kv_median_pct)} / {numbers.percent(r.kv_max_pct)}"),
+    "preemptions": ("preemptions", lambda r, _: numbers.count(r.preemptions)),
+    "ttft_p50": ("TTFT p50", lambda r, _: numbers.ms(r.ttft_p50_ms)),
+    "ttft_p90": ("TTFT p90", lambda r, _: numbers.ms(r.ttft_p90_ms)),
+    "itl_p50": ("ITL p50", lambda r, _: numbers.ms(r.itl_p50_ms)),
     # analysis.prefix_cache.counts' shares, for runs whose schedule had prefix blocks
     "prefix_hits": ("prompt tokens from the cache (ideal / served)",
-                    lambda r: f"{numbers.share(r.get('ideal_share'))} / {numbers.share(r.get('answers_share'))}"),
+                    lambda _, c: f"{numbers.share(c and c.ideal_share)} / {numbers.share(c and c.answers_share)}"),
 }
 # A part that names no rows, and a part the database does not describe.
 DEFAULT_ROWS = ["requests_failed", "running_median_max", "waiting_median_max", "kv_median_max", "preemptions",
                 "ttft_p50", "ttft_p90", "itl_p50"]
 
-def signals_table(part: Part, rows: Sequence[Mapping[str, Any]]) -> str:
+def signals_table(part: Part, rows: Sequence[RunRow], prefix_cache: Mapping[str, PrefixCacheRow]) -> str:
     """Signals as rows, one column per run of the part, then the reference columns."""
     keys = part.rows or DEFAULT_ROWS
-    body = ([ROWS[k][0], *(ROWS[k][1](r) for r in rows), *(col.get(k, "") for col in part.reference.values())]
+    body = ([ROWS[k][0], *(ROWS[k][1](r, prefix_cache.get(r.run_id)) for r in rows),
+             *(col.get(k, "") for col in part.reference.values())]
             for k in keys)
-    return html_table(["", *(r["experiment"] for r in rows), *part.reference], body)
+    return html_table(["", *(r.experiment for r in rows), *part.reference], body)
 
 
 def reference_roles_table(part: Part) -> str:
@@ -59,52 +64,51 @@ def reference_roles_table(part: Part) -> str:
                       ([x.role, x.n, x.ttft_p50, x.ttft_p90, x.itl_p50] for x in part.reference_roles))
 
 
-def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequence[Mapping[str, Any]],
-                rates: Mapping[str, Mapping[str, Any]], queue_shares: Mapping[str, float | None],
-                metas: Mapping[str, Any], prefix_cache: Mapping[str, Mapping[str, Any]],
-                frontier_rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def part_blocks(part: Part, rows: Sequence[RunRow], *, roles: Sequence[RoleRow],
+                rates: Mapping[str, RunRates], queue_shares: Mapping[str, float | None],
+                metas: Mapping[str, RunMeta], prefix_cache: Mapping[str, PrefixCacheRow],
+                frontier_rows: Sequence[FrontierRow]) -> list[str]:
     """The HTML of one part: heading, its table, and what goes with it (`prefix_cache`:
     analysis.prefix_cache.counts per run id; `frontier_rows`: table `frontiers`)."""
     from filledfirst.report import charts
 
-    rows = [{**prefix_cache.get(r["run_id"], {}), **r} for r in rows]
-
     out = [markup.heading(part.title)]
     if part.table == "roles":
-        out.append(tables.interference_table(roles, {r["run_id"]: r["experiment"] for r in rows}))
+        out.append(tables.interference_table(roles, {r.run_id: r.experiment for r in rows}))
         if part.reference_roles:
             out.append(reference_roles_table(part))
         return out
     if part.table == "sweep":
         sweep = sorted(
-            ({**rates.get(r["run_id"], {}), **r, "queue_share": queue_shares.get(r["run_id"]),
-              "concurrency": metas[r["run_id"]].concurrency if r["run_id"] in metas else None}
+            (SweepLine(run=r, rates=rates.get(r.run_id) or RunRates(run_id=r.run_id),
+                       queue_share=queue_shares.get(r.run_id),
+                       concurrency=metas[r.run_id].concurrency if r.run_id in metas else None)
              for r in rows),
-            key=lambda x: x["concurrency"] or 0,
+            key=lambda x: x.concurrency or 0,
         )
         out.append(tables.sweep_table(sweep))
         out.append(charts.embed(charts.sweep_chart(sweep)))
         return out
-    out.append(signals_table(part, rows))
+    out.append(signals_table(part, rows, prefix_cache))
     for r in rows:  # where a trace window or a knee-relative rate put the run
-        meta = metas.get(r["run_id"])
+        meta = metas.get(r.run_id)
         sentence = tables.schedule_sentence(meta.schedule.stats) if meta is not None else ""
         if sentence:
-            out.append(markup.para(f"{r['experiment']}: {sentence}"))
-    knees = [r for r in frontier_rows if r["frontier"] == part.knees]
+            out.append(markup.para(f"{r.experiment}: {sentence}"))
+    knees = [r for r in frontier_rows if r.frontier == part.knees]
     if knees:
         out.append(markup.para(f"The knees of frontier {part.knees} (its searches, in the capacity search):"))
         out.append(frontiers.knee_shift_table_html(knees, schema_default("frontiers", "*", "verify_min_shift")))
     return out
 
 
-def parts_html(parts: Mapping[str, Part], measured: Sequence[Mapping[str, Any]], part_of: Mapping[str, str | None],
+def parts_html(parts: Mapping[str, Part], measured: Sequence[RunRow], part_of: Mapping[str, str | None],
                **context: Any) -> list[str]:
     """Every part with runs, in the study's order; then parts the database does not
     describe, under their own names, with the general rows."""
-    by_part: dict[str, list[Mapping[str, Any]]] = {}
+    by_part: dict[str, list[RunRow]] = {}
     for r in measured:
-        name = part_of.get(r["run_id"])
+        name = part_of.get(r.run_id)
         if name is not None:
             by_part.setdefault(name, []).append(r)
     out: list[str] = []

@@ -3,11 +3,11 @@ behind each label with the thresholds it was made with."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from filledfirst.analysis import numbers
 from filledfirst.analysis.diagnosis.labels import Label
+from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.report.markup import html_table, para
 from filledfirst.report.tables import NOT_REPORTED, reported_share
 from filledfirst.study import DiagnosisRules
@@ -29,14 +29,14 @@ SEED_PATTERNS = {  # the seed's side-by-side table: case -> (what is happening, 
 }
 
 
-def patterns_table(diagnosis: Sequence[Mapping[str, Any]]) -> str:
+def patterns_table(diagnosis: Sequence[DiagnosisRow]) -> str:
     """The seed's patterns table with our runs: designed-for pattern, measured label, clue."""
     body = []
     for d in diagnosis:
-        expect = d.get("expect") or ""
-        what = SEED_PATTERNS.get(d["label"], ("", ""))[0]
-        verdict = "" if not expect else ("as designed" if expect == d["label"] else f"designed for {expect}")
-        body.append([d["experiment"], d["label"], verdict, what, d.get("clue") or "", d.get("warnings") or ""])
+        expect = d.expect or ""
+        what = SEED_PATTERNS.get(d.label, ("", ""))[0]
+        verdict = "" if not expect else ("as designed" if expect == d.label else f"designed for {expect}")
+        body.append([d.experiment, d.label, verdict, what, d.clue or "", d.warnings or ""])
     return html_table(["run", "what filled first", "", "what is happening (seed)", "measured clue", "warnings"], body)
 
 
@@ -58,27 +58,27 @@ def evidence_intro(rules: DiagnosisRules) -> str:
         "capacity vLLM reported, and how many requests of this workload's mean length fit).")
 
 
-def evidence_table(diagnosis: Sequence[Mapping[str, Any]], rules: DiagnosisRules) -> str:
+def evidence_table(diagnosis: Sequence[DiagnosisRow], rules: DiagnosisRules) -> str:
     """The numbers behind each label: loaded window, scrape coverage, shares, first
     crossings, Little's law, goodput and the KV ledger (seed 004)."""
     body = []
     for d in diagnosis:
-        ratio = d.get("littles_ratio")
-        little = "n/a" if ratio is None else f"{ratio:.2f}" + ("" if d.get("littles_ok") else " (mismatch)")
-        fit = d.get("kv_fit_concurrency")
+        ratio = d.littles_ratio
+        little = "n/a" if ratio is None else f"{ratio:.2f}" + ("" if d.littles_ok else " (mismatch)")
+        fit = d.kv_fit_concurrency
         ledger = (
-            f"{numbers.count(d.get('kv_bytes_per_token'))} B/token, "
-            f"{numbers.count(d.get('kv_capacity_tokens'))} tokens, "
+            f"{numbers.count(d.kv_bytes_per_token)} B/token, "
+            f"{numbers.count(d.kv_capacity_tokens)} tokens, "
             f"fits {fit:,.0f} at this workload's mean length" if fit is not None else "n/a"
         )
-        goodput = d.get("goodput_rps")
+        goodput = d.goodput_rps
         body.append([
-            d["experiment"], f"{numbers.seconds(d.get('window_start_s'))} to {numbers.seconds(d.get('window_end_s'))}",
-            numbers.share(d.get("scrape_coverage")), numbers.share(d.get("running_at_cap_share")),
-            numbers.share(d.get("waiting_share")), numbers.share(d.get("kv_full_share")),
-            reported_share(d.get("window_queue_share")) if d.get("window_timed") else NOT_REPORTED,
-            d.get("first_crossings") or "", little,
-            "n/a" if goodput is None else f"{goodput:.2f} req/s ({numbers.share(d.get('slo_met_share'))} met the SLO)",
+            d.experiment, f"{numbers.seconds(d.window_start_s)} to {numbers.seconds(d.window_end_s)}",
+            numbers.share(d.scrape_coverage), numbers.share(d.running_at_cap_share),
+            numbers.share(d.waiting_share), numbers.share(d.kv_full_share),
+            reported_share(d.window_queue_share) if d.window_timed else NOT_REPORTED,
+            d.first_crossings or "", little,
+            "n/a" if goodput is None else f"{goodput:.2f} req/s ({numbers.share(d.slo_met_share)} met the SLO)",
             ledger,
         ])
     return html_table(

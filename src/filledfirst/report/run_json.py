@@ -1,14 +1,19 @@
 """The run.json sections of the report's setup part: each run's document flattened to
-dotted keys, what every run shares and what differs, as tables."""
+dotted keys, what every run shares and what differs, as tables.
+
+The document is read whole here, unknown keys included (its typed view,
+filledfirst.contracts.runmeta.RunMeta, keeps only what the package reads): a JSON object,
+whose values are checked before use."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from filledfirst.analysis.numbers import DASH
 from filledfirst.report.markup import html_table
+
+JsonObject = Mapping[str, object]  # a JSON document's object, any of its values
 
 
 def fmt_value(v: object) -> str:
@@ -24,9 +29,9 @@ def fmt_value(v: object) -> str:
     return str(v)
 
 
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: JsonObject, prefix: str = "") -> dict[str, object]:
     """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values (argv reads better whole)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping):
@@ -36,20 +41,20 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def section(meta: Mapping[str, Any], path: str) -> dict[str, Any]:
+def section(meta: JsonObject, path: str) -> dict[str, object]:
     """The flattened sub-dict at a dotted path of run.json, {} if absent."""
-    node: Any = meta
+    node: object = meta
     for part in path.split("."):
         node = node.get(part) if isinstance(node, Mapping) else None
     return flatten(node) if isinstance(node, Mapping) else {}
 
 
-def split_common(per_run: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+def split_common(per_run: Mapping[str, JsonObject]) -> tuple[dict[str, object], list[str]]:
     """Keys every run agrees on (shown once) and the keys that differ (shown per run)."""
     keys: list[str] = []
     for values in per_run.values():
         keys += [k for k in values if k not in keys]
-    common: dict[str, Any] = {}
+    common: dict[str, object] = {}
     differing: list[str] = []
     runs = list(per_run.values())
     for k in keys:
@@ -61,12 +66,12 @@ def split_common(per_run: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, An
     return common, differing
 
 
-def key_value_table(values: Mapping[str, Any], caption: str | None = None) -> str:
+def key_value_table(values: JsonObject, caption: str | None = None) -> str:
     return html_table(["", "value"], ((k, fmt_value(v)) for k, v in values.items()), caption=caption)
 
 
 def keys_by_run_table(
-    per_run: Mapping[str, Mapping[str, Any]], keys: Sequence[str], caption: str | None = None
+    per_run: Mapping[str, JsonObject], keys: Sequence[str], caption: str | None = None
 ) -> str:
     """Keys as rows, runs as columns: the seed's side-by-side comparison shape."""
     rows = ([k, *(fmt_value(v.get(k)) for v in per_run.values())] for k in keys)

@@ -4,12 +4,15 @@ the prose and one loop per section, and what the report shows is tested here."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
+
+import msgspec
 
 from filledfirst.analysis import prefix_cache as prefix_cache_stats
 from filledfirst.analysis import request_path, signals
 from filledfirst.report import charts, frontiers, markup, parts, patterns, run_json, tables
 from filledfirst.report.data import ReportData
+from filledfirst.report.rows import ClientCheck, RequestCheck, RunRow, TtftCheck, TtftPart
 
 # Usually the same for every run: shown once, and only what differs per run.
 SHARED_SETUP = ("model", "versions", "hardware")
@@ -17,7 +20,12 @@ SHARED_SETUP = ("model", "versions", "hardware")
 PER_RUN_SETUP = (("server.settings", "server settings"), ("schedule", "schedule"), ("timings", "timings"))
 # The measurement checks' rows: each measured run's summary with its client checks, and our
 # TTFT against vLLM's by run id.
-_Checks = tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
+class _Checks(msgspec.Struct, frozen=True):
+    """The measurement checks of every measured run (probes included)."""
+
+    runs: list[RunRow]  # the runs with at least one request
+    clients: dict[str, ClientCheck]  # the client's own load, per run id
+    ttft: dict[str, TtftCheck]  # our TTFT beside vLLM's histogram, per run id
 
 
 def _no_diagnosis() -> str:
@@ -45,16 +53,16 @@ def at_a_glance(data: ReportData) -> list[str]:
     return [frontiers.summary_table(glance)]
 
 
-def runs_sentence(summary: list[dict[str, Any]]) -> str:
-    n_failed = sum(r["status"] == "failed" for r in summary)
-    n_partial = sum(r["status"] == "partial" for r in summary)
+def runs_sentence(summary: list[RunRow]) -> str:
+    n_failed = sum(r.status == "failed" for r in summary)
+    n_partial = sum(r.status == "partial" for r in summary)
     return (f"{len(summary)} runs: {len(summary) - n_failed - n_partial} complete, "
             f"{n_partial} cut short, {n_failed} failed.")
 
 
-def not_ok_sentence(r: Mapping[str, Any]) -> str:
-    return (f"{r['run_id']} {'failed' if r['status'] == 'failed' else 'was cut short'}: "
-            f"{r['error'] or 'no error recorded'}")
+def not_ok_sentence(r: RunRow) -> str:
+    return (f"{r.run_id} {'failed' if r.status == 'failed' else 'was cut short'}: "
+            f"{r.error or 'no error recorded'}")
 
 
 def probes_sentence(n: int) -> str:
@@ -67,20 +75,20 @@ def runs(data: ReportData) -> list[str]:
     out = [markup.para(runs_sentence(data.experiments)), tables.runs_table(data.experiments)]
     if data.probes:
         out.append(markup.para(probes_sentence(len(data.probes))))
-    out += [markup.para(not_ok_sentence(r)) for r in data.experiments if r["status"] != "ok"]
+    out += [markup.para(not_ok_sentence(r)) for r in data.experiments if r.status != "ok"]
     return out
 
 
 def what_filled_first(data: ReportData) -> list[str]:
     if not data.diagnosis:
         return [_no_diagnosis()]
-    designed = [d for d in data.diagnosis if d["run_id"] not in data.is_probe]
+    designed = [d for d in data.diagnosis if d.run_id not in data.is_probe]
     out = [patterns.patterns_table(designed), patterns.evidence_intro(data.rules),
            patterns.evidence_table(designed, data.rules)]
     open_loop = [
-        {**data.rates[d["run_id"]], **d} for d in designed
-        if d["run_id"] in data.rates and d.get("goodput_rps") is not None
-        and not (d["run_id"] in data.metas and data.metas[d["run_id"]].closed_loop)
+        (d, data.rates[d.run_id]) for d in designed
+        if d.run_id in data.rates and d.goodput_rps is not None
+        and not (d.run_id in data.metas and data.metas[d.run_id].closed_loop)
     ]
     if open_loop:
         out.append(charts.embed(charts.goodput_chart(open_loop)))
@@ -132,29 +140,28 @@ def capacity_search(data: ReportData) -> list[str]:
     return out
 
 
-def search_probes(data: ReportData, setting: str, points: list[dict[str, Any]], checks: _Checks) -> str:
+def search_probes(data: ReportData, setting: str, points: list[frontiers.ProbePoint], checks: _Checks) -> str:
     """One search's probes, folded: a line per probe, then what the report shows of the
     study's runs elsewhere (the diagnosis' evidence, the measurement checks) for these
     probes, and the search's server command."""
-    ids = {p["run_id"] for p in points}
-    diagnosed = [d for d in data.diagnosis if d["run_id"] in ids]
-    inner = [frontiers.probe_table_html(points, {d["run_id"]: d["label"] for d in diagnosed})]
+    ids = {p.run_id for p in points}
+    diagnosed = [d for d in data.diagnosis if d.run_id in ids]
+    inner = [frontiers.probe_table_html(points, {d.run_id: d.label for d in diagnosed})]
     if diagnosed:
         inner += [markup.para("The diagnosis' evidence, probe by probe (columns as under What filled up first):"),
                   patterns.evidence_table(diagnosed, data.rules)]
-    with_client, server_checks = checks
-    measured = [r for r in with_client if r["run_id"] in ids]
+    measured = [r for r in checks.runs if r.run_id in ids]
     if measured:
         inner += [markup.para("Measurement checks, probe by probe (columns as under Measurement checks):"),
-                  tables.measurement_table(measured, server_checks)]
-    argv = next((a for p in points if (a := data.metas[p["run_id"]].server.argv)), None)
+                  tables.measurement_table(measured, checks.clients, checks.ttft)]
+    argv = next((a for p in points if (a := data.metas[p.run_id].server.argv)), None)
     if argv:  # a search runs its probes on one server start
         inner.append(markup.code_details("server command", run_json.fmt_value(argv)))
     return markup.details_html(frontiers.probes_summary(setting, points), "".join(inner))
 
 
-def shared_setup(documents: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any],
-                                                                      list[str]]:
+def shared_setup(documents: Mapping[str, run_json.JsonObject]
+                 ) -> tuple[dict[str, dict[str, object]], dict[str, object], list[str]]:
     """The SHARED_SETUP sections of each run.json flattened ("model.name", ...), what every
     run agrees on, and the keys that differ."""
     setup = {
@@ -200,29 +207,30 @@ def side_by_side(data: ReportData) -> list[str]:
 def _measurement_context(data: ReportData) -> _Checks:
     """The measurement checks of every measured run, probes included: read once for the
     study's runs and once for the probes."""
-    rows = [r for r in data.summary if r["n_requests"] > 0]
+    rows = [r for r in data.summary if r.n_requests]
     if not rows:
-        return [], {}
-    checks = {c["run_id"]: c for c in signals.ttft_against_server(data.con).to_dicts()}
-    client = signals.client_checks(data.con)
-    return [{**r, **client.get(r["run_id"], {})} for r in rows], checks
+        return _Checks([], {}, {})
+    checks = {c.run_id: c for c in TtftCheck.of(signals.ttft_against_server(data.con))}
+    clients = {run_id: msgspec.convert(c, ClientCheck) for run_id, c in signals.client_checks(data.con).items()}
+    return _Checks(rows, clients, checks)
 
 
 def measurement_checks(data: ReportData) -> list[str]:
     """Our client and our TTFT beside vLLM's histogram, per run."""
     if not data.measured:
         return []
-    with_client, checks = _measurement_context(data)
-    return [tables.measurement_table([r for r in with_client if r["run_id"] not in data.is_probe], checks)]
+    checks = _measurement_context(data)
+    return [tables.measurement_table([r for r in checks.runs if r.run_id not in data.is_probe], checks.clients,
+                                     checks.ttft)]
 
 
 def request_checks(data: ReportData) -> list[str]:
     """The same check request by request, where vLLM sent its per-request timings."""
     if not data.measured:
         return []
-    ids = {r["run_id"] for r in data.measured}
+    ids = {r.run_id for r in data.measured}
     return [tables.request_check_table(
-        [c for c in request_path.against_server(data.con).to_dicts() if c["run_id"] in ids])]
+        [c for c in RequestCheck.of(request_path.against_server(data.con)) if c.run_id in ids])]
 
 
 def each_run(data: ReportData) -> list[str]:
@@ -234,28 +242,28 @@ def each_run(data: ReportData) -> list[str]:
     return out
 
 
-def run_section(data: ReportData, r: Mapping[str, Any]) -> list[str]:
-    run_id = r["run_id"]
-    out = [markup.heading(f"{run_id} ({r['experiment']})")]
-    if r["description"]:
-        out.append(markup.para(r["description"]))
-    if r["n_requests"] == 0:
-        out.append(markup.para(f"Nothing was measured. Status {r['status']}: {r['error'] or 'no error recorded'}"))
+def run_section(data: ReportData, r: RunRow) -> list[str]:
+    run_id = r.run_id
+    out = [markup.heading(f"{run_id} ({r.experiment})")]
+    if r.description:
+        out.append(markup.para(r.description))
+    if r.n_requests == 0:
+        out.append(markup.para(f"Nothing was measured. Status {r.status}: {r.error or 'no error recorded'}"))
         return out
     out.append(markup.para(tables.run_sentence(r)))
     workload = tables.schedule_sentence(data.metas[run_id].schedule.stats if run_id in data.metas else None)
     if workload:
         out.append(markup.para(workload))
     out.append(tables.run_signal_table(r))
-    run_roles = [x for x in data.roles if x["run_id"] == run_id]
+    run_roles = [x for x in data.roles if x.run_id == run_id]
     if len(run_roles) > 1:
         out.append(tables.role_table(run_roles))
-    ttft_parts = request_path.ttft_parts(data.con, run_id).to_dicts()
+    ttft_parts = TtftPart.of(request_path.ttft_parts(data.con, run_id))
     out.append(markup.para(tables.ttft_parts_sentence(ttft_parts)))
-    if any(x["n_timed"] for x in ttft_parts):
+    if any(x.n_timed for x in ttft_parts):
         out.append(charts.embed(charts.ttft_parts_chart(ttft_parts)))
     chart = charts.run_chart(
-        signals.request_points(data.con, run_id), signals.timeseries(data.con, run_id), r["max_num_seqs"]
+        signals.request_points(data.con, run_id), signals.timeseries(data.con, run_id), r.max_num_seqs
     )
     out.append(charts.embed(chart))
     out += prefix_cache(data, run_id)
@@ -269,4 +277,4 @@ def prefix_cache(data: ReportData, run_id: str) -> list[str]:
     if shares.is_empty() or row is None:
         return []
     return [markup.para(tables.prefix_cache_sentence(row)),
-            charts.embed(charts.prefix_cache_chart(shares, row["n_unreported"] or 0))]
+            charts.embed(charts.prefix_cache_chart(shares, row.n_unreported or 0))]

@@ -3,6 +3,11 @@
 rule that matches names the run; a run no rule matches is unclassified, with every
 pattern's unmet conditions as its clue.
 
+What a label means to the rest of the package is on its rule too (`LABELLED` finds it):
+the knob an intervention relaxes to test it (`knob`), the one number that shows it in a
+stored diagnosis row (`key_number`) and what would move a knee it names
+(`moves_the_knee`).
+
 The two limits, where the server timed its requests, also need vLLM's queue to dominate
 the TTFT of the requests arriving in the loaded window (gauges alone cannot tell a queue
 of a few from the wait that made TTFT long); interference needs the TTFT outside that
@@ -17,6 +22,8 @@ from typing import NamedTuple, Protocol
 from filledfirst.analysis.diagnosis.features import Features
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.numbers import NA, count, magnitude, share
+from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.search import Knob
 from filledfirst.study import DiagnosisRules
 
 Check = tuple[bool, str]  # a condition and what was measured for it
@@ -36,10 +43,19 @@ class Rule(Protocol):
     def verdict(self, f: Features, t: DiagnosisRules) -> Verdict: ...
 
 
+class Meaning(Protocol):
+    """What a label means outside the diagnosis."""
+
+    knob: Knob | None  # what an intervention relaxes to test the label (None: nothing)
+    moves_the_knee: str | None  # what would move a knee the label names (None: no single limit)
+
+
 class _Labelled:
-    """A rule that names one label, with its clue."""
+    """A rule that names one label, with its clue, and what the label means elsewhere."""
 
     label: Label
+    knob: Knob | None = None  # what an intervention relaxes to test the label (None: nothing)
+    moves_the_knee: str | None = None  # what would move a knee the label names (None: no single limit)
 
     @property
     def name(self) -> str:
@@ -47,6 +63,12 @@ class _Labelled:
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
         raise NotImplementedError
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        """The one number that shows the label, from the stored row."""
+        if d.scrape_coverage is not None and d.scrape_coverage < t.min_scrape_coverage:
+            return f"scrapes cover {share(d.scrape_coverage)} of the loaded window"
+        return "no rule matched"
 
     def verdict(self, f: Features, t: DiagnosisRules) -> Verdict:
         return Verdict(self.label, self.clue(f, t))
@@ -62,6 +84,10 @@ class Failed(_Labelled):
     """Nothing to judge: the run failed, recorded no request or sent none."""
 
     label = Label.FAILED
+    moves_the_knee = "the breaking probe failed outright: fix that first (see the stop reason)"
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return "nothing measured"
 
     def matches(self, f: Features, t: DiagnosisRules) -> bool:
         return _nothing_recorded(f) or f.n_requests == f.n_not_sent
@@ -102,6 +128,12 @@ class Interference(_Labelled):
     (TTFT p90 ratio); where the server timed them, outside vLLM's queue as well."""
 
     label = Label.INTERFERENCE
+    moves_the_knee = "a smaller prefill chunk budget (max_num_batched_tokens)"
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        ratio, unqueued = d.interference_ratio, d.interference_prefill_ratio
+        outside = "" if unqueued is None else f" ({unqueued:.1f}x outside vLLM's queue)"
+        return "n/a" if ratio is None else f"TTFT p90 {ratio:.1f}x higher behind a long prompt{outside}"
 
     def matches(self, f: Features, t: DiagnosisRules) -> bool:
         unqueued = f.interference_prefill_ratio
@@ -142,6 +174,11 @@ class KvPressure(_Conditions):
     """KV full (or at a peak with preemptions) and requests waiting, with sequence headroom."""
 
     label = Label.KV_PRESSURE
+    knob = Knob.KV
+    moves_the_knee = "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype"
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return f"KV >= {t.kv_full_pct:g} % for {share(d.kv_full_share)} of the time{_queue_number(d)}"
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
         return [
@@ -174,6 +211,14 @@ class PrefixEviction(_Conditions):
     offered, the cache off, or the cache still delivering it)."""
 
     label = Label.PREFIX_EVICTION
+    knob = Knob.KV
+    moves_the_knee = ("more KV blocks, so the shared prefixes stay cached (or routing that keeps a "
+                      "conversation on one server)")
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return (f"cache hits {share(d.measured_hit_share)} of prompt tokens against "
+                f"{share(d.ideal_hit_share)} offered, KV >= {t.kv_full_pct:g} % for "
+                f"{share(d.kv_full_share)} of the time{_queue_number(d)}")
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
         return [
@@ -250,6 +295,11 @@ class SeqLimit(_Conditions):
     """Running at max_num_seqs and requests waiting while KV has room."""
 
     label = Label.SEQ_LIMIT
+    knob = Knob.SEQS
+    moves_the_knee = "more sequences (max_num_seqs): the cap is full while KV has headroom"
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return f"running at the cap {share(d.running_at_cap_share)} of the time{_queue_number(d)}"
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
         preempted = f.window_preemptions or 0
@@ -280,6 +330,11 @@ class TokenBudget(_Conditions):
     full steps waited for the budget, typically long prompts taking it chunk by chunk."""
 
     label = Label.TOKEN_BUDGET
+    moves_the_knee = "a larger per-step token budget (max_num_batched_tokens), if the steps' time allows"
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return (f"steps used {share(d.budget_fill)} of the token budget ({d.token_budget}) "
+                f"while requests waited{_queue_number(d)}")
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
         queued, *neither_full = _queue_none_full(f, t)
@@ -298,6 +353,9 @@ class Reference(_Conditions):
     """Nothing filled: little waiting, running below the cap, KV rarely full."""
 
     label = Label.REFERENCE
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return f"waiting {share(d.waiting_share)} of the time"
 
     def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
         return [
@@ -363,6 +421,27 @@ PATTERNS: tuple[Pattern, ...] = (  # in the order they win
     Interference(), PrefixEviction(), KvPressure(), SeqLimit(), BothLimits(), TokenBudget(), Reference())
 # No pattern, but the evidence says why in a sentence: said so instead of every rule's unmet list.
 EXPLAINED: tuple[Rule, ...] = (FullNotLimiting(), QueueNoneFull())
+
+
+def _by_label() -> dict[Label, _Labelled]:
+    """label -> the rule that carries what it means (unclassified: the first of its rules;
+    they differ only in their clue)."""
+    out: dict[Label, _Labelled] = {}
+    for rule in (*GATES, *PATTERNS, *EXPLAINED):
+        if isinstance(rule, _Labelled) and hasattr(rule, "label"):  # both limits names two
+            out.setdefault(rule.label, rule)
+    return out
+
+
+LABELLED = _by_label()
+
+
+def labelled(label: str | None) -> _Labelled:
+    """The rule that carries a stored label's meaning (no label or an unknown one: unclassified's)."""
+    try:
+        return LABELLED[Label(label)]
+    except ValueError:
+        return LABELLED[Label.UNCLASSIFIED]
 
 
 def judge(f: Features, t: DiagnosisRules) -> Verdict:
@@ -478,6 +557,11 @@ def _of(f: Features) -> str:
 
 def _cap_note(f: Features) -> str:
     return "" if f.cap is not None else "; max_num_seqs unknown: no at-cap signal"
+
+
+def _queue_number(d: DiagnosisRow) -> str:
+    """Where the server timed its requests, a limit's label also rests on its queue."""
+    return f", vLLM's queue {share(d.window_queue_share)} of TTFT" if d.window_timed else ""
 
 
 def _queue_evidence(f: Features) -> str:
