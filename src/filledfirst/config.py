@@ -13,7 +13,7 @@ import yaml
 from filledfirst.errors import UserError
 from filledfirst.paths import PARTS_DIR, SCHEMA_PATH
 from filledfirst.schema import config_schema
-from filledfirst.study import ExperimentSpec, ServerSpec, Study
+from filledfirst.study import ExperimentSpec, ServerSpec, Study, renamed_keys
 
 __all__ = ["SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
@@ -41,6 +41,7 @@ def load_config(paths: list[Path]) -> dict:
         if isinstance(loaded, dict) and isinstance(loaded.get("parts"), str):
             loaded = {**loaded, "parts": _parts_file(loaded["parts"], Path(path))}
         cfg = deep_merge(cfg, loaded)
+    refuse_renamed(cfg)
     validate_config(cfg)
     return cfg
 
@@ -60,6 +61,12 @@ def _parts_file(name: str, named_in: Path) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("parts"), dict):
         raise UserError(f"{named_in}: parts: {path} has no `parts:` mapping")
     return doc["parts"]
+
+
+def refuse_renamed(cfg: dict) -> None:
+    """An error naming every old key the config uses and what replaces it."""
+    if renamed := renamed_keys(cfg):
+        raise UserError("invalid config:\n  " + "\n  ".join(renamed))
 
 
 def load_study(paths: list[Path]) -> Study:
@@ -117,8 +124,12 @@ def external_server(cfg: dict, experiment: str) -> dict | None:
 
 def schema_problem(cfg: dict) -> str | None:
     """The schema's most relevant complaint in one line, with the key path as the config
-    spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing."""
+    spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing; an old
+    key's new name first (filledfirst.study.RENAMED)."""
     import jsonschema
+
+    if renamed := renamed_keys(cfg):
+        return renamed[0]
 
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(config_schema()).iter_errors(cfg))
     if error is None:

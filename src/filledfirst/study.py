@@ -19,7 +19,7 @@ validates and converts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, NamedTuple
 
 import msgspec
 
@@ -27,6 +27,44 @@ from filledfirst.contracts.runmeta import Scrape
 from filledfirst.contracts.search import Slo
 from filledfirst.errors import UserError
 from filledfirst.schema import schema_default
+
+
+# Keys a config may no longer use, each with what replaces it: refused, never read as the
+# new one (filledfirst.config checks them before the schema does). A path's "*" is any name,
+# "[]" any item of a list; `when` narrows it to values of one form (a relative rate).
+class Renamed(NamedTuple):
+    path: tuple[str, ...]
+    new: str
+    when: Callable[[Any], bool] = lambda value: True
+
+
+RENAMED: tuple[Renamed, ...] = ()
+
+
+def renamed_keys(cfg: Mapping[str, Any]) -> list[str]:
+    """Each old key the config uses, as `<key path>: renamed; write <the new one>`."""
+    out = []
+    for rule in RENAMED:
+        for where, value in _at(cfg, rule.path, ()):
+            if rule.when(value):
+                out.append(f"{'.'.join(where)}: renamed; write {rule.new}")
+    return out
+
+
+def _at(node: Any, path: tuple[str, ...], where: tuple[str, ...]):
+    """(key path, value) of every place `path` matches under `node`."""
+    if not path:
+        yield where, node
+        return
+    head, rest = path[0], path[1:]
+    if head == "[]":
+        items = enumerate(node) if isinstance(node, list) else ()
+        for i, item in items:
+            yield from _at(item, rest, (*where[:-1], f"{where[-1]}[{i}]") if where else (f"[{i}]",))
+    elif isinstance(node, Mapping):
+        keys = list(node) if head == "*" else [head] if head in node else []
+        for key in keys:
+            yield from _at(node[key], rest, (*where, str(key)))
 
 
 def _d(*path: str) -> Any:
