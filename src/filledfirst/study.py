@@ -38,7 +38,11 @@ class Renamed(NamedTuple):
     when: Callable[[Any], bool] = lambda value: True
 
 
-RENAMED: tuple[Renamed, ...] = ()
+RENAMED: tuple[Renamed, ...] = (
+    Renamed(("frontiers", "*", "verify"), "interventions: {settings: [...], factor: N}"),
+    Renamed(("frontiers", "*", "verify_factor"), "interventions: {settings: [...], factor: N}"),
+    Renamed(("frontiers", "*", "verify_min_shift"), "interventions: {settings: [...], min_shift: X}"),
+)
 
 
 def renamed_keys(cfg: Mapping[str, Any]) -> list[str]:
@@ -351,6 +355,14 @@ class DiagnosisRules:
         return cls(**section)
 
 
+class Interventions(_Struct):
+    """A frontier's `interventions` (filledfirst.frontier.interventions)."""
+
+    settings: bool | list[str]  # true: every setting
+    factor: int = _d("frontiers", "*", "interventions", "factor")
+    min_shift: float = _d("frontiers", "*", "interventions", "min_shift")
+
+
 class Frontier(_Struct):
     """A capacity search (filledfirst.frontier): one per server setting."""
 
@@ -376,10 +388,7 @@ class Frontier(_Struct):
     estimate_batches: int = _d("frontiers", "*", "estimate_batches")
     estimate_step: float = _d("frontiers", "*", "estimate_step")
     drift_max: float = _d("frontiers", "*", "drift_max")
-    # true: every setting; a list: those settings (filledfirst.frontier.interventions)
-    verify: bool | list[str] = _d("frontiers", "*", "verify")
-    verify_min_shift: float = _d("frontiers", "*", "verify_min_shift")
-    verify_factor: int = _d("frontiers", "*", "verify_factor")
+    interventions: Interventions | None = None  # None: no setting's knee is tested
 
 
 class ReferenceRole(_Struct):

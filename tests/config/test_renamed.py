@@ -6,15 +6,19 @@ import pytest
 import yaml
 
 from filledfirst import study
-from filledfirst.config import load_config, schema_problem
+from filledfirst.config import deep_merge, load_config, schema_problem
 from filledfirst.errors import UserError
 
 from conftest import REPO
 
-E2E = REPO / "tests" / "configs" / "e2e.yaml"
+CONFIGS = REPO / "tests" / "configs"
 
 # One config use per renamed key (filledfirst.study.RENAMED): where the old key goes.
-OLD_KEYS: dict[tuple[str, ...], object] = {}
+OLD_KEYS: dict[tuple[str, ...], object] = {
+    ("frontiers", "*", "verify"): ["default"],
+    ("frontiers", "*", "verify_factor"): 4,
+    ("frontiers", "*", "verify_min_shift"): 0.3,
+}
 
 
 def _put(cfg: dict, path: tuple[str, ...], value: object) -> str:
@@ -38,7 +42,7 @@ def test_every_renamed_key_has_a_case_here():
 
 @pytest.mark.parametrize("rule", study.RENAMED, ids=lambda r: ".".join(r.path))
 def test_an_old_key_is_refused_with_its_new_name(rule, tmp_path):
-    cfg = yaml.safe_load(E2E.read_text())
+    cfg = deep_merge(*(yaml.safe_load((CONFIGS / f).read_text()) for f in ("e2e.yaml", "frontier.yaml")))
     where = _put(cfg, rule.path, OLD_KEYS[rule.path])
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -37,6 +37,7 @@ SECTIONS = {
     ("properties", "cluster"): study.Cluster,
     ("properties", "diagnosis"): study.DiagnosisRules,
     ("properties", "frontiers", "additionalProperties"): study.Frontier,
+    ("properties", "frontiers", "additionalProperties", "properties", "interventions"): study.Interventions,
     ("properties", "frontiers", "additionalProperties", "properties", "slo"): study.Slo,
 }
 # Defaults the schema cannot hold (oneOf branches must not fill defaults): the type's own.

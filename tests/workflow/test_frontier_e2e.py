@@ -39,7 +39,7 @@ def search_config(tmp_path):
     cfg["frontiers"] = overlay["frontiers"]
     # A second frontier whose one setting probes knee/default's server: the two searches
     # share that job and its start (filledfirst.config.search_groups).
-    cfg["frontiers"]["twin"] = {**{k: v for k, v in overlay["frontiers"]["knee"].items() if k != "verify"},
+    cfg["frontiers"]["twin"] = {**{k: v for k, v in overlay["frontiers"]["knee"].items() if k != "interventions"},
                                 "description": "the same shape and server as knee/default",
                                 "settings": {"same": {}}, "budget": 2}
     # Placed on knee/default's knee with its server: that search's job runs it after its

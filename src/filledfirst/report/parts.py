@@ -94,7 +94,8 @@ def part_blocks(part: Part, rows: Sequence[Mapping[str, Any]], *, roles: Sequenc
     knees = [r for r in frontier_rows if r["frontier"] == part.knees]
     if knees:
         out.append(markup.para(f"The knees of frontier {part.knees} (its searches, in the capacity search):"))
-        out.append(frontiers.knee_shift_table_html(knees, schema_default("frontiers", "*", "verify_min_shift")))
+        least = schema_default("frontiers", "*", "interventions", "min_shift")
+        out.append(frontiers.knee_shift_table_html(knees, least))
     return out
 
 
