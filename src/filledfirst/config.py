@@ -88,6 +88,11 @@ def validate_config(cfg: dict) -> None:
         if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):
             known = sorted(cfg.get("traces", {}))
             problems.append(f"workloads.{name}.trace: {wl['trace']!r} is not in traces ({known})")
+        absolute = "time_scale" if wl["kind"] == "trace" else "interval_s"
+        places = ([(f"workloads.{name}", wl)] if wl["kind"] == "trace"
+                  else [(f"workloads.{name}.phases[{i}]", p) for i, p in enumerate(wl["phases"])])
+        problems += [f"{where}: rate and {absolute} both set its rate: keep one"
+                     for where, p in places if "rate" in p and absolute in p]
     parts = cfg.get("parts")
     for name, exp in cfg["experiments"].items():
         if exp.get("part") is not None and not (isinstance(parts, dict) and exp["part"] in parts):

@@ -42,6 +42,10 @@ RENAMED: tuple[Renamed, ...] = (
     Renamed(("frontiers", "*", "verify"), "interventions: {settings: [...], factor: N}"),
     Renamed(("frontiers", "*", "verify_factor"), "interventions: {settings: [...], factor: N}"),
     Renamed(("frontiers", "*", "verify_min_shift"), "interventions: {settings: [...], min_shift: X}"),
+    Renamed(("workloads", "*", "phases", "[]", "interval_s"), "rate: {of: <frontier>/<setting>, times: X}",
+            lambda value: isinstance(value, Mapping)),
+    Renamed(("workloads", "*", "time_scale"), "rate: {of: <frontier>/<setting>, times: X}",
+            lambda value: isinstance(value, Mapping)),
 )
 
 
@@ -193,8 +197,9 @@ class Trace(_Struct):
 
 
 class RelativeRate(_Struct):
-    """A rate placed relative to a measured knee: `times` x the `lo` of the capacity
-    search `of` (`<frontier>/<setting>`); resolved by filledfirst.frontier.relative."""
+    """A relative rate (a phase's or a trace window's `rate`): `times` x the knee (the
+    result's `lo`) of the search `of` (`<frontier>/<setting>`); resolved by
+    filledfirst.frontier.relative into an interval_s or a time_scale."""
 
     of: str
     times: float
@@ -218,7 +223,8 @@ class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
     skip_bad: bool = False
     keep_every: int = 1
     phase: int = 0
-    time_scale: float | RelativeRate = 1.0  # relative: resolved before the schedule is made
+    time_scale: float = 1.0
+    rate: RelativeRate | None = None  # instead of time_scale; resolved before the schedule is made
     length_scale: float = 1.0  # prompt, output and prefix block sizes x this (filledfirst.trace.prefix)
 
 
@@ -236,7 +242,8 @@ class SyntheticPhase(_Struct):
     prompt_tokens: int
     output_tokens: int
     start_s: float = 0.0
-    interval_s: float | RelativeRate = 0.0  # relative: resolved before the schedule is made
+    interval_s: float = 0.0
+    rate: RelativeRate | None = None  # instead of interval_s; resolved before the schedule is made
     arrival: Literal["constant", "poisson", "gamma"] = "constant"
     cv: float = 1.0
     shared_prefix: SharedPrefix | None = None

@@ -18,6 +18,8 @@ OLD_KEYS: dict[tuple[str, ...], object] = {
     ("frontiers", "*", "verify"): ["default"],
     ("frontiers", "*", "verify_factor"): 4,
     ("frontiers", "*", "verify_min_shift"): 0.3,
+    ("workloads", "*", "phases", "[]", "interval_s"): {"of": "knee/default", "times": 2},
+    ("workloads", "*", "time_scale"): {"of": "knee/default", "times": 2},
 }
 
 

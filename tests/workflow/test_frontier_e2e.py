@@ -45,7 +45,7 @@ def search_config(tmp_path):
     # Placed on knee/default's knee with its server: that search's job runs it after its
     # probes, on its server (filledfirst.config.hosted_experiments).
     cfg["workloads"]["half_knee"] = {"kind": "synthetic", "phases": [
-        {"role": "decode", "count": 10, "interval_s": {"of": "knee/default", "times": 0.5},
+        {"role": "decode", "count": 10, "rate": {"of": "knee/default", "times": 0.5},
          "prompt_tokens": 100, "output_tokens": 32}]}
     cfg["experiments"] = {"half_knee": {"workload": "half_knee", "expect": "reference"}}
     path = tmp_path / "frontier-e2e.yaml"
