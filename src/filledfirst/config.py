@@ -11,7 +11,7 @@ import msgspec
 import yaml
 
 from filledfirst.errors import UserError
-from filledfirst.paths import PARTS_DIR, SCHEMA_PATH
+from filledfirst.paths import SCHEMA_PATH, SECTIONS_DIR
 from filledfirst.schema import config_schema
 from filledfirst.study import ExperimentSpec, ServerSpec, Study, renamed_keys
 
@@ -38,29 +38,29 @@ def load_config(paths: list[Path]) -> dict:
             raise UserError(f"config file {path} does not exist") from None
         except yaml.YAMLError as exc:
             raise UserError(f"config file {path} is not valid YAML: {exc}") from None
-        if isinstance(loaded, dict) and isinstance(loaded.get("parts"), str):
-            loaded = {**loaded, "parts": _parts_file(loaded["parts"], Path(path))}
+        if isinstance(loaded, dict) and isinstance(loaded.get("sections"), str):
+            loaded = {**loaded, "sections": _sections_file(loaded["sections"], Path(path))}
         cfg = deep_merge(cfg, loaded)
     refuse_renamed(cfg)
     validate_config(cfg)
     return cfg
 
 
-def _parts_file(name: str, named_in: Path) -> dict:
-    """The `parts:` of the file a config's `parts` names: relative to that config, else
-    one the package ships by that name (the seed study's: a copy of a shipped config
-    anywhere still finds them)."""
-    candidates = [named_in.parent / name, PARTS_DIR / name]
+def _sections_file(name: str, named_in: Path) -> dict:
+    """The `sections:` of the file a config's `sections` names: relative to that config,
+    else one the package ships by that name (the original study's: a copy of a shipped
+    config anywhere still finds them)."""
+    candidates = [named_in.parent / name, SECTIONS_DIR / name]
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
-        raise UserError(f"{named_in}: parts: {name} is in none of {', '.join(str(p.parent) for p in candidates)}")
+        raise UserError(f"{named_in}: sections: {name} is in none of {', '.join(str(p.parent) for p in candidates)}")
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{named_in}: parts: {path} is not valid YAML: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("parts"), dict):
-        raise UserError(f"{named_in}: parts: {path} has no `parts:` mapping")
-    return doc["parts"]
+        raise UserError(f"{named_in}: sections: {path} is not valid YAML: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("sections"), dict):
+        raise UserError(f"{named_in}: sections: {path} has no `sections:` mapping")
+    return doc["sections"]
 
 
 def refuse_renamed(cfg: dict) -> None:
@@ -93,11 +93,11 @@ def validate_config(cfg: dict) -> None:
                   else [(f"workloads.{name}.phases[{i}]", p) for i, p in enumerate(wl["phases"])])
         problems += [f"{where}: rate and {absolute} both set its rate: keep one"
                      for where, p in places if "rate" in p and absolute in p]
-    parts = cfg.get("parts")
+    sections = cfg.get("sections")
     for name, exp in cfg["experiments"].items():
-        if exp.get("part") is not None and not (isinstance(parts, dict) and exp["part"] in parts):
-            known = sorted(parts) if isinstance(parts, dict) else "none: add a parts section"
-            problems.append(f"experiments.{name}.part: {exp['part']!r} is not in parts ({known})")
+        if exp.get("section") is not None and not (isinstance(sections, dict) and exp["section"] in sections):
+            known = sorted(sections) if isinstance(sections, dict) else "none: add `sections:`"
+            problems.append(f"experiments.{name}.section: {exp['section']!r} is not in sections ({known})")
     for name, exp in cfg["experiments"].items():
         if exp["workload"] not in cfg["workloads"]:
             known = sorted(cfg["workloads"])

@@ -46,6 +46,8 @@ RENAMED: tuple[Renamed, ...] = (
             lambda value: isinstance(value, Mapping)),
     Renamed(("workloads", "*", "time_scale"), "rate: {of: <frontier>/<setting>, times: X}",
             lambda value: isinstance(value, Mapping)),
+    Renamed(("parts",), "sections: (the report's sections)"),
+    Renamed(("experiments", "*", "part"), "section: <a name in sections>"),
 )
 
 
@@ -265,7 +267,7 @@ class Experiment(_Struct):
     # `external` and `settings`.
     server: dict[str, Any] = {}
     loadgen: LoadMode = LoadMode()
-    part: str | None = None
+    section: str | None = None
     expect: str | None = None
     isolate: bool = _d("experiments", "*", "isolate")
 
@@ -406,15 +408,15 @@ class ReferenceRole(_Struct):
     itl_p50: str = ""
 
 
-class Part(_Struct):
-    """One of the study's parts: a table of the report (filledfirst.report.parts)."""
+class Section(_Struct):
+    """One of the study's sections: a table of the report (filledfirst.report.parts)."""
 
     title: str
     table: Literal["signals", "roles", "sweep"] = "signals"  # the schema names this default
     rows: list[str] = []  # empty: filledfirst.report.parts.DEFAULT_ROWS
     reference: dict[str, dict[str, str]] = {}
     reference_roles: list[ReferenceRole] = []
-    knees: str | None = None  # a frontier whose knees the part shows side by side
+    knees: str | None = None  # a frontier whose knees the section shows side by side
 
 
 class Study(_Struct):
@@ -433,7 +435,7 @@ class Study(_Struct):
     frontiers: dict[str, Frontier] = {}
     share_search_servers: bool = _d("share_search_servers")
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
-    parts: dict[str, Part] | str = {}
+    sections: dict[str, Section] | str = {}
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:

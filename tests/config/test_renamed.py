@@ -20,6 +20,8 @@ OLD_KEYS: dict[tuple[str, ...], object] = {
     ("frontiers", "*", "verify_min_shift"): 0.3,
     ("workloads", "*", "phases", "[]", "interval_s"): {"of": "knee/default", "times": 2},
     ("workloads", "*", "time_scale"): {"of": "knee/default", "times": 2},
+    ("parts",): "original-study.yaml",
+    ("experiments", "*", "part"): "interference",
 }
 
 
