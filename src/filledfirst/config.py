@@ -13,7 +13,7 @@ import yaml
 from filledfirst.errors import UserError
 from filledfirst.paths import SCHEMA_PATH, SECTIONS_DIR
 from filledfirst.schema import config_schema
-from filledfirst.study import ExperimentSpec, ServerSpec, Study, renamed_keys
+from filledfirst.study import ExperimentSpec, ServerSpec, Study, expand_sweeps, renamed_keys
 
 __all__ = ["SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
@@ -43,7 +43,7 @@ def load_config(paths: list[Path]) -> dict:
         cfg = deep_merge(cfg, loaded)
     refuse_renamed(cfg)
     validate_config(cfg)
-    return cfg
+    return expand_sweeps(cfg)
 
 
 def _sections_file(name: str, named_in: Path) -> dict:
@@ -83,6 +83,7 @@ def validate_config(cfg: dict) -> None:
         validate(cfg, str(SCHEMA_PATH), set_default=True)
     except WorkflowError as exc:
         raise UserError(f"invalid config: {schema_problem(cfg) or exc}") from None
+    cfg = expand_sweeps(cfg)  # a copy: the sweeps' runs are checked as written ones
     problems = []
     for name, wl in cfg["workloads"].items():
         if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):

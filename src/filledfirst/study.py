@@ -282,6 +282,50 @@ class Experiment(_Struct):
         return ServerSettings() if "url" in self.server else msgspec.convert(self.server, ServerSettings)
 
 
+class Sweep(_Struct):
+    """A closed-loop concurrency sweep (the config's `sweeps`): one experiment per
+    concurrency N, `<sweep>_c<N>`, with its workload of the same name."""
+
+    concurrency: list[int]
+    prompt_tokens: int
+    output_tokens: int
+    requests_per_worker: int = _d("sweeps", "*", "requests_per_worker")
+    section: str | None = None
+
+    def expanded(self, name: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """`<name>_c<N>` -> (its workload, its experiment), as a config would write them."""
+        out = {}
+        for n in self.concurrency:
+            phase = {"role": name, "count": self.requests_per_worker * n,
+                     "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens}
+            experiment = {"description": f"closed loop, {n} worker{'s' if n != 1 else ''}",
+                          "workload": f"{name}_c{n}", "loadgen": {"mode": "closed", "concurrency": n},
+                          **({"section": self.section} if self.section is not None else {})}
+            out[f"{name}_c{n}"] = ({"kind": "synthetic", "phases": [phase]}, experiment)
+        return out
+
+
+def expand_sweeps(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with each sweep's workloads and experiments after the written ones (in
+    the order of its concurrency list), so that everything reading `experiments` (server
+    groups, fingerprints, the report) sees a sweep's runs as if they had been written out;
+    `sweeps` stays. Expanding an expanded config changes nothing; a written workload or
+    experiment of another content under a sweep's name is an error."""
+    out = dict(cfg)
+    if not cfg.get("sweeps"):
+        return out
+    workloads, experiments = dict(cfg.get("workloads") or {}), dict(cfg.get("experiments") or {})
+    for name, written in cfg["sweeps"].items():
+        for run, (workload, experiment) in msgspec.convert(written, Sweep).expanded(name).items():
+            have_wl, have_exp = workloads.get(run), experiments.get(run)
+            if have_wl is None and have_exp is None:
+                workloads[run], experiments[run] = workload, experiment
+            elif have_wl != workload or not isinstance(have_exp, Mapping) or any(
+                    have_exp.get(k) != v for k, v in experiment.items()):
+                raise UserError(f"sweeps.{name}: {run!r} is already a workload or an experiment: rename one")
+    return {**out, "workloads": workloads, "experiments": experiments}
+
+
 class Report(_Struct):
     title: str | None = None
 
@@ -433,14 +477,16 @@ class Study(_Struct):
     diagnosis: DiagnosisRules = DiagnosisRules()
     compare: Compare = Compare()
     frontiers: dict[str, Frontier] = {}
+    sweeps: dict[str, Sweep] = {}  # expanded into workloads and experiments (expand_sweeps)
     share_search_servers: bool = _d("share_search_servers")
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
     sections: dict[str, Section] | str = {}
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:
-        """A config dict the schema has validated (defaults filled in or not)."""
-        return msgspec.convert(cfg, cls)
+        """A config dict the schema has validated (defaults filled in or not), its sweeps
+        expanded."""
+        return msgspec.convert(expand_sweeps(cfg), cls)
 
     def loadgen_for(self, experiment: str) -> Loadgen:
         """The study's loadgen with the experiment's overrides on top."""
