@@ -88,7 +88,7 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
                 kind = branch["properties"]["kind"]["const"]
                 _section(f"{title} (kind: {kind})", branch, schema, out, _TYPE_DEFAULTS()[kind])
             return
-        # a value or a map of objects (`parts`: a file name or the parts inline): the objects
+        # a value or a map of objects (`sections`: a file name or the sections inline): the objects
         objects = [b for b in branches if b.get("type") == "object"]
         if objects:
             _section(title, objects[0], schema, out)
@@ -133,6 +133,20 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
 _TYPE_DEFAULTS = functools.lru_cache(maxsize=1)(_type_defaults)
 
 
+def _diagnosis_rules(node: dict, out: list[str]) -> None:
+    """The `diagnosis` section: every threshold with its default and meaning, from
+    filledfirst.study.DiagnosisRules (the schema takes any of them by name)."""
+    import dataclasses
+
+    from filledfirst.study import DiagnosisRules
+
+    out.append("\n### diagnosis\n")
+    out.append(_text(node.get("description")) + " " + _text(DiagnosisRules.__doc__.split("\n\n")[-1]) + "\n")
+    out.append("| key | default | meaning |\n|---|---|---|")
+    for field in dataclasses.fields(DiagnosisRules):
+        out.append(f"| `{field.name}` | `{json.dumps(field.default)}` | {_text(field.metadata['meaning'])} |")
+
+
 def render(schema: dict | None = None) -> str:
     schema = schema if schema is not None else config_schema()
     out = [HEADER, "## Sections\n", "| section | required | meaning |\n|---|---|---|"]
@@ -142,7 +156,10 @@ def render(schema: dict | None = None) -> str:
                    f"{_text(_resolve(node, schema).get('description'))} |")
     for key, node in schema["properties"].items():
         out.append(f"\n## {key}")
-        _section(key, node, schema, out)
+        if key == "diagnosis":
+            _diagnosis_rules(node, out)
+        else:
+            _section(key, node, schema, out)
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -19,7 +19,7 @@ validates and converts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Literal, Mapping, NamedTuple
+from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple
 
 import msgspec
 
@@ -356,47 +356,95 @@ class Cluster(_Struct):
     drain_allowance_s: float | None = None  # None: the experiment's loadgen.drain_timeout_s
 
 
+# The thresholds' bounds, checked when a config overrides one.
+_Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+_PositiveShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
+_Positive = Annotated[float, msgspec.Meta(gt=0)]
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+_NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+_Count = Annotated[int, msgspec.Meta(ge=1)]
+_Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+_BelowOne = Annotated[float, msgspec.Meta(ge=0, lt=1)]
+_AboveOne = Annotated[float, msgspec.Meta(gt=1)]
+
+
+def _rule(default: Any, meaning: str) -> Any:
+    return dataclasses.field(default=default, metadata={"meaning": meaning})
+
+
 @dataclasses.dataclass(frozen=True)
 class DiagnosisRules:
-    """Every threshold of the labels and warnings; the config's `diagnosis` section (the
-    meaning of each is its schema description)."""
+    """Every threshold of the labels and warnings of `filledfirst diagnose`: its default and
+    its meaning, defined here once (a config's `diagnosis` overrides some by name;
+    config/README.md lists them, rendered from here).
 
-    warmup_frac: float = _d("diagnosis", "warmup_frac")
-    cap_frac: float = _d("diagnosis", "cap_frac")
-    default_cap: int | None = _d("diagnosis", "default_cap")
-    kv_full_pct: float = _d("diagnosis", "kv_full_pct")
-    kv_peak_pct: float = _d("diagnosis", "kv_peak_pct")
-    long_prompt_factor: float = _d("diagnosis", "long_prompt_factor")
-    interference_min_ratio: float = _d("diagnosis", "interference_min_ratio")
-    interference_min_requests: int = _d("diagnosis", "interference_min_requests")
-    interference_min_share: float = _d("diagnosis", "interference_min_share")
-    interference_min_prefill_ratio: float = _d("diagnosis", "interference_min_prefill_ratio")
-    kv_full_min_share: float = _d("diagnosis", "kv_full_min_share")
-    waiting_min_share: float = _d("diagnosis", "waiting_min_share")
-    eviction_min_ideal_share: float = _d("diagnosis", "eviction_min_ideal_share")
-    eviction_max_efficiency: float = _d("diagnosis", "eviction_max_efficiency")
-    kv_pressure_max_cap_share: float = _d("diagnosis", "kv_pressure_max_cap_share")
-    seq_limit_min_cap_share: float = _d("diagnosis", "seq_limit_min_cap_share")
-    seq_limit_max_kv_full_share: float = _d("diagnosis", "seq_limit_max_kv_full_share")
-    seq_limit_max_preemptions: int = _d("diagnosis", "seq_limit_max_preemptions")
-    queue_min_ttft_share: float = _d("diagnosis", "queue_min_ttft_share")
-    budget_min_fill: float = _d("diagnosis", "budget_min_fill")
-    reference_max_waiting_share: float = _d("diagnosis", "reference_max_waiting_share")
-    reference_max_cap_share: float = _d("diagnosis", "reference_max_cap_share")
-    reference_max_kv_full_share: float = _d("diagnosis", "reference_max_kv_full_share")
-    reference_max_queue_share: float = _d("diagnosis", "reference_max_queue_share")
-    max_lag_ms: float = _d("diagnosis", "max_lag_ms")
-    max_client_cpu_share: float = _d("diagnosis", "max_client_cpu_share")
-    min_arrival_ratio: float = _d("diagnosis", "min_arrival_ratio")
-    max_failed_share: float = _d("diagnosis", "max_failed_share")
-    littles_min_ratio: float = _d("diagnosis", "littles_min_ratio")
-    littles_max_ratio: float = _d("diagnosis", "littles_max_ratio")
-    littles_min_arrivals: int = _d("diagnosis", "littles_min_arrivals")
-    scrape_hold_factor: float = _d("diagnosis", "scrape_hold_factor")
-    min_scrape_coverage: float = _d("diagnosis", "min_scrape_coverage")
-    min_window_scrapes: int = _d("diagnosis", "min_window_scrapes")
-    slo_ttft_ms: float = _d("diagnosis", "slo_ttft_ms")
-    slo_itl_ms: float = _d("diagnosis", "slo_itl_ms")
+    Shares are of the loaded window's time: first arrival + warmup_frac of the arrival
+    span, to the last arrival."""
+
+    warmup_frac: _BelowOne = _rule(0.1, "of the arrival span, cut from the window's start")
+    cap_frac: _PositiveShare = _rule(0.9, "running >= this x max_num_seqs counts as at the cap")
+    default_cap: _Count | None = _rule(None, "max_num_seqs for runs that record none (external replays)")
+    kv_full_pct: _Percent = _rule(90, "KV usage (%) that counts as full")
+    kv_peak_pct: _Percent = _rule(95, "a KV peak this high with preemptions also counts as full")
+    long_prompt_factor: _AboveOne = _rule(10, "a long prompt: this many times the run's median prompt")
+    interference_min_ratio: _Positive = _rule(3, "TTFT p90 during long prefills / otherwise")
+    interference_min_requests: _Count = _rule(5, (
+        "short requests arriving during long prefills (outside a queue of the cap or full KV) needed for the "
+        "interference label"))
+    interference_min_share: _Share = _rule(0.05, "and their share of the sent short requests")
+    interference_min_prefill_ratio: _Positive = _rule(2, (
+        "where the server reports per-request timings: also the p90 of their TTFT outside vLLM's queue (from send: "
+        "its prefill and the front end, where the wait for the engine step under way shows) / otherwise; long "
+        "prefills then run from vLLM's scheduling of the long prompt"))
+    kv_full_min_share: _Share = _rule(0.2, "KV full at least this share of the window for KV-capacity pressure")
+    waiting_min_share: _Share = _rule(0.2, "a waiting queue at least this share of the window for either limit")
+    eviction_min_ideal_share: _Share = _rule(0.2, (
+        "for prefix-cache eviction, an unbounded cache would have served at least this share of the prompt tokens "
+        "(the trace offered reuse)"))
+    eviction_max_efficiency: _Share = _rule(0.5, (
+        "for prefix-cache eviction, the cache served less than this share of what an unbounded cache would have"))
+    kv_pressure_max_cap_share: _Share = _rule(0.2, (
+        "running at the cap less than this share of the window for KV-capacity pressure"))
+    seq_limit_min_cap_share: _Share = _rule(0.5, (
+        "running at the cap at least this share of the window for the active-sequence limit"))
+    seq_limit_max_kv_full_share: _Share = _rule(0.05, (
+        "KV full at most this share of the window for the active-sequence limit (vLLM preempts only when KV runs out)"))
+    seq_limit_max_preemptions: _NonNegativeInt = _rule(0, (
+        "preemptions in the window allowed for the active-sequence limit"))
+    queue_min_ttft_share: _Share = _rule(0.5, (
+        "where the server reports per-request timings: vLLM's queue at least this share of the TTFT of the requests "
+        "arriving in the window, for either limit"))
+    budget_min_fill: _Share = _rule(0.8, (
+        "the engine steps taken while requests waited (from a scrape that saw a queue to the next) used on average at "
+        "least this share of the per-step token budget (max_num_batched_tokens), with neither limit full, for the "
+        "prefill token budget"))
+    reference_max_waiting_share: _Share = _rule(0.1, (
+        "a waiting queue less than this share of the window for the reference label"))
+    reference_max_cap_share: _Share = _rule(0.2, (
+        "running at the cap less than this share of the window for the reference label"))
+    reference_max_kv_full_share: _Share = _rule(0.05, (
+        "KV full less than this share of the window for the reference label"))
+    reference_max_queue_share: _Share = _rule(0.25, (
+        "where the server reports per-request timings: vLLM's queue less than this share of the TTFT of the requests "
+        "arriving in the window, for the reference label (a bursty run queues in short bursts: little of the time, "
+        "much of its requests' wait)"))
+    max_lag_ms: _NonNegative = _rule(50, "dispatch lag p99 above this: client-limited")
+    max_client_cpu_share: _PositiveShare = _rule(0.9, (
+        "the client's CPU time over the replay's wall time (one event loop: one core) at or above this: "
+        "client-limited"))
+    min_arrival_ratio: _PositiveShare = _rule(0.95, (
+        "open loop: requests sent per second over those scheduled per second below this: client-limited"))
+    max_failed_share: _Share = _rule(0.01, "failed requests above this share: a warning")
+    littles_min_ratio: _Positive = _rule(0.8, (
+        "server in-flight over client in-flight (Little's law) below this: a warning"))
+    littles_max_ratio: _Positive = _rule(1.25, "and above this: a warning")
+    littles_min_arrivals: _Count = _rule(20, "arrivals in the window needed to check Little's law")
+    scrape_hold_factor: _Positive = _rule(2.0, (
+        "a scraped value stands for at most this x the scrape interval (or until the next scrape, good or failed)"))
+    min_scrape_coverage: _Share = _rule(0.8, "share of the loaded window the scrapes must cover for any label")
+    min_window_scrapes: _Count = _rule(4, "scrapes inside the loaded window needed for any label")
+    slo_ttft_ms: _Positive = _rule(1000, "TTFT objective of the goodput")
+    slo_itl_ms: _Positive = _rule(200, "against each request's longest gap between tokens (a stall)")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> DiagnosisRules:
@@ -404,8 +452,11 @@ class DiagnosisRules:
         section = dict(section or {})
         unknown = sorted(set(section) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise UserError(f"diagnosis: unknown setting(s) {unknown}")
-        return cls(**section)
+            raise UserError(f"diagnosis: unknown setting(s) {unknown} (known: config/README.md, diagnosis)")
+        try:
+            return msgspec.convert(section, cls)
+        except msgspec.ValidationError as exc:
+            raise UserError(f"diagnosis: {exc}") from None
 
 
 class Interventions(_Struct):
@@ -486,7 +537,9 @@ class Study(_Struct):
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:
         """A config dict the schema has validated (defaults filled in or not), its sweeps
         expanded."""
-        return msgspec.convert(expand_sweeps(cfg), cls)
+        cfg = expand_sweeps(cfg)
+        DiagnosisRules.from_config(cfg.get("diagnosis"))  # names the schema does not list are errors
+        return msgspec.convert(cfg, cls)
 
     def loadgen_for(self, experiment: str) -> Loadgen:
         """The study's loadgen with the experiment's overrides on top."""
