@@ -162,7 +162,7 @@ def without_searches(tmp_path: Path) -> Path:
     interference probes every 50 ms): its first jobs are the experiment groups."""
     import yaml
 
-    cfg = load_config([REPO / "config" / "config.yaml", REPO / "config" / "seed-rates.yaml"])
+    cfg = load_config([REPO / "config" / "config.yaml", REPO / "config" / "original-rates.yaml"])
     cfg.pop("frontiers")
     for phase in cfg["workloads"]["interference"]["phases"] + cfg["workloads"]["interference_control"]["phases"]:
         if isinstance(phase.get("interval_s"), dict):

@@ -155,3 +155,18 @@ def test_the_diagnosis_section_only_overrides_the_packages_thresholds(tmp_path):
             loaded(bad)
     with pytest.raises(UserError, match="unknown setting"):  # Snakemake's path: the config as written
         study.Study.from_dict({**load_config([REPO / "tests/configs/e2e.yaml"]), "diagnosis": {"nope": 1}})
+
+
+def test_config_readme_has_no_empty_section():
+    from filledfirst.configdoc import render
+
+    lines = render().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("#")]
+    empty = [lines[a] for a, b in zip(heads, heads[1:] + [len(lines)]) if not any(x.strip() for x in lines[a + 1:b])]
+    assert not empty
+
+
+@pytest.mark.parametrize("configfile, lines", [("config/cpu.yaml", 309), ("config/config.yaml", 291)])
+def test_the_shipped_studies_stay_short(configfile, lines):
+    """Each shipped study reads in one sitting: a sweep is one entry, comments say what a key does."""
+    assert len((REPO / configfile).read_text().splitlines()) <= lines
