@@ -83,6 +83,7 @@ def validate_config(cfg: dict) -> None:
         validate(cfg, str(SCHEMA_PATH), set_default=True)
     except WorkflowError as exc:
         raise UserError(f"invalid config: {schema_problem(cfg) or exc}") from None
+    written = cfg["experiments"]
     cfg = expand_sweeps(cfg)  # a copy: the sweeps' runs are checked as written ones
     problems = []
     for name, wl in cfg["workloads"].items():
@@ -95,10 +96,11 @@ def validate_config(cfg: dict) -> None:
         problems += [f"{where}: rate and {absolute} both set its rate: keep one"
                      for where, p in places if "rate" in p and absolute in p]
     sections = cfg.get("sections")
-    for name, exp in cfg["experiments"].items():
-        if exp.get("section") is not None and not (isinstance(sections, dict) and exp["section"] in sections):
-            known = sorted(sections) if isinstance(sections, dict) else "none: add `sections:`"
-            problems.append(f"experiments.{name}.section: {exp['section']!r} is not in sections ({known})")
+    known = sorted(sections) if isinstance(sections, dict) else "none: add `sections:`"
+    for where, section in [*((f"experiments.{n}", e.get("section")) for n, e in written.items()),
+                           *((f"sweeps.{n}", s.get("section")) for n, s in (cfg.get("sweeps") or {}).items())]:
+        if section is not None and not (isinstance(sections, dict) and section in sections):
+            problems.append(f"{where}.section: {section!r} is not in sections ({known})")
     for name, exp in cfg["experiments"].items():
         if exp["workload"] not in cfg["workloads"]:
             known = sorted(cfg["workloads"])

@@ -63,5 +63,5 @@ def test_a_sweep_may_not_take_a_written_runs_name(tmp_path):
 def test_a_sweeps_section_must_exist(tmp_path):
     cfg = yaml.safe_load(E2E.read_text())
     cfg["sweeps"] = {"sweep": {**SWEEP, "section": "nope"}}
-    with pytest.raises(UserError, match=r"experiments.sweep_c1.section: 'nope' is not in sections"):
+    with pytest.raises(UserError, match=r"sweeps.sweep.section: 'nope' is not in sections"):
         load(tmp_path, cfg, "nosection")
