@@ -69,14 +69,14 @@ def part_paths(study: Study, part: str) -> tuple[set[str], set[str]]:
     """The part's run folders (its experiments', its frontier's searches') and the
     schedules and traces only the part uses (a path starting with one is the part's: a
     schedule's stats beside it)."""
-    if part not in study.parts:
-        raise SystemExit(f"the study has no part {part!r}: {', '.join(study.parts)}")
-    frontier = study.parts[part].knees
-    runs = {f"results/runs/{name}" for name, e in study.experiments.items() if e.part == part}
+    if part not in study.sections:
+        raise SystemExit(f"the study has no section {part!r}: {', '.join(study.sections)}")
+    frontier = study.sections[part].knees
+    runs = {f"results/runs/{name}" for name, e in study.experiments.items() if e.section == part}
     if frontier is not None:
         runs.add(f"results/frontiers/{frontier}/")
-    mine = {e.workload for e in study.experiments.values() if e.part == part}
-    others = {e.workload for e in study.experiments.values() if e.part != part}
+    mine = {e.workload for e in study.experiments.values() if e.section == part}
+    others = {e.workload for e in study.experiments.values() if e.section != part}
     others |= {f.workload for name, f in study.frontiers.items() if name != frontier}
     if frontier is not None:
         mine.add(study.frontiers[frontier].workload)

@@ -449,7 +449,7 @@ def _cmd_diagnose(args) -> int:
         study = load_study(args.configs)
         rules = study.diagnosis
         expect = {name: e.expect for name, e in study.experiments.items() if e.expect}
-        parts = study.parts if isinstance(study.parts, dict) else None  # load_study reads a parts file
+        parts = study.sections if isinstance(study.sections, dict) else None  # load_study reads a sections file
     else:
         rules, expect, parts = DiagnosisRules(), {}, None
     if args.source is not None:

@@ -125,22 +125,20 @@ def hosted_seconds(study: Study, experiment: str, trace_csv: str | Path | None =
     import tempfile
 
     from filledfirst.frontier.plan import frontier_plan
-    from filledfirst.frontier.relative import is_relative, split_of
+    from filledfirst.frontier.relative import split_of
     from filledfirst.study import SyntheticWorkload
     from filledfirst.trace.subsample import subsample_to_parquet
 
 
-    def lowest(rate) -> float:  # requests/s at the lowest knee, or as written
-        if not is_relative(rate):
-            return float(rate)
+    def lowest(rate) -> float:  # requests/s at the lowest knee
         return float(rate.times) * frontier_plan(study, split_of(rate.of)[0]).bounds.start
 
     name = study.experiments[experiment].workload
     wl = study.workloads[name]
     if isinstance(wl, SyntheticWorkload):
         requests = sum(p.count for p in wl.phases)
-        last = max(p.start_s + p.count * (1.0 / lowest(p.interval_s) if is_relative(p.interval_s)
-                                          else float(p.interval_s)) for p in wl.phases)
+        last = max(p.start_s + p.count * (1.0 / lowest(p.rate) if p.rate is not None else float(p.interval_s))
+                   for p in wl.phases)
     else:
         from filledfirst.run.schedules import trace_window
 
@@ -152,7 +150,7 @@ def hosted_seconds(study: Study, experiment: str, trace_csv: str | Path | None =
         with tempfile.TemporaryDirectory() as tmp:
             requests = subsample_to_parquet(Path(trace_csv), Path(tmp) / "window.parquet", role="trace",
                                             **window).requests or 0
-        last = requests / lowest(wl.time_scale) if is_relative(wl.time_scale) else (
+        last = requests / lowest(wl.rate) if wl.rate is not None else (
             wl.minutes * 60.0 * float(wl.time_scale))
     loadgen = study.loadgen_for(experiment)
     allowance = study.cluster.drain_allowance_s

@@ -12,9 +12,9 @@ import msgspec
 import yaml
 
 from filledfirst.errors import UserError
-from filledfirst.paths import PARTS_DIR, SCHEMA_PATH
+from filledfirst.paths import SCHEMA_PATH, SECTIONS_DIR
 from filledfirst.schema import config_schema
-from filledfirst.study import ExperimentSpec, ServerSpec, Study
+from filledfirst.study import ExperimentSpec, ServerSpec, Study, expand_sweeps, renamed_keys
 
 __all__ = ["SCHEMA_PATH", "Study", "load_config", "load_study", "validate_config"]
 
@@ -39,28 +39,35 @@ def load_config(paths: list[Path]) -> dict:
             raise UserError(f"config file {path} does not exist") from None
         except yaml.YAMLError as exc:
             raise UserError(f"config file {path} is not valid YAML: {exc}") from None
-        if isinstance(loaded, dict) and isinstance(loaded.get("parts"), str):
-            loaded = {**loaded, "parts": _parts_file(loaded["parts"], Path(path))}
+        if isinstance(loaded, dict) and isinstance(loaded.get("sections"), str):
+            loaded = {**loaded, "sections": _sections_file(loaded["sections"], Path(path))}
         cfg = deep_merge(cfg, loaded)
+    refuse_renamed(cfg)
     validate_config(cfg)
-    return cfg
+    return expand_sweeps(cfg)
 
 
-def _parts_file(name: str, named_in: Path) -> dict:
-    """The `parts:` of the file a config's `parts` names: relative to that config, else
-    one the package ships by that name (the seed study's: a copy of a shipped config
-    anywhere still finds them)."""
-    candidates = [named_in.parent / name, PARTS_DIR / name]
+def _sections_file(name: str, named_in: Path) -> dict:
+    """The `sections:` of the file a config's `sections` names: relative to that config,
+    else one the package ships by that name (the original study's: a copy of a shipped
+    config anywhere still finds them)."""
+    candidates = [named_in.parent / name, SECTIONS_DIR / name]
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
-        raise UserError(f"{named_in}: parts: {name} is in none of {', '.join(str(p.parent) for p in candidates)}")
+        raise UserError(f"{named_in}: sections: {name} is in none of {', '.join(str(p.parent) for p in candidates)}")
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{named_in}: parts: {path} is not valid YAML: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("parts"), dict):
-        raise UserError(f"{named_in}: parts: {path} has no `parts:` mapping")
-    return doc["parts"]
+        raise UserError(f"{named_in}: sections: {path} is not valid YAML: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("sections"), dict):
+        raise UserError(f"{named_in}: sections: {path} has no `sections:` mapping")
+    return doc["sections"]
+
+
+def refuse_renamed(cfg: dict) -> None:
+    """An error naming every old key the config uses and what replaces it."""
+    if renamed := renamed_keys(cfg):
+        raise UserError("invalid config:\n  " + "\n  ".join(renamed))
 
 
 def load_study(paths: list[Path]) -> Study:
@@ -77,16 +84,24 @@ def validate_config(cfg: dict[str, Any]) -> None:
         validate(cfg, str(SCHEMA_PATH), set_default=True)
     except WorkflowError as exc:
         raise UserError(f"invalid config: {schema_problem(cfg) or exc}") from None
+    written = cfg["experiments"]
+    cfg = expand_sweeps(cfg)  # a copy: the sweeps' runs are checked as written ones
     problems = []
     for name, wl in cfg["workloads"].items():
         if wl["kind"] == "trace" and wl["trace"] not in cfg.get("traces", {}):
             known = sorted(cfg.get("traces", {}))
             problems.append(f"workloads.{name}.trace: {wl['trace']!r} is not in traces ({known})")
-    parts = cfg.get("parts")
-    for name, exp in cfg["experiments"].items():
-        if exp.get("part") is not None and not (isinstance(parts, dict) and exp["part"] in parts):
-            known = sorted(parts) if isinstance(parts, dict) else "none: add a parts section"
-            problems.append(f"experiments.{name}.part: {exp['part']!r} is not in parts ({known})")
+        absolute = "time_scale" if wl["kind"] == "trace" else "interval_s"
+        places = ([(f"workloads.{name}", wl)] if wl["kind"] == "trace"
+                  else [(f"workloads.{name}.phases[{i}]", p) for i, p in enumerate(wl["phases"])])
+        problems += [f"{where}: rate and {absolute} both set its rate: keep one"
+                     for where, p in places if "rate" in p and absolute in p]
+    sections = cfg.get("sections")
+    known = sorted(sections) if isinstance(sections, dict) else "none: add `sections:`"
+    for where, section in [*((f"experiments.{n}", e.get("section")) for n, e in written.items()),
+                           *((f"sweeps.{n}", s.get("section")) for n, s in (cfg.get("sweeps") or {}).items())]:
+        if section is not None and not (isinstance(sections, dict) and section in sections):
+            problems.append(f"{where}.section: {section!r} is not in sections ({known})")
     for name, exp in cfg["experiments"].items():
         if exp["workload"] not in cfg["workloads"]:
             known = sorted(cfg["workloads"])
@@ -119,8 +134,12 @@ def external_server(study: Study, experiment: str) -> dict | None:
 
 def schema_problem(cfg: dict[str, Any]) -> str | None:
     """The schema's most relevant complaint in one line, with the key path as the config
-    spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing."""
+    spells it (`experiments.seq_limit.server.max_num_seqs`), not Python's indexing; an old
+    key's new name first (filledfirst.study.RENAMED)."""
     import jsonschema
+
+    if renamed := renamed_keys(cfg):
+        return renamed[0]
 
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(config_schema()).iter_errors(cfg))
     if error is None:

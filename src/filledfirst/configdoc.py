@@ -88,7 +88,7 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
                 kind = branch["properties"]["kind"]["const"]
                 _section(f"{title} (kind: {kind})", branch, schema, out, _TYPE_DEFAULTS()[kind])
             return
-        # a value or a map of objects (`parts`: a file name or the parts inline): the objects
+        # a value or a map of objects (`sections`: a file name or the sections inline): the objects
         objects = [b for b in branches if b.get("type") == "object"]
         if objects:
             _section(title, objects[0], schema, out)
@@ -101,7 +101,10 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
             _section(title + "[]", node["items"], schema, out, _TYPE_DEFAULTS()["phase"])
         return
     required = set(node.get("required", []))
-    out.append(f"\n### {title.replace('.NAME', '.<name>')}\n")
+    if "." in title or " (" in title:  # a top-level section's heading is its `##` one
+        out.append(f"\n### {title.replace('.NAME', '.<name>')}\n")
+    else:
+        out.append("")
     if node.get("description"):
         out.append(_text(node["description"]) + "\n")
     out.append("| key | type | required | default | meaning |\n|---|---|---|---|---|")
@@ -133,6 +136,20 @@ def _section(title: str, node: dict, schema: dict, out: list[str], type_defaults
 _TYPE_DEFAULTS = functools.lru_cache(maxsize=1)(_type_defaults)
 
 
+def _diagnosis_rules(node: dict, out: list[str]) -> None:
+    """The `diagnosis` section: every threshold with its default and meaning, from
+    filledfirst.study.DiagnosisRules (the schema takes any of them by name)."""
+    import dataclasses
+
+    from filledfirst.study import DiagnosisRules
+
+    out.append("")
+    out.append(_text(node.get("description")) + " " + _text(DiagnosisRules.__doc__.split("\n\n")[-1]) + "\n")
+    out.append("| key | default | meaning |\n|---|---|---|")
+    for field in dataclasses.fields(DiagnosisRules):
+        out.append(f"| `{field.name}` | `{json.dumps(field.default)}` | {_text(field.metadata['meaning'])} |")
+
+
 def render(schema: dict | None = None) -> str:
     schema = schema if schema is not None else config_schema()
     out = [HEADER, "## Sections\n", "| section | required | meaning |\n|---|---|---|"]
@@ -142,7 +159,17 @@ def render(schema: dict | None = None) -> str:
                    f"{_text(_resolve(node, schema).get('description'))} |")
     for key, node in schema["properties"].items():
         out.append(f"\n## {key}")
-        _section(key, node, schema, out)
+        node_r = _resolve(node, schema)
+        if key == "diagnosis":
+            _diagnosis_rules(node, out)
+        elif node_r.get("type") in ("boolean", "number", "integer", "string"):  # a key of its own
+            default = f"`{json.dumps(node_r['default'])}`" if "default" in node_r else ""
+            out.append(f"\n{_text(node_r.get('description'))}\n\n| key | type | default |\n|---|---|---|\n"
+                       f"| `{key}` | {_type(node, schema)} | {default} |")
+        else:
+            if "properties" not in node_r and node_r.get("description"):  # a map: its meaning, then its entries'
+                out.append(f"\n{_text(node_r['description'])}")
+            _section(key, node, schema, out)
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 SCHEMA_PATH = _HERE / "schemas" / "config.schema.yaml"
-PARTS_DIR = _HERE / "parts"  # the shipped studies' parts files (`parts: seed-study.yaml`)
+SECTIONS_DIR = _HERE / "sections"  # the shipped sections files (`sections: original-study.yaml`)
 # The results database's name in a results folder (the workflow's results/filledfirst.duckdb).
 RESULTS_DB = "filledfirst.duckdb"
 

@@ -19,7 +19,7 @@ validates and converts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple
 
 import msgspec
 
@@ -27,6 +27,54 @@ from filledfirst.contracts.runmeta import Scrape
 from filledfirst.contracts.search import Slo
 from filledfirst.errors import UserError
 from filledfirst.schema import schema_default
+
+
+# Keys a config may no longer use, each with what replaces it: refused, never read as the
+# new one (filledfirst.config checks them before the schema does). A path's "*" is any name,
+# "[]" any item of a list; `when` narrows it to values of one form (a relative rate).
+class Renamed(NamedTuple):
+    path: tuple[str, ...]
+    new: str
+    when: Callable[[Any], bool] = lambda value: True
+
+
+RENAMED: tuple[Renamed, ...] = (
+    Renamed(("frontiers", "*", "verify"), "interventions: {settings: [...], factor: N}"),
+    Renamed(("frontiers", "*", "verify_factor"), "interventions: {settings: [...], factor: N}"),
+    Renamed(("frontiers", "*", "verify_min_shift"), "interventions: {settings: [...], min_shift: X}"),
+    Renamed(("workloads", "*", "phases", "[]", "interval_s"), "rate: {of: <frontier>/<setting>, times: X}",
+            lambda value: isinstance(value, Mapping)),
+    Renamed(("workloads", "*", "time_scale"), "rate: {of: <frontier>/<setting>, times: X}",
+            lambda value: isinstance(value, Mapping)),
+    Renamed(("parts",), "sections: (the report's sections)"),
+    Renamed(("experiments", "*", "part"), "section: <a name in sections>"),
+)
+
+
+def renamed_keys(cfg: Mapping[str, Any]) -> list[str]:
+    """Each old key the config uses, as `<key path>: renamed; write <the new one>`."""
+    out = []
+    for rule in RENAMED:
+        for where, value in _at(cfg, rule.path, ()):
+            if rule.when(value):
+                out.append(f"{'.'.join(where)}: renamed; write {rule.new}")
+    return out
+
+
+def _at(node: Any, path: tuple[str, ...], where: tuple[str, ...]):
+    """(key path, value) of every place `path` matches under `node`."""
+    if not path:
+        yield where, node
+        return
+    head, rest = path[0], path[1:]
+    if head == "[]":
+        items = enumerate(node) if isinstance(node, list) else ()
+        for i, item in items:
+            yield from _at(item, rest, (*where[:-1], f"{where[-1]}[{i}]") if where else (f"[{i}]",))
+    elif isinstance(node, Mapping):
+        keys = list(node) if head == "*" else [head] if head in node else []
+        for key in keys:
+            yield from _at(node[key], rest, (*where, str(key)))
 
 
 def _d(*path: str) -> Any:
@@ -151,8 +199,9 @@ class Trace(_Struct):
 
 
 class RelativeRate(_Struct):
-    """A rate placed relative to a measured knee: `times` x the `lo` of the capacity
-    search `of` (`<frontier>/<setting>`); resolved by filledfirst.frontier.relative."""
+    """A relative rate (a phase's or a trace window's `rate`): `times` x the knee (the
+    result's `lo`) of the search `of` (`<frontier>/<setting>`); resolved by
+    filledfirst.frontier.relative into an interval_s or a time_scale."""
 
     of: str
     times: float
@@ -176,7 +225,8 @@ class TraceWorkload(_Struct, tag_field="kind", tag="trace"):
     skip_bad: bool = False
     keep_every: int = 1
     phase: int = 0
-    time_scale: float | RelativeRate = 1.0  # relative: resolved before the schedule is made
+    time_scale: float = 1.0
+    rate: RelativeRate | None = None  # instead of time_scale; resolved before the schedule is made
     length_scale: float = 1.0  # prompt, output and prefix block sizes x this (filledfirst.trace.prefix)
 
 
@@ -194,7 +244,8 @@ class SyntheticPhase(_Struct):
     prompt_tokens: int
     output_tokens: int
     start_s: float = 0.0
-    interval_s: float | RelativeRate = 0.0  # relative: resolved before the schedule is made
+    interval_s: float = 0.0
+    rate: RelativeRate | None = None  # instead of interval_s; resolved before the schedule is made
     arrival: Literal["constant", "poisson", "gamma"] = "constant"
     cv: float = 1.0
     shared_prefix: SharedPrefix | None = None
@@ -216,7 +267,7 @@ class Experiment(_Struct):
     # `external` and `settings`.
     server: dict[str, Any] = {}
     loadgen: LoadMode = LoadMode()
-    part: str | None = None
+    section: str | None = None
     expect: str | None = None
     isolate: bool = _d("experiments", "*", "isolate")
 
@@ -229,6 +280,50 @@ class Experiment(_Struct):
         """The experiment's own overrides (not merged with engine.server); empty for an
         external endpoint."""
         return ServerSettings() if "url" in self.server else msgspec.convert(self.server, ServerSettings)
+
+
+class Sweep(_Struct):
+    """A closed-loop concurrency sweep (the config's `sweeps`): one experiment per
+    concurrency N, `<sweep>_c<N>`, with its workload of the same name."""
+
+    concurrency: list[int]
+    prompt_tokens: int
+    output_tokens: int
+    requests_per_worker: int = _d("sweeps", "*", "requests_per_worker")
+    section: str | None = None
+
+    def expanded(self, name: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """`<name>_c<N>` -> (its workload, its experiment), as a config would write them."""
+        out = {}
+        for n in self.concurrency:
+            phase = {"role": name, "count": self.requests_per_worker * n,
+                     "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens}
+            experiment = {"description": f"closed loop, {n} worker{'s' if n != 1 else ''}",
+                          "workload": f"{name}_c{n}", "loadgen": {"mode": "closed", "concurrency": n},
+                          **({"section": self.section} if self.section is not None else {})}
+            out[f"{name}_c{n}"] = ({"kind": "synthetic", "phases": [phase]}, experiment)
+        return out
+
+
+def expand_sweeps(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with each sweep's workloads and experiments after the written ones (in
+    the order of its concurrency list), so that everything reading `experiments` (server
+    groups, fingerprints, the report) sees a sweep's runs as if they had been written out;
+    `sweeps` stays. Expanding an expanded config changes nothing; a written workload or
+    experiment of another content under a sweep's name is an error."""
+    out = dict(cfg)
+    if not cfg.get("sweeps"):
+        return out
+    workloads, experiments = dict(cfg.get("workloads") or {}), dict(cfg.get("experiments") or {})
+    for name, written in cfg["sweeps"].items():
+        for run, (workload, experiment) in msgspec.convert(written, Sweep).expanded(name).items():
+            have_wl, have_exp = workloads.get(run), experiments.get(run)
+            if have_wl is None and have_exp is None:
+                workloads[run], experiments[run] = workload, experiment
+            elif have_wl != workload or not isinstance(have_exp, Mapping) or any(
+                    have_exp.get(k) != v for k, v in experiment.items()):
+                raise UserError(f"sweeps.{name}: {run!r} is already a workload or an experiment: rename one")
+    return {**out, "workloads": workloads, "experiments": experiments}
 
 
 class Report(_Struct):
@@ -261,47 +356,95 @@ class Cluster(_Struct):
     drain_allowance_s: float | None = None  # None: the experiment's loadgen.drain_timeout_s
 
 
+# The thresholds' bounds, checked when a config overrides one.
+_Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+_PositiveShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
+_Positive = Annotated[float, msgspec.Meta(gt=0)]
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+_NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+_Count = Annotated[int, msgspec.Meta(ge=1)]
+_Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+_BelowOne = Annotated[float, msgspec.Meta(ge=0, lt=1)]
+_AboveOne = Annotated[float, msgspec.Meta(gt=1)]
+
+
+def _rule(default: Any, meaning: str) -> Any:
+    return dataclasses.field(default=default, metadata={"meaning": meaning})
+
+
 @dataclasses.dataclass(frozen=True)
 class DiagnosisRules:
-    """Every threshold of the labels and warnings; the config's `diagnosis` section (the
-    meaning of each is its schema description)."""
+    """Every threshold of the labels and warnings of `filledfirst diagnose`: its default and
+    its meaning, defined here once (a config's `diagnosis` overrides some by name;
+    config/README.md lists them, rendered from here).
 
-    warmup_frac: float = _d("diagnosis", "warmup_frac")
-    cap_frac: float = _d("diagnosis", "cap_frac")
-    default_cap: int | None = _d("diagnosis", "default_cap")
-    kv_full_pct: float = _d("diagnosis", "kv_full_pct")
-    kv_peak_pct: float = _d("diagnosis", "kv_peak_pct")
-    long_prompt_factor: float = _d("diagnosis", "long_prompt_factor")
-    interference_min_ratio: float = _d("diagnosis", "interference_min_ratio")
-    interference_min_requests: int = _d("diagnosis", "interference_min_requests")
-    interference_min_share: float = _d("diagnosis", "interference_min_share")
-    interference_min_prefill_ratio: float = _d("diagnosis", "interference_min_prefill_ratio")
-    kv_full_min_share: float = _d("diagnosis", "kv_full_min_share")
-    waiting_min_share: float = _d("diagnosis", "waiting_min_share")
-    eviction_min_ideal_share: float = _d("diagnosis", "eviction_min_ideal_share")
-    eviction_max_efficiency: float = _d("diagnosis", "eviction_max_efficiency")
-    kv_pressure_max_cap_share: float = _d("diagnosis", "kv_pressure_max_cap_share")
-    seq_limit_min_cap_share: float = _d("diagnosis", "seq_limit_min_cap_share")
-    seq_limit_max_kv_full_share: float = _d("diagnosis", "seq_limit_max_kv_full_share")
-    seq_limit_max_preemptions: int = _d("diagnosis", "seq_limit_max_preemptions")
-    queue_min_ttft_share: float = _d("diagnosis", "queue_min_ttft_share")
-    budget_min_fill: float = _d("diagnosis", "budget_min_fill")
-    reference_max_waiting_share: float = _d("diagnosis", "reference_max_waiting_share")
-    reference_max_cap_share: float = _d("diagnosis", "reference_max_cap_share")
-    reference_max_kv_full_share: float = _d("diagnosis", "reference_max_kv_full_share")
-    reference_max_queue_share: float = _d("diagnosis", "reference_max_queue_share")
-    max_lag_ms: float = _d("diagnosis", "max_lag_ms")
-    max_client_cpu_share: float = _d("diagnosis", "max_client_cpu_share")
-    min_arrival_ratio: float = _d("diagnosis", "min_arrival_ratio")
-    max_failed_share: float = _d("diagnosis", "max_failed_share")
-    littles_min_ratio: float = _d("diagnosis", "littles_min_ratio")
-    littles_max_ratio: float = _d("diagnosis", "littles_max_ratio")
-    littles_min_arrivals: int = _d("diagnosis", "littles_min_arrivals")
-    scrape_hold_factor: float = _d("diagnosis", "scrape_hold_factor")
-    min_scrape_coverage: float = _d("diagnosis", "min_scrape_coverage")
-    min_window_scrapes: int = _d("diagnosis", "min_window_scrapes")
-    slo_ttft_ms: float = _d("diagnosis", "slo_ttft_ms")
-    slo_itl_ms: float = _d("diagnosis", "slo_itl_ms")
+    Shares are of the loaded window's time: first arrival + warmup_frac of the arrival
+    span, to the last arrival."""
+
+    warmup_frac: _BelowOne = _rule(0.1, "of the arrival span, cut from the window's start")
+    cap_frac: _PositiveShare = _rule(0.9, "running >= this x max_num_seqs counts as at the cap")
+    default_cap: _Count | None = _rule(None, "max_num_seqs for runs that record none (external replays)")
+    kv_full_pct: _Percent = _rule(90, "KV usage (%) that counts as full")
+    kv_peak_pct: _Percent = _rule(95, "a KV peak this high with preemptions also counts as full")
+    long_prompt_factor: _AboveOne = _rule(10, "a long prompt: this many times the run's median prompt")
+    interference_min_ratio: _Positive = _rule(3, "TTFT p90 during long prefills / otherwise")
+    interference_min_requests: _Count = _rule(5, (
+        "short requests arriving during long prefills (outside a queue of the cap or full KV) needed for the "
+        "interference label"))
+    interference_min_share: _Share = _rule(0.05, "and their share of the sent short requests")
+    interference_min_prefill_ratio: _Positive = _rule(2, (
+        "where the server reports per-request timings: also the p90 of their TTFT outside vLLM's queue (from send: "
+        "its prefill and the front end, where the wait for the engine step under way shows) / otherwise; long "
+        "prefills then run from vLLM's scheduling of the long prompt"))
+    kv_full_min_share: _Share = _rule(0.2, "KV full at least this share of the window for KV-capacity pressure")
+    waiting_min_share: _Share = _rule(0.2, "a waiting queue at least this share of the window for either limit")
+    eviction_min_ideal_share: _Share = _rule(0.2, (
+        "for prefix-cache eviction, an unbounded cache would have served at least this share of the prompt tokens "
+        "(the trace offered reuse)"))
+    eviction_max_efficiency: _Share = _rule(0.5, (
+        "for prefix-cache eviction, the cache served less than this share of what an unbounded cache would have"))
+    kv_pressure_max_cap_share: _Share = _rule(0.2, (
+        "running at the cap less than this share of the window for KV-capacity pressure"))
+    seq_limit_min_cap_share: _Share = _rule(0.5, (
+        "running at the cap at least this share of the window for the active-sequence limit"))
+    seq_limit_max_kv_full_share: _Share = _rule(0.05, (
+        "KV full at most this share of the window for the active-sequence limit (vLLM preempts only when KV runs out)"))
+    seq_limit_max_preemptions: _NonNegativeInt = _rule(0, (
+        "preemptions in the window allowed for the active-sequence limit"))
+    queue_min_ttft_share: _Share = _rule(0.5, (
+        "where the server reports per-request timings: vLLM's queue at least this share of the TTFT of the requests "
+        "arriving in the window, for either limit"))
+    budget_min_fill: _Share = _rule(0.8, (
+        "the engine steps taken while requests waited (from a scrape that saw a queue to the next) used on average at "
+        "least this share of the per-step token budget (max_num_batched_tokens), with neither limit full, for the "
+        "prefill token budget"))
+    reference_max_waiting_share: _Share = _rule(0.1, (
+        "a waiting queue less than this share of the window for the reference label"))
+    reference_max_cap_share: _Share = _rule(0.2, (
+        "running at the cap less than this share of the window for the reference label"))
+    reference_max_kv_full_share: _Share = _rule(0.05, (
+        "KV full less than this share of the window for the reference label"))
+    reference_max_queue_share: _Share = _rule(0.25, (
+        "where the server reports per-request timings: vLLM's queue less than this share of the TTFT of the requests "
+        "arriving in the window, for the reference label (a bursty run queues in short bursts: little of the time, "
+        "much of its requests' wait)"))
+    max_lag_ms: _NonNegative = _rule(50, "dispatch lag p99 above this: client-limited")
+    max_client_cpu_share: _PositiveShare = _rule(0.9, (
+        "the client's CPU time over the replay's wall time (one event loop: one core) at or above this: "
+        "client-limited"))
+    min_arrival_ratio: _PositiveShare = _rule(0.95, (
+        "open loop: requests sent per second over those scheduled per second below this: client-limited"))
+    max_failed_share: _Share = _rule(0.01, "failed requests above this share: a warning")
+    littles_min_ratio: _Positive = _rule(0.8, (
+        "server in-flight over client in-flight (Little's law) below this: a warning"))
+    littles_max_ratio: _Positive = _rule(1.25, "and above this: a warning")
+    littles_min_arrivals: _Count = _rule(20, "arrivals in the window needed to check Little's law")
+    scrape_hold_factor: _Positive = _rule(2.0, (
+        "a scraped value stands for at most this x the scrape interval (or until the next scrape, good or failed)"))
+    min_scrape_coverage: _Share = _rule(0.8, "share of the loaded window the scrapes must cover for any label")
+    min_window_scrapes: _Count = _rule(4, "scrapes inside the loaded window needed for any label")
+    slo_ttft_ms: _Positive = _rule(1000, "TTFT objective of the goodput")
+    slo_itl_ms: _Positive = _rule(200, "against each request's longest gap between tokens (a stall)")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> DiagnosisRules:
@@ -309,8 +452,19 @@ class DiagnosisRules:
         section = dict(section or {})
         unknown = sorted(set(section) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise UserError(f"diagnosis: unknown setting(s) {unknown}")
-        return cls(**section)
+            raise UserError(f"diagnosis: unknown setting(s) {unknown} (known: config/README.md, diagnosis)")
+        try:
+            return msgspec.convert(section, cls)
+        except msgspec.ValidationError as exc:
+            raise UserError(f"diagnosis: {exc}") from None
+
+
+class Interventions(_Struct):
+    """A frontier's `interventions` (filledfirst.frontier.interventions)."""
+
+    settings: bool | list[str]  # true: every setting
+    factor: int = _d("frontiers", "*", "interventions", "factor")
+    min_shift: float = _d("frontiers", "*", "interventions", "min_shift")
 
 
 class Frontier(_Struct):
@@ -338,10 +492,7 @@ class Frontier(_Struct):
     estimate_batches: int = _d("frontiers", "*", "estimate_batches")
     estimate_step: float = _d("frontiers", "*", "estimate_step")
     drift_max: float = _d("frontiers", "*", "drift_max")
-    # true: every setting; a list: those settings (filledfirst.frontier.interventions)
-    verify: bool | list[str] = _d("frontiers", "*", "verify")
-    verify_min_shift: float = _d("frontiers", "*", "verify_min_shift")
-    verify_factor: int = _d("frontiers", "*", "verify_factor")
+    interventions: Interventions | None = None  # None: no setting's knee is tested
 
 
 class ReferenceRole(_Struct):
@@ -352,15 +503,15 @@ class ReferenceRole(_Struct):
     itl_p50: str = ""
 
 
-class Part(_Struct):
-    """One of the study's parts: a table of the report (filledfirst.report.parts)."""
+class Section(_Struct):
+    """One of the study's sections: a table of the report (filledfirst.report.parts)."""
 
     title: str
     table: Literal["signals", "roles", "sweep"] = "signals"  # the schema names this default
     rows: list[str] = []  # empty: filledfirst.report.parts.DEFAULT_ROWS
     reference: dict[str, dict[str, str]] = {}
     reference_roles: list[ReferenceRole] = []
-    knees: str | None = None  # a frontier whose knees the part shows side by side
+    knees: str | None = None  # a frontier whose knees the section shows side by side
 
 
 class Study(_Struct):
@@ -377,18 +528,23 @@ class Study(_Struct):
     diagnosis: DiagnosisRules = DiagnosisRules()
     compare: Compare = Compare()
     frontiers: dict[str, Frontier] = {}
+    sweeps: dict[str, Sweep] = {}  # expanded into workloads and experiments (expand_sweeps)
     share_search_servers: bool = _d("share_search_servers")
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
-    parts: dict[str, Part] | str = {}
-    # The config as written (with the schema's defaults): what a fingerprint hashes, so that
-    # a key the user did not write never changes one (filledfirst.config.spec_document).
+    sections: dict[str, Section] | str = {}
+    # The config as written, sweeps expanded (with the schema's defaults): what a fingerprint
+    # hashes, so that a key the user did not write never changes one
+    # (filledfirst.config.spec_document).
     document: dict[str, Any] = {}
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Study:
-        """A config dict the schema has validated (defaults filled in or not)."""
+        """A config dict the schema has validated (defaults filled in or not), its sweeps
+        expanded."""
         if "document" in cfg:
             raise UserError("document: not a config key")
+        cfg = expand_sweeps(cfg)
+        DiagnosisRules.from_config(cfg.get("diagnosis"))  # names the schema does not list are errors
         return msgspec.structs.replace(msgspec.convert(cfg, cls), document=dict(cfg))
 
     def loadgen_for(self, experiment: str) -> Loadgen:

@@ -159,17 +159,17 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
 
 
 def without_searches(tmp_path: Path) -> Path:
-    """The GPU study at the seed's absolute rates with no capacity search at all (the
+    """The GPU study at the original study's absolute rates with no search at all (the
     interference probes every 50 ms): its first jobs are the experiment groups."""
     import yaml
 
-    cfg = load_config([REPO / "config" / "config.yaml", REPO / "config" / "seed-rates.yaml"])
+    cfg = load_config([REPO / "config" / "config.yaml", REPO / "config" / "original-rates.yaml"])
     cfg.pop("frontiers")
     for phase in cfg["workloads"]["interference"]["phases"] + cfg["workloads"]["interference_control"]["phases"]:
-        if isinstance(phase.get("interval_s"), dict):
+        if phase.pop("rate", None) is not None:
             phase["interval_s"] = 0.05
-    # The seed ran without prefix caching: its rates leave the prefix-cache part relative.
-    cfg["experiments"] = {name: e for name, e in cfg["experiments"].items() if e.get("part") != "prefix_cache"}
+    # The original study ran without prefix caching: its rates leave that section relative.
+    cfg["experiments"] = {name: e for name, e in cfg["experiments"].items() if e.get("section") != "prefix_cache"}
     used = {e["workload"] for e in cfg["experiments"].values()}
     cfg["workloads"] = {name: wl for name, wl in cfg["workloads"].items() if name in used}
     path = tmp_path / "gpu-absolute.yaml"

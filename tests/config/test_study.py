@@ -10,6 +10,7 @@ import yaml
 
 from filledfirst import study
 from filledfirst.config import SCHEMA_PATH, load_config, load_study
+from filledfirst.errors import UserError
 from filledfirst.study import as_study
 
 from conftest import REPO
@@ -36,8 +37,8 @@ SECTIONS = {
     ("properties", "experiments", "additionalProperties"): study.Experiment,
     ("properties", "report"): study.Report,
     ("properties", "cluster"): study.Cluster,
-    ("properties", "diagnosis"): study.DiagnosisRules,
     ("properties", "frontiers", "additionalProperties"): study.Frontier,
+    ("properties", "frontiers", "additionalProperties", "properties", "interventions"): study.Interventions,
     ("properties", "frontiers", "additionalProperties", "properties", "slo"): study.Slo,
 }
 # Defaults the schema cannot hold (oneOf branches must not fill defaults): the type's own.
@@ -146,3 +147,38 @@ def test_an_experiment_spec_is_typed_from_the_document_run_json_keeps():
     assert spec.workload == s.workloads[s.experiments["seq_limit"].workload]
     assert spec.server_spec == study.ServerSpec(model=spec.model, engine=spec.engine, server=spec.server)
     assert study.ExperimentSpec.from_doc(spec.to_doc()) == spec
+
+
+def test_the_diagnosis_section_only_overrides_the_packages_thresholds(tmp_path):
+    base = yaml.safe_load((REPO / "tests/configs/e2e.yaml").read_text())
+    assert "properties" not in SCHEMA["properties"]["diagnosis"]  # the defaults live in DiagnosisRules alone
+
+    def loaded(diagnosis):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({**base, "diagnosis": diagnosis}))
+        return load_study([path]).diagnosis
+
+    rules = loaded({"kv_full_pct": 80})
+    assert rules.kv_full_pct == 80 and rules.cap_frac == study.DiagnosisRules().cap_frac
+    for bad, expected in [({"kv_full_pcnt": 80}, r"unknown setting\(s\) \['kv_full_pcnt'\]"),
+                          ({"cap_frac": 1.5}, r"diagnosis: Expected `float` <= 1"),
+                          ({"min_window_scrapes": 0}, r"diagnosis: Expected `int` >= 1")]:
+        with pytest.raises(UserError, match=expected):
+            loaded(bad)
+    with pytest.raises(UserError, match="unknown setting"):  # Snakemake's path: the config as written
+        study.Study.from_dict({**load_config([REPO / "tests/configs/e2e.yaml"]), "diagnosis": {"nope": 1}})
+
+
+def test_config_readme_has_no_empty_section():
+    from filledfirst.configdoc import render
+
+    lines = render().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("#")]
+    empty = [lines[a] for a, b in zip(heads, heads[1:] + [len(lines)]) if not any(x.strip() for x in lines[a + 1:b])]
+    assert not empty
+
+
+@pytest.mark.parametrize("configfile, lines", [("config/cpu.yaml", 309), ("config/config.yaml", 291)])
+def test_the_shipped_studies_stay_short(configfile, lines):
+    """Each shipped study reads in one sitting: a sweep is one entry, comments say what a key does."""
+    assert len((REPO / configfile).read_text().splitlines()) <= lines

@@ -76,10 +76,10 @@ def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
         load_config([tmp_path / "c.yaml"])
 
 
-def test_gpu_study_has_every_seed_experiment_with_its_server_setting():
+def test_gpu_study_has_every_original_experiment_with_its_server_setting():
     cfg = load_config([REPO / "config" / "config.yaml"])
-    parts = {exp.get("part") for exp in cfg["experiments"].values()}
-    assert parts == {"interference", "decode_load", "sequence_limit", "kv_capacity", "token_budget", "azure",
+    sections = {exp.get("section") for exp in cfg["experiments"].values()}
+    assert sections == {"interference", "decode_load", "sequence_limit", "kv_capacity", "token_budget", "azure",
                      "concurrency_sweep", "prefix_cache"}
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "

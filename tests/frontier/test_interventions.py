@@ -42,7 +42,7 @@ def cfg():
         "workload": "light", "slo": {"ttft_ms": 1000, "itl_ms": 200}, "start": 1, "maximum": 64,
         "settings": {"default": {}, "seq8": {"max_num_seqs": 8, "kv_tokens": 40960},
                      "kv160": {"num_gpu_blocks_override": 160}},
-        "verify": ["seq8", "kv160"]}}
+        "interventions": {"settings": ["seq8", "kv160"]}}}
     return cfg
 
 
@@ -68,8 +68,8 @@ def test_each_verified_setting_gets_its_cap_and_its_kv_budget_doubled(cfg):
     assert len(set(prints.values())) == len(prints)
 
 
-def test_verify_factor_relaxes_both_limits_as_far_and_names_them_so(cfg):
-    cfg["frontiers"]["capacity"].update(verify=["kv160"], verify_factor=4)
+def test_a_factor_relaxes_both_limits_as_far_and_names_them_so(cfg):
+    cfg["frontiers"]["capacity"]["interventions"] = {"settings": ["kv160"], "factor": 4}
     validate_config(cfg)
     plan = frontier_plan(Study.from_dict(cfg), "capacity")
     engine = cfg["engine"]["server"]
@@ -78,26 +78,27 @@ def test_verify_factor_relaxes_both_limits_as_far_and_names_them_so(cfg):
     assert plan.settings["kv160_seqs_x4"]["max_num_seqs"] == 4 * engine["max_num_seqs"]
     kv = plan.interventions["kv160_kv_x4"]
     assert (kv.before, kv.after) == (20480, 81920)
-    cfg["frontiers"]["capacity"]["verify_factor"] = 1
-    with pytest.raises(UserError, match="verify_factor"):
+    cfg["frontiers"]["capacity"]["interventions"]["factor"] = 1
+    with pytest.raises(UserError, match="interventions.factor"):
         validate_config(cfg)
 
 
-def test_verify_true_verifies_every_setting_and_false_none(cfg):
+def test_settings_true_tests_every_setting_and_false_none(cfg):
     f = cfg["frontiers"]["capacity"]
     f["settings"]["default"] = {"kv_tokens": 150000}
-    f["verify"] = True
+    f["interventions"] = {"settings": True}
     validate_config(cfg)
     assert len(frontier_plan(Study.from_dict(cfg), "capacity").interventions) == 6
-    f["verify"] = False
+    f["interventions"] = {"settings": False}
     validate_config(cfg)
     assert frontier_plan(Study.from_dict(cfg), "capacity").interventions == {}
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda f: f.update(verify=["nope"]), "frontiers.capacity.verify: 'nope' is not one of its settings"),
-    (lambda f: f.update(verify=["default"]),
-     "frontiers.capacity.verify: setting 'default': state its KV budget (kv_tokens) to relax it"),
+    (lambda f: f.update(interventions={"settings": ["nope"]}),
+     "frontiers.capacity.interventions.settings: 'nope' is not one of its settings"),
+    (lambda f: f.update(interventions={"settings": ["default"]}),
+     "frontiers.capacity.interventions: setting 'default': state its KV budget (kv_tokens) to relax it"),
     # vLLM would not start: its KV must hold one request of max_model_len, beside a block it keeps
     (lambda f: f["settings"]["seq8"].update(kv_tokens=1024),
      "frontiers.capacity.settings.seq8: 8 KV blocks of 128 tokens cannot hold one request of max_model_len"),

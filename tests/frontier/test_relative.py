@@ -51,24 +51,25 @@ def cfg():
 
 def test_a_relative_phase_arrives_at_times_the_knee_the_others_stay():
     spec = msgspec.convert({"kind": "synthetic", "phases": [
-        {"role": "bg", "count": 10, "interval_s": {"of": "knee/default", "times": 2.0},
+        {"role": "bg", "count": 10, "rate": {"of": "knee/default", "times": 2.0},
          "prompt_tokens": 10, "output_tokens": 5},
         {"role": "probe", "count": 3, "start_s": 1.0, "interval_s": 0.25, "prompt_tokens": 10, "output_tokens": 5},
     ]}, SyntheticWorkload)
     knees = {"knee/default": KneeFile(Path("s.json"), search_record(lo=4.0))}
     resolved_spec, resolved = resolve_synthetic(spec, knees)
-    assert resolved_spec.phases[0] == msgspec.structs.replace(spec.phases[0], interval_s=pytest.approx(1 / 8))
+    assert resolved_spec.phases[0] == msgspec.structs.replace(spec.phases[0], interval_s=pytest.approx(1 / 8),
+                                                              rate=None)
     assert resolved_spec.phases[1] == spec.phases[1]
-    assert spec.phases[0].interval_s == RelativeRate(of="knee/default", times=2.0)  # unchanged
+    assert spec.phases[0].rate == RelativeRate(of="knee/default", times=2.0)  # unchanged
     assert [r.to_doc() for r in resolved] == [{
-        "key": "phases[0].interval_s", "role": "bg", "of": "knee/default", "knee_rps": 4.0, "reason": "converged",
+        "key": "phases[0].rate", "role": "bg", "of": "knee/default", "knee_rps": 4.0, "reason": "converged",
         "search": "s.json", "times": 2.0, "rate_rps": 8.0, "interval_s": 0.125}]
     times = synthetic_schedule(resolved_spec).filter(pl.col("role") == "bg")["t_offset_s"].to_list()
     assert times == pytest.approx([k / 8 for k in range(10)])
 
 
 def test_an_unresolved_phase_is_not_scheduled():
-    spec = {"phases": [{"role": "bg", "count": 2, "interval_s": {"of": "knee/default", "times": 2.0},
+    spec = {"phases": [{"role": "bg", "count": 2, "rate": {"of": "knee/default", "times": 2.0},
                         "prompt_tokens": 10, "output_tokens": 5}]}
     with pytest.raises(UserError, match="relative to the knee of knee/default: resolve it first"):
         synthetic_schedule(spec)
@@ -198,25 +199,29 @@ def test_the_config_types_relative_rates():
     s = load_study(CONFIGS)
     twice, azure = s.workloads["twice_knee"], s.workloads["azure_half_knee"]
     assert isinstance(twice, SyntheticWorkload) and isinstance(azure, TraceWorkload)
-    assert twice.phases[0].interval_s == RelativeRate(of="knee/default", times=2.0)
-    assert azure.time_scale == RelativeRate(of="knee/seq2", times=0.5)
-    assert (azure.time_scale.frontier, azure.time_scale.setting) == ("knee", "seq2")
+    assert twice.phases[0].rate == RelativeRate(of="knee/default", times=2.0)
+    assert azure.rate == RelativeRate(of="knee/seq2", times=0.5)
+    assert (azure.rate.frontier, azure.rate.setting) == ("knee", "seq2")
     assert s.workloads["paced"].phases[0].interval_s == 0.5  # absolute ones stay numbers
     assert knee_searches(twice) == ["knee/default"] and knee_searches(azure) == ["knee/seq2"]
     assert knee_searches(s.workloads["paced"]) == []
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda c: c["workloads"]["twice_knee"]["phases"][0].update(interval_s={"of": "nope/default", "times": 2}),
-     "workloads.twice_knee.phases[0].interval_s.of: 'nope/default': no frontier 'nope' in frontiers (['knee'])"),
-    (lambda c: c["workloads"]["azure_half_knee"].update(time_scale={"of": "knee/seq9", "times": 2}),
-     "workloads.azure_half_knee.time_scale.of: 'knee/seq9': frontier 'knee' has no setting 'seq9' "
+    (lambda c: c["workloads"]["twice_knee"]["phases"][0].update(rate={"of": "nope/default", "times": 2}),
+     "workloads.twice_knee.phases[0].rate.of: 'nope/default': no frontier 'nope' in frontiers (['knee'])"),
+    (lambda c: c["workloads"]["azure_half_knee"].update(rate={"of": "knee/seq9", "times": 2}),
+     "workloads.azure_half_knee.rate.of: 'knee/seq9': frontier 'knee' has no setting 'seq9' "
      "(['default', 'seq2'])"),
     (lambda c: c["frontiers"]["knee"].update(workload="twice_knee"),
      "frontiers.knee.workload: 'twice_knee' is placed relative to a knee (knee/default): a search's shape "
      "must have absolute rates"),
     (lambda c: c.pop("frontiers"),
-     "workloads.twice_knee.phases[0].interval_s.of: 'knee/default': no frontier 'knee' in frontiers ([])"),
+     "workloads.twice_knee.phases[0].rate.of: 'knee/default': no frontier 'knee' in frontiers ([])"),
+    (lambda c: c["workloads"]["twice_knee"]["phases"][0].update(interval_s=0.1),
+     "workloads.twice_knee.phases[0]: rate and interval_s both set its rate: keep one"),
+    (lambda c: c["workloads"]["azure_half_knee"].update(time_scale=0.5),
+     "workloads.azure_half_knee: rate and time_scale both set its rate: keep one"),
 ])
 def test_relative_rates_must_name_an_existing_search(cfg, mutate, expected):
     mutate(cfg)
@@ -227,20 +232,21 @@ def test_relative_rates_must_name_an_existing_search(cfg, mutate, expected):
 
 @pytest.mark.parametrize("value", [{"of": "knee/default"}, {"of": "knee", "times": 2}, {"of": "knee/default",
                                    "times": 0}, {"of": "knee/default", "times": 2, "extra": 1}, -1])
-def test_the_schema_takes_a_number_or_of_and_times(cfg, value):
-    cfg["workloads"]["twice_knee"]["phases"][0]["interval_s"] = value
+def test_the_schema_takes_of_and_times(cfg, value):
+    cfg["workloads"]["twice_knee"]["phases"][0]["rate"] = value
     with pytest.raises(UserError, match=r"workloads.twice_knee"):
         validate_config(cfg)
 
 
-@pytest.mark.parametrize("value, expected", [
-    ({"of": "knee/seq2"}, "workloads.azure_half_knee.time_scale: 'times' is a required property"),
-    (0, "workloads.azure_half_knee.time_scale: 0 is less than or equal to the minimum of 0"),
-    ({"of": "knee/seq2", "times": -1}, "workloads.azure_half_knee.time_scale.times: -1 is less than or equal"),
+@pytest.mark.parametrize("key, value, expected", [
+    ("rate", {"of": "knee/seq2"}, "workloads.azure_half_knee.rate: 'times' is a required property"),
+    ("time_scale", 0, "workloads.azure_half_knee.time_scale: 0 is less than or equal to the minimum of 0"),
+    ("rate", {"of": "knee/seq2", "times": -1}, "workloads.azure_half_knee.rate.times: -1 is less than or equal"),
 ])
-def test_a_trace_workloads_error_is_its_own_kinds(cfg, value, expected):
+def test_a_trace_workloads_error_is_its_own_kinds(cfg, key, value, expected):
     """Not "kind: 'synthetic' was expected": the complaint of the trace branch."""
-    cfg["workloads"]["azure_half_knee"]["time_scale"] = value
+    cfg["workloads"]["azure_half_knee"].pop("rate")
+    cfg["workloads"]["azure_half_knee"][key] = value
     with pytest.raises(UserError) as err:
         validate_config(cfg)
     assert expected in str(err.value)
@@ -260,7 +266,7 @@ def test_trace_subsample_of_a_config_workload(tmp_path, capsys, monkeypatch):
     cfg["workloads"]["w_abs"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 1, "keep_every": 2,
                                  "time_scale": 0.5}
     cfg["workloads"]["w_rel"] = {"kind": "trace", "trace": "azure2023_conv", "minutes": 1, "keep_every": 2,
-                                 "time_scale": {"of": "knee/seq2", "times": 0.5}}
+                                 "rate": {"of": "knee/seq2", "times": 0.5}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     by_config, by_flags = tmp_path / "a.parquet", tmp_path / "b.parquet"

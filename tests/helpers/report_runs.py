@@ -135,5 +135,5 @@ def report_runs(root: Path) -> list[Path]:
 def report_db(path: Path, run_dirs: list[Path]) -> Path:
     """The run folders ingested into `path` and diagnosed with the e2e config's parts."""
     ingest(run_dirs, path)
-    write_diagnosis(path, DiagnosisRules(), parts=load_study([REPO / "tests" / "configs" / "e2e.yaml"]).parts)
+    write_diagnosis(path, DiagnosisRules(), parts=load_study([REPO / "tests" / "configs" / "e2e.yaml"]).sections)
     return path

@@ -1,5 +1,5 @@
 """A non-editable install has everything a study needs: every module, the schema and the
-shipped parts file, and nothing resolves against the checkout."""
+shipped sections file, and nothing resolves against the checkout."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_wheel_runs_a_study_config_from_anywhere(tmp_path):
     assert not wanted - shipped, f"missing from the wheel: {sorted(wanted - shipped)}"
 
     # The wheel's package alone on the path (not the checkout's), a shipped config copied
-    # elsewhere, run from a third folder: its `parts: seed-study.yaml` is the package's.
+    # elsewhere, run from a third folder: its `sections: original-study.yaml` is the package's.
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     study = tmp_path / "elsewhere" / "cpu.yaml"
@@ -38,7 +38,7 @@ def test_a_wheel_runs_a_study_config_from_anywhere(tmp_path):
     cwd.mkdir()
     code = ("import sys, filledfirst; from filledfirst.config import load_study\n"
             "assert filledfirst.__file__.startswith(sys.argv[2]), filledfirst.__file__\n"
-            "print(sorted(load_study([sys.argv[1]]).parts))")
+            "print(sorted(load_study([sys.argv[1]]).sections))")
     ran = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); " + code,
                           str(study), str(site)], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-3000:]

@@ -241,9 +241,9 @@ def test_report_html(report):
     assert re.findall(r'<a href="#([^"]+)">', toc) == [
         "At-a-glance", "Runs", "What-filled-up-first", "The-study,-part-by-part", "Setup", "Side-by-side",
         "Measurement-checks", "Each-run"]
-    # the seed's tables, part by part, with the seed's own figures marked as such
+    # the original study's tables, section by section, with its own figures marked as such
     assert "How does a long prefill affect other requests?" in html and "short new requests" in html
-    assert "What happens when decode load rises?" in html and "seed, 80 ms" in html and "4,737 ms" in html
+    assert "What happens when decode load rises?" in html and "original, 80 ms" in html and "4,737 ms" in html
     # the diagnosis: a label per run and the evidence table
     assert "what filled first" in html and "first crossings" in html and "KV ledger" in html
     # the failed run's error, escaped; no data string became markup
@@ -444,43 +444,43 @@ def test_the_schemas_rows_are_the_reports():
     from filledfirst.config import SCHEMA_PATH
     from filledfirst.report import parts
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["parts"]["oneOf"][1]
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["sections"]["oneOf"][1]
     assert schema["additionalProperties"]["properties"]["rows"]["items"]["enum"] == list(parts.ROWS)
     assert set(parts.DEFAULT_ROWS) <= set(parts.ROWS)
 
 
-def test_a_study_with_parts_of_its_own(tmp_path, db):
-    """A part the seed study does not have goes through the config, the diagnosis and the
-    report: its own title and rows, reference figures beside; a run whose part the
-    database does not describe still gets a table, under its part's name."""
+def test_a_study_with_sections_of_its_own(tmp_path, db):
+    """A section the original study does not have goes through the config, the diagnosis
+    and the report: its own title and rows, reference figures beside; a run whose section
+    the database does not describe still gets a table, under its section's name."""
     import yaml
 
     from filledfirst.report import parts
     from filledfirst.store.study_parts import stored_parts
 
     base = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
-    base["parts"] = {"warm_up": {"title": "Does a cold server differ?", "rows": ["ttft_p90", "running_max"],
+    base["sections"] = {"warm_up": {"title": "Does a cold server differ?", "rows": ["ttft_p90", "running_max"],
                                  "reference": {"last week": {"ttft_p90": "90 ms"}}}}
     for exp in base["experiments"].values():
-        exp["part"] = "warm_up"
+        exp["section"] = "warm_up"
     config = tmp_path / "own.yaml"
     config.write_text(yaml.safe_dump(base, sort_keys=False))
     study = load_study([config])
-    assert list(study.parts) == ["warm_up"] and study.parts["warm_up"].table == "signals"
-    base["experiments"]["reference"]["part"] = "nope"
+    assert list(study.sections) == ["warm_up"] and study.sections["warm_up"].table == "signals"
+    base["experiments"]["reference"]["section"] = "nope"
     config.write_text(yaml.safe_dump(base, sort_keys=False))
-    with pytest.raises(Exception, match=r"experiments.reference.part: 'nope' is not in parts \(\['warm_up'\]\)"):
+    with pytest.raises(Exception, match=r"experiments.reference.section: 'nope' is not in sections \(\['warm_up'\]\)"):
         load_study([config])
 
     own = tmp_path / "own.duckdb"
     shutil.copyfile(db, own)
-    write_diagnosis(own, DiagnosisRules(), parts=study.parts)
+    write_diagnosis(own, DiagnosisRules(), parts=study.sections)
     with duckdb.connect(str(own), read_only=True) as c:
-        assert stored_parts(c) == study.parts
+        assert stored_parts(c) == study.sections
         summary = [r for r in RunRow.of(signals.run_summary(c)) if r.n_requests]
         metas = signals.run_metas(c)
     part_of = {RUN_A: "warm_up", RUN_LEGACY: "decode_load"}
-    blocks = parts.parts_html(study.parts, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas,
+    blocks = parts.parts_html(study.sections, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas,
                              prefix_cache={}, frontier_rows=[])
     html = "".join(blocks)
     assert html.index("Does a cold server differ?") < html.index("decode_load")  # the study's, then the rest

@@ -50,7 +50,7 @@ def study_config(folder: Path, cap: int, baseline: Path | None = None) -> Path:
                              "output_tokens": 64}]}}
     # At a quarter of the knee, on the search's server: the search's job runs it (one
     # server start per study, filledfirst.config.hosted_experiments).
-    cfg["workloads"]["light"]["phases"][0].update(interval_s={"of": "knee/capped", "times": 0.25}, count=40)
+    cfg["workloads"]["light"]["phases"][0].update(rate={"of": "knee/capped", "times": 0.25}, count=40)
     cfg["experiments"] = {"reference": {"workload": "light", "server": {"max_num_seqs": cap}}}
     cfg["frontiers"] = {"knee": {
         "description": "the paced shape under a sequence cap", "workload": "paced",

@@ -40,13 +40,13 @@ def search_config(tmp_path):
     cfg["frontiers"] = overlay["frontiers"]
     # A second frontier whose one setting probes knee/default's server: the two searches
     # share that job and its start (filledfirst.config.search_groups).
-    cfg["frontiers"]["twin"] = {**{k: v for k, v in overlay["frontiers"]["knee"].items() if k != "verify"},
+    cfg["frontiers"]["twin"] = {**{k: v for k, v in overlay["frontiers"]["knee"].items() if k != "interventions"},
                                 "description": "the same shape and server as knee/default",
                                 "settings": {"same": {}}, "budget": 2}
     # Placed on knee/default's knee with its server: that search's job runs it after its
     # probes, on its server (filledfirst.config.hosted_experiments).
     cfg["workloads"]["half_knee"] = {"kind": "synthetic", "phases": [
-        {"role": "decode", "count": 10, "interval_s": {"of": "knee/default", "times": 0.5},
+        {"role": "decode", "count": 10, "rate": {"of": "knee/default", "times": 0.5},
          "prompt_tokens": 100, "output_tokens": 32}]}
     cfg["experiments"] = {"half_knee": {"workload": "half_knee", "expect": "reference"}}
     path = tmp_path / "frontier-e2e.yaml"

@@ -24,7 +24,7 @@ def run_pipeline(workdir, cfg, env):
 def test_end_to_end_on_the_real_engine(tmp_path, pipeline_env):
     # As a user runs a study of their own: a copy of the config outside the repository,
     # Snakemake's --directory elsewhere. Nothing may be found through the checkout (the
-    # parts file the config names ships with the package; the model is the workdir's).
+    # sections file the config names ships with the package; the model is the workdir's).
     cfg = tmp_path / "my-study" / "e2e.yaml"
     cfg.parent.mkdir()
     shutil.copy(REPO / "tests" / "configs" / "e2e.yaml", cfg)

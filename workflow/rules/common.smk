@@ -11,7 +11,7 @@ from filledfirst.cluster import job_resources
 from filledfirst.config import SCHEMA_PATH, schema_problem
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.plan import build_plan
-from filledfirst.study import Study
+from filledfirst.study import Study, SyntheticWorkload, TraceWorkload
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's
 # experiments into the one the user asked for.
@@ -45,8 +45,8 @@ FILLEDFIRST = f"{shlex.quote(sys.executable)} -m filledfirst"
 # would make every new pid look like a changed job.
 os.environ.update(FILLEDFIRST_WATCH_PID=str(os.getpid()))
 
-TRACE_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "trace")
-SYNTHETIC_WORKLOADS = sorted(n for n, w in config["workloads"].items() if w["kind"] == "synthetic")
+TRACE_WORKLOADS = sorted(n for n, w in STUDY.workloads.items() if isinstance(w, TraceWorkload))
+SYNTHETIC_WORKLOADS = sorted(n for n, w in STUDY.workloads.items() if isinstance(w, SyntheticWorkload))
 # What ingest measured, and the same with the diagnosis's tables (what the report reads).
 INGESTED = "results/ingested.duckdb"
 DB = f"results/{RESULTS_DB}"
@@ -54,7 +54,7 @@ DB = f"results/{RESULTS_DB}"
 DIAGNOSIS_RULES = json.dumps(
     {
         "diagnosis": config.get("diagnosis", {}),
-        "expect": {name: e.get("expect") for name, e in sorted(config["experiments"].items())},
+        "expect": {name: e.expect for name, e in sorted(STUDY.experiments.items())},
     },
     sort_keys=True,
 )

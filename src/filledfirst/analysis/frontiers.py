@@ -41,7 +41,7 @@ Columns:
   row has parent (the setting it relaxes), knob, relaxed_from and relaxed_to (ledger
   units), role (relaxed: the knob of the limit named at the parent's knee, IMPLICATED;
   control: the other), shift (its lo / the parent's lo - 1), min_shift (the frontier's
-  verify_min_shift), least_shift (min_shift widened by the parent search's drift,
+  interventions.min_shift), least_shift (min_shift widened by the parent search's drift,
   filledfirst.frontier.interventions.widened: the interventions run after that search, on a
   machine whose speed changed that much over it), moved (`moved`: its interval wholly
   above the parent's and its lo at least 1 + least_shift times the parent's, the same

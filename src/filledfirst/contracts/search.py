@@ -188,8 +188,8 @@ class Intervention(_Record):
     after: int
     changes: dict[str, Any]  # the vLLM settings it starts with on top of the parent's
     # the least shift of the knee that counts as a move before the parent's drift widens it
-    # (the frontier's verify_min_shift)
-    min_shift: float = schema_default("frontiers", "*", "verify_min_shift")
+    # (the frontier's interventions.min_shift)
+    min_shift: float = schema_default("frontiers", "*", "interventions", "min_shift")
 
 
 class SearchRecord(_Record):

@@ -48,7 +48,7 @@ class Placement(Document):
     search's knee, `times` it, and what that made of a synthetic phase's interval or a
     trace window's time scale."""
 
-    key: str  # where in the workload: `phases[i].interval_s`, or `time_scale`
+    key: str  # where in the workload: `phases[i].rate`, or `rate`
     of: str  # the search: `<frontier>/<setting>`
     knee_rps: float  # its result's lo
     reason: str  # why it stopped

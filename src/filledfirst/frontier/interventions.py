@@ -1,15 +1,14 @@
 """Interventions: a search's setting with one limit relaxed, to test what filled first.
 
-For each setting a frontier verifies (its `verify`), two more searches of the same shape:
-the sequence cap (max_num_seqs) and the KV budget (in tokens), each times the frontier's
-`verify_factor`.
+For each setting a frontier's `interventions` name, two more searches of the same shape:
+the sequence cap (max_num_seqs) and the KV budget (in tokens), each times its `factor`.
 Which one relaxes the limit that filled first at the knee and which is the control is
 known only once the knee's probe is diagnosed, so table `frontiers` assigns the roles
 (filledfirst.analysis.frontiers). The workflow can then name every search before any of
 them has run. Each intervention starts from its parent's knee (filledfirst.run.search).
 
 Whether a knee moved (`move`) is decided by both knees' intervals and a least shift of the
-highest rate held: the frontier's verify_min_shift, widened by the drift the parent's search
+highest rate held: the frontier's interventions.min_shift, widened by the drift the parent's search
 measured (`widened`: the interventions run after it, on a machine whose speed changed that
 much over one search); an intervention's search stops as soon as further probes could not
 change that answer and it has seen a rate break (`decided`), since its purpose is the
@@ -46,7 +45,7 @@ def relaxations(parent: str, server: Mapping[str, Any], launcher: str, min_shift
                 factor: int) -> tuple[list[Intervention], list[str]]:
     """The interventions of `parent`, whose vLLM settings (the engine's under the setting's)
     are `server`, and why any cannot be made; `min_shift` and `factor`: the frontier's
-    verify_min_shift and verify_factor."""
+    interventions.min_shift and interventions.factor."""
     out, problems = [], []
     cap = server.get("max_num_seqs")
     if cap is None:

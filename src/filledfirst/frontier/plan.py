@@ -88,24 +88,26 @@ def _own_settings(study: Study, name: str) -> dict[str, dict[str, Any]]:
     return {s: {**base, **over.given()} for s, over in study.frontiers[name].settings.items()}
 
 
-def verified(study: Study, name: str) -> dict[str, tuple[list[Intervention], list[str]]]:
-    """The frontier's settings its `verify` names -> their interventions and why any
+def tested(study: Study, name: str) -> dict[str, tuple[list[Intervention], list[str]]]:
+    """The frontier's settings its `interventions` name -> their interventions and why any
     cannot be made (filledfirst.frontier.interventions.relaxations)."""
-    f = study.frontiers[name]
     own = _own_settings(study, name)
-    names = list(own) if f.verify is True else list(f.verify or [])
-    return {s: relaxations(s, own[s], study.engine.launcher, f.verify_min_shift, f.verify_factor)
+    wanted = study.frontiers[name].interventions
+    if wanted is None:
+        return {}
+    names = list(own) if wanted.settings is True else list(wanted.settings or [])
+    return {s: relaxations(s, own[s], study.engine.launcher, wanted.min_shift, wanted.factor)
             for s in names if s in own}
 
 
 def searched_settings(study: Study, name: str) -> tuple[dict[str, dict[str, Any]], dict[str, Intervention]]:
     """The frontier's searches: setting name -> vLLM settings (engine.server's under the
-    setting's), its settings first, then each verified setting's interventions; and the
+    setting's), its settings first, then each tested setting's interventions; and the
     interventions by name."""
     settings = _own_settings(study, name)
-    factor = study.frontiers[name].verify_factor
-    interventions = {intervention_name(s, i.knob, factor): i
-                     for s, (made, _) in verified(study, name).items() for i in made}
+    wanted = study.frontiers[name].interventions  # None only when tested() is empty
+    interventions = {intervention_name(s, i.knob, wanted.factor): i
+                     for s, (made, _) in tested(study, name).items() for i in made}
     return {**settings, **{n: {**settings[i.parent], **i.changes} for n, i in interventions.items()}}, interventions
 
 
@@ -206,14 +208,15 @@ def frontier_problems(study: Study) -> list[str]:
                             "(every request must then meet the SLO)")
         if not f.start < f.maximum:
             problems.append(f"{where}: start ({f.start:g}) must be below maximum ({f.maximum:g})")
-        if isinstance(f.verify, list):
-            problems += [f"{where}.verify: {s!r} is not one of its settings ({sorted(f.settings)})"
-                         for s in f.verify if s not in f.settings]
+        if f.interventions is not None and isinstance(f.interventions.settings, list):
+            problems += [f"{where}.interventions.settings: {s!r} is not one of its settings ({sorted(f.settings)})"
+                         for s in f.interventions.settings if s not in f.settings]
         for s, server in searched_settings(study, name)[0].items():
             if why := kv_budget_problem(study.engine.launcher, server, study.model.max_model_len):
                 problems.append(f"{where}.settings.{s}: {why}")
-        for s, (made, why) in verified(study, name).items():
-            problems += [f"{where}.verify: {w}" for w in why]
+        for s, (made, why) in tested(study, name).items():
+            problems += [f"{where}.interventions: {w}" for w in why]
             problems += [f"{where}.settings: {n!r} is the name of an intervention of {s!r}: rename it"
-                         for n in (intervention_name(s, i.knob, f.verify_factor) for i in made) if n in f.settings]
+                         for n in (intervention_name(s, i.knob, f.interventions.factor) for i in made)
+                         if n in f.settings]
     return problems + relative_problems(study)

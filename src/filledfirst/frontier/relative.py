@@ -1,13 +1,13 @@
-"""Rates placed relative to a measured knee (the config's `{of: <frontier>/<setting>, times: X}`).
+"""Relative rates: a workload's `rate: {of: <frontier>/<setting>, times: X}`, X times that search's knee.
 
 The knee of a capacity search is its result's `lo`: the highest rate that held the SLO.
 A search that ended without one (it broke at `start`, or its first probe failed) has no
 knee, and a workload placed relative to it is an error naming the search and its reason.
 
-- synthetic: a phase's `interval_s: {of, times}` becomes 1 / (times x knee), so that
+- synthetic: a phase's `rate` becomes its interval_s, 1 / (times x knee), so that
   phase arrives at times x knee requests/s; its count, its start and the other phases
   stay as written (a mixed workload keeps, e.g., its probes where they were designed).
-- trace: `time_scale: {of, times}` becomes kept_per_s / (times x knee), where kept_per_s
+- trace: the window's `rate` becomes its time_scale, kept_per_s / (times x knee), where kept_per_s
   is the requests the window keeps per second of trace time: the mapping the search uses
   for its trace probes (filledfirst.frontier.probes.trace_kept_rate, trace_time_scale).
 
@@ -29,11 +29,7 @@ from filledfirst.contracts.search import SearchRecord, StopReason
 from filledfirst.contracts.stats import Placement, ScheduleStats
 from filledfirst.errors import UserError
 from filledfirst.frontier.probes import trace_kept_rate, trace_time_scale
-from filledfirst.study import RelativeRate, Study, SyntheticWorkload, TraceWorkload, Workload
-
-
-def is_relative(value: float | RelativeRate) -> bool:
-    return isinstance(value, RelativeRate)
+from filledfirst.study import Study, SyntheticWorkload, TraceWorkload, Workload
 
 
 def split_of(of: str) -> tuple[str, str]:
@@ -46,9 +42,8 @@ def relative_refs(workload: Workload) -> list[tuple[str, str]]:
     """Every (key path inside the workload, `<frontier>/<setting>`) a workload is placed
     relative to, in config order."""
     if isinstance(workload, TraceWorkload):
-        return [("time_scale", workload.time_scale.of)] if is_relative(workload.time_scale) else []
-    return [(f"phases[{i}].interval_s", phase.interval_s.of)
-            for i, phase in enumerate(workload.phases) if is_relative(phase.interval_s)]
+        return [("rate", workload.rate.of)] if workload.rate is not None else []
+    return [(f"phases[{i}].rate", phase.rate.of) for i, phase in enumerate(workload.phases) if phase.rate is not None]
 
 
 def knee_searches(workload: Workload) -> list[str]:
@@ -119,16 +114,16 @@ def knee(of: str, knees: dict[str, KneeFile]) -> dict[str, Any]:
 
 def resolve_synthetic(workload: SyntheticWorkload, knees: dict[str, KneeFile]
                       ) -> tuple[SyntheticWorkload, list[Placement]]:
-    """The synthetic workload with every relative interval_s made absolute, and what was
-    resolved (one entry per relative phase)."""
+    """The synthetic workload with every phase's relative rate made its interval_s, and
+    what was resolved (one entry per relative phase)."""
     phases, resolved = [], []
     for i, phase in enumerate(workload.phases):
-        if is_relative(phase.interval_s):
-            k = knee(phase.interval_s.of, knees)
-            times = float(phase.interval_s.times)
+        if phase.rate is not None:
+            k = knee(phase.rate.of, knees)
+            times = float(phase.rate.times)
             rate = times * k["knee_rps"]
-            phase = msgspec.structs.replace(phase, interval_s=1.0 / rate)
-            resolved.append(Placement(key=f"phases[{i}].interval_s", role=phase.role, **k, times=times,
+            phase = msgspec.structs.replace(phase, interval_s=1.0 / rate, rate=None)
+            resolved.append(Placement(key=f"phases[{i}].rate", role=phase.role, **k, times=times,
                                       rate_rps=rate, interval_s=phase.interval_s))
         phases.append(phase)
     return msgspec.structs.replace(workload, phases=phases), resolved
@@ -156,5 +151,5 @@ def resolve_time_scale(of: str, times: float, knees: dict[str, KneeFile], kept_p
     k = knee(of, knees)
     rate = float(times) * k["knee_rps"]
     scale = trace_time_scale(kept_per_s, rate)
-    return scale, Placement(key="time_scale", **k, times=float(times), rate_rps=rate, kept_per_s=kept_per_s,
+    return scale, Placement(key="rate", **k, times=float(times), rate_rps=rate, kept_per_s=kept_per_s,
                             time_scale=scale)

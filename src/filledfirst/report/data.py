@@ -17,7 +17,7 @@ from filledfirst.report import frontiers
 from filledfirst.report.rows import PrefixCacheRow, RoleRow, RunRates, RunRow
 from filledfirst.store.study_parts import stored_parts
 from filledfirst.store.tables import table_exists
-from filledfirst.study import DiagnosisRules, Part
+from filledfirst.study import DiagnosisRules, Section
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ReportData:
     frontier_rows: list[FrontierRow]  # table `frontiers`
     probe_points: list[frontiers.ProbePoint]  # the capacity searches' probes
     rules: DiagnosisRules  # the rules the stored diagnosis was made with
-    study_parts: dict[str, Part]  # the study's parts, in order
+    study_parts: dict[str, Section]  # the study's parts, in order
     # Run ids of the capacity searches' probes (run.json has a `frontier` block): they are
     # the searches' measurements, shown under Capacity search only, not runs of the study.
     is_probe: frozenset[str]

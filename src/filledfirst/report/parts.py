@@ -1,8 +1,9 @@
-"""The study's parts in the report: one table per part (the config's `parts`, kept in the
-database by `filledfirst diagnose` as table `study_parts`), with the runs whose experiment
-names it as their `part` as columns, and another study's figures beside them (the seed's,
-src/filledfirst/parts/seed-study.yaml). A run whose part the database does not describe still gets a
-table of the general rows under its part's name: nothing measured is left out."""
+"""The study's sections in the report: one table per section (the config's `sections`, kept
+in the database by `filledfirst diagnose` as table `study_parts`), with the runs whose
+experiment names it as their `section` as columns, and another study's figures beside them
+(the original study's, src/filledfirst/sections/original-study.yaml). A run whose section the
+database does not describe still gets a table of the general rows under its section's name:
+nothing measured is left out."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from filledfirst.report.markup import html_table
 from filledfirst.report.rows import PrefixCacheRow, RoleRow, RunRates, RunRow, SweepLine
 from filledfirst.report.tables import cap_suffix, requests_cell
 from filledfirst.schema import schema_default
-from filledfirst.study import Part
+from filledfirst.study import Section
 
 _Row = tuple[str, Callable[[RunRow, PrefixCacheRow | None], str]]
 
@@ -50,7 +51,7 @@ ROWS: dict[str, _Row] = {
 DEFAULT_ROWS = ["requests_failed", "running_median_max", "waiting_median_max", "kv_median_max", "preemptions",
                 "ttft_p50", "ttft_p90", "itl_p50"]
 
-def signals_table(part: Part, rows: Sequence[RunRow], prefix_cache: Mapping[str, PrefixCacheRow]) -> str:
+def signals_table(part: Section, rows: Sequence[RunRow], prefix_cache: Mapping[str, PrefixCacheRow]) -> str:
     """Signals as rows, one column per run of the part, then the reference columns."""
     keys = part.rows or DEFAULT_ROWS
     body = ([ROWS[k][0], *(ROWS[k][1](r, prefix_cache.get(r.run_id)) for r in rows),
@@ -59,12 +60,12 @@ def signals_table(part: Part, rows: Sequence[RunRow], prefix_cache: Mapping[str,
     return html_table(["", *(r.experiment for r in rows), *part.reference], body)
 
 
-def reference_roles_table(part: Part) -> str:
+def reference_roles_table(part: Section) -> str:
     return html_table(["role (reference)", "n", "TTFT p50", "TTFT p90", "ITL p50"],
                       ([x.role, x.n, x.ttft_p50, x.ttft_p90, x.itl_p50] for x in part.reference_roles))
 
 
-def part_blocks(part: Part, rows: Sequence[RunRow], *, roles: Sequence[RoleRow],
+def part_blocks(part: Section, rows: Sequence[RunRow], *, roles: Sequence[RoleRow],
                 rates: Mapping[str, RunRates], queue_shares: Mapping[str, float | None],
                 metas: Mapping[str, RunMeta], prefix_cache: Mapping[str, PrefixCacheRow],
                 frontier_rows: Sequence[FrontierRow]) -> list[str]:
@@ -98,11 +99,12 @@ def part_blocks(part: Part, rows: Sequence[RunRow], *, roles: Sequence[RoleRow],
     knees = [r for r in frontier_rows if r.frontier == part.knees]
     if knees:
         out.append(markup.para(f"The knees of frontier {part.knees} (its searches, in the capacity search):"))
-        out.append(frontiers.knee_shift_table_html(knees, schema_default("frontiers", "*", "verify_min_shift")))
+        least = schema_default("frontiers", "*", "interventions", "min_shift")
+        out.append(frontiers.knee_shift_table_html(knees, least))
     return out
 
 
-def parts_html(parts: Mapping[str, Part], measured: Sequence[RunRow], part_of: Mapping[str, str | None],
+def parts_html(parts: Mapping[str, Section], measured: Sequence[RunRow], part_of: Mapping[str, str | None],
                **context: Any) -> list[str]:
     """Every part with runs, in the study's order; then parts the database does not
     describe, under their own names, with the general rows."""
@@ -114,5 +116,5 @@ def parts_html(parts: Mapping[str, Part], measured: Sequence[RunRow], part_of: M
     out: list[str] = []
     for name in [*parts, *sorted(set(by_part) - set(parts))]:
         if by_part.get(name):
-            out += part_blocks(parts.get(name) or Part(title=name), by_part[name], **context)
+            out += part_blocks(parts.get(name) or Section(title=name), by_part[name], **context)
     return out

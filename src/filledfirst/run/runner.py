@@ -367,7 +367,7 @@ def run_on_server(
 
 def _experiment_meta(exp: Experiment, spec: dict, server: ServerInfo) -> dict[str, Any]:
     """run.json's fields but for what the run measures; `spec` as spec_document wrote it."""
-    return {**spec_meta(spec), "part": exp.part, "expect": exp.expect, "server": server}
+    return {**spec_meta(spec), "part": exp.section, "expect": exp.expect, "server": server}
 
 
 def spec_meta(spec: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.errors import UserError
-from filledfirst.frontier.relative import KneeFile, is_relative, relative_refs, resolve_synthetic, trace_scale_resolver
+from filledfirst.frontier.relative import KneeFile, relative_refs, resolve_synthetic, trace_scale_resolver
 from filledfirst.study import Study, SyntheticWorkload, TraceWorkload, default_of
 from filledfirst.trace.formats import Format
 from filledfirst.trace.subsample import subsample_to_parquet, window_of
@@ -39,12 +39,12 @@ def trace_window(study: Study, name: str, knees: dict[str, KneeFile], skip_bad: 
     wl = study.workloads[name]
     if not isinstance(wl, TraceWorkload):
         raise UserError(f"workloads.{name} is synthetic: use `filledfirst workload synth`")
-    if is_relative(wl.time_scale):
-        relative = trace_scale_resolver(wl.time_scale.of, wl.time_scale.times, knees)
+    if wl.rate is not None:
+        relative = trace_scale_resolver(wl.rate.of, wl.rate.times, knees)
         time_scale = default_of(TraceWorkload, "time_scale")  # unused: the knee decides it
     else:
         if knees:
-            raise UserError(f"workloads.{name}: its time_scale is not relative to a knee: drop --knee")
+            raise UserError(f"workloads.{name}: its rate is not relative to a knee: drop --knee")
         relative, time_scale = None, float(wl.time_scale)
     if wl.trace not in study.traces:
         raise UserError(f"workloads.{name}: trace {wl.trace!r} is not in the traces catalog")

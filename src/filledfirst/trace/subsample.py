@@ -333,7 +333,7 @@ def subsample(source: str | Path | pl.DataFrame, **spec) -> pl.DataFrame:
 
 def window_of(workload: TraceWorkload) -> dict[str, Any]:
     """subsample's keywords for a trace workload's window and subsampling (not its
-    time_scale, which may still be relative to a knee)."""
+    time_scale, which its `rate` may make relative to a knee)."""
     where = {"start": workload.start} if workload.start is not None else {"start_offset_s": workload.start_offset_s}
     return {**where, "minutes": workload.minutes, "keep_every": workload.keep_every, "phase": workload.phase,
             "skip_bad": workload.skip_bad, "length_scale": workload.length_scale}

@@ -32,9 +32,9 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
     parts = []
     spec = _typed(spec)
     for order, phase in enumerate(spec.phases):
-        if not isinstance(phase.interval_s, (int, float)):
+        if phase.rate is not None:
             raise UserError(
-                f"phase {order} ({phase.role}): interval_s is relative to the knee of {phase.interval_s.of}: "
+                f"phase {order} ({phase.role}): its rate is relative to the knee of {phase.rate.of}: "
                 "resolve it first (filledfirst workload synth --knee SEARCH_JSON)")
         count = phase.count
         _check_prefix(order, phase)

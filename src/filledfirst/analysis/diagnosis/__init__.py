@@ -63,7 +63,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
 def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
                     expect: Mapping[str, str] | None = None, parts: Mapping[str, object] | None = None) -> pl.DataFrame:
     """Compute the diagnosis and store it as table `diagnosis`, swapping the file in whole;
-    with `parts` (the study's, filledfirst.study.Part by name) also table `study_parts`."""
+    with `parts` (the study's, filledfirst.study.Section by name) also table `study_parts`."""
     if not Path(db_path).is_file():
         raise UserError(f"{db_path}: no such database (run `filledfirst ingest` first)")
     with edited_copy(db_path) as con:
