@@ -64,7 +64,7 @@ def _sections_file(name: str, named_in: Path) -> dict:
     return doc["sections"]
 
 
-def refuse_renamed(cfg: dict) -> None:
+def refuse_renamed(cfg: dict[str, Any]) -> None:
     """An error naming every old key the config uses and what replaces it."""
     if renamed := renamed_keys(cfg):
         raise UserError("invalid config:\n  " + "\n  ".join(renamed))
@@ -257,13 +257,13 @@ def server_groups(study: Study) -> dict[str, list[str]]:
 
     Inside a group experiments run in config order, so which one meets a freshly started
     server (first batches, allocator warm-up) is decided by the config, never by a sort:
-    put the experiment that should see a cold server first, or mark it `isolate: true`.
+    put the experiment that should see a cold server first, or give it `share_server: false`.
     An experiment a capacity search hosts is in no group.
     """
     hosted = host_of(study)  # they run on their search's server (filledfirst.config.hosted_experiments)
     # Canonical JSON, not a hash: equal exactly when the settings are. An external
     # endpoint has no server start to share.
-    return _by_leader((name, None if exp.isolate or exp.external is not None
+    return _by_leader((name, None if not (exp.share_server and study.share_server) or exp.external is not None
                        else json.dumps(server_identity(study, name), sort_keys=True))
                       for name, exp in study.experiments.items() if name not in hosted)
 
@@ -292,9 +292,9 @@ def check_shareable(study: Study, experiments: list[str]) -> None:
         raise UserError(f"an experiment is given twice: {experiments}")
     if len(experiments) < 2:
         return
-    isolated = [e for e in experiments if study.experiments[e].isolate]
-    if isolated:
-        raise UserError(f"{isolated} must have a server of their own (isolate: true)")
+    alone = [e for e in experiments if not study.experiments[e].share_server]
+    if alone:
+        raise UserError(f"{alone} must have a server of their own (share_server: false)")
     external = [e for e in experiments if external_server(study, e)]
     if external:
         raise UserError(f"{external} replay against an external endpoint (server.url): run them separately")
@@ -331,16 +331,16 @@ def hosted_experiments(study: Study) -> dict[str, list[str]]:
     served the search's probes and checks, as a server group's later experiments meet one
     that has served the earlier ones. It is hosted by the first search it is placed
     relative to (in the order its workload names them) whose server it needs.
-    `isolate: true`, an external endpoint, or `share_search_servers: false` keep it in a
-    server group's job."""
+    `share_server: false` (the experiment's or the study's) or an external endpoint keep
+    it in a job of its own."""
     from filledfirst.frontier.relative import relative_refs, split_of
 
-    if not study.frontiers or not study.share_search_servers:
+    if not study.frontiers or not study.share_server:
         return {}
     servers: dict[str, ServerSpec | None] = {}
     hosted: dict[str, list[str]] = {}
     for name, exp in study.experiments.items():
-        if exp.isolate or exp.external is not None:
+        if not exp.share_server or exp.external is not None:
             continue
         needs = experiment_spec(study, name).server_spec
         for _, of in relative_refs(study.workloads[exp.workload]):
@@ -362,14 +362,14 @@ def search_groups(study: Study) -> dict[str, list[str]]:
     of model loading. Each search still starts from its own capacity estimate, a closed
     loop measured on the server as the earlier searches left it. An intervention waits for
     its parent's knee, so it keeps a job of its own; so does every search with
-    `share_search_servers: false`."""
+    `share_server: false`."""
     from filledfirst.frontier.plan import frontier_plan
 
     def searches():
         for frontier in study.frontiers:
             plan = frontier_plan(study, frontier)
             for setting in plan.settings:
-                alone = setting in plan.interventions or not study.share_search_servers
+                alone = setting in plan.interventions or not study.share_server
                 yield (f"{frontier}/{setting}",
                        None if alone else msgspec.json.encode(search_server(study, frontier, setting)).decode())
 

@@ -20,7 +20,7 @@ def config_schema() -> dict:
 
 def schema_property(*path: str) -> dict:
     """The schema's property at `path` (section, then key; "*" for any name of a catalog:
-    `("experiments", "*", "isolate")`): its type, bounds, default and description."""
+    `("experiments", "*", "share_server")`): its type, bounds, default and description."""
     node: dict = config_schema()
     for key in path:
         node = node["additionalProperties"] if key == "*" else node["properties"][key]

@@ -48,6 +48,8 @@ RENAMED: tuple[Renamed, ...] = (
             lambda value: isinstance(value, Mapping)),
     Renamed(("parts",), "sections: (the report's sections)"),
     Renamed(("experiments", "*", "part"), "section: <a name in sections>"),
+    Renamed(("experiments", "*", "isolate"), "share_server: false (a server of its own)"),
+    Renamed(("share_search_servers",), "share_server: true|false (whether runs of one server share its start)"),
 )
 
 
@@ -269,7 +271,7 @@ class Experiment(_Struct):
     loadgen: LoadMode = LoadMode()
     section: str | None = None
     expect: str | None = None
-    isolate: bool = _d("experiments", "*", "isolate")
+    share_server: bool = _d("experiments", "*", "share_server")
 
     @property
     def external(self) -> ExternalServer | None:
@@ -529,7 +531,7 @@ class Study(_Struct):
     compare: Compare = Compare()
     frontiers: dict[str, Frontier] = {}
     sweeps: dict[str, Sweep] = {}  # expanded into workloads and experiments (expand_sweeps)
-    share_search_servers: bool = _d("share_search_servers")
+    share_server: bool = _d("share_server")
     # A file name until filledfirst.config.load_config reads it (Snakemake's own config).
     sections: dict[str, Section] | str = {}
     # The config as written, sweeps expanded (with the schema's defaults): what a fingerprint

@@ -68,15 +68,15 @@ def test_same_non_default_settings_share(cfg):
     assert server_groups(as_study(cfg)) == {"a": ["a", "d"], "b": ["b", "c"]}
 
 
-def test_isolate_splits(cfg):
-    cfg["experiments"]["a"]["isolate"] = True
+def test_an_experiment_that_does_not_share_splits(cfg):
+    cfg["experiments"]["a"]["share_server"] = False
     validate_config(cfg)  # the schema knows the key
     assert server_groups(as_study(cfg)) == {"a": ["a"], "b": ["b"], "c": ["c", "d"]}
 
 
-def test_isolate_must_be_a_boolean(cfg):
-    cfg["experiments"]["a"]["isolate"] = "yes"
-    with pytest.raises(UserError, match="isolate"):
+def test_share_server_must_be_a_boolean(cfg):
+    cfg["experiments"]["a"]["share_server"] = "yes"
+    with pytest.raises(UserError, match="share_server"):
         validate_config(cfg)
 
 
@@ -105,14 +105,16 @@ def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server(
     assert not [k for k in hosted if "_x2" in k]
 
 
-def test_isolate_and_the_switch_keep_experiments_in_server_groups():
+def test_an_experiment_or_a_study_that_does_not_share_gets_servers_of_its_own():
     c = load_config([REPO / "config" / "cpu.yaml"])
-    c["experiments"]["prefix_evicted"]["isolate"] = True
+    c["experiments"]["prefix_evicted"]["share_server"] = False
     assert "prefix/cache_on_kv160" not in hosted_experiments(as_study(c))
     assert server_groups(as_study(c))["prefix_evicted"] == ["prefix_evicted"]
-    c["share_search_servers"] = False
+    assert len(server_groups(as_study(c))["seq_default"]) > 1
+    c["share_server"] = False
     assert hosted_experiments(as_study(c)) == {}
-    assert sorted(e for g in server_groups(as_study(c)).values() for e in g) == sorted(c["experiments"])
+    groups = server_groups(as_study(c))
+    assert sorted(groups) == sorted(c["experiments"]) and all(len(g) == 1 for g in groups.values())
 
 
 def test_searches_that_probe_the_same_server_share_one_job():
@@ -126,7 +128,7 @@ def test_searches_that_probe_the_same_server_share_one_job():
         study_searches = [f"{f}/{s}" for f, plan in _plans(c).items() for s in plan.settings]
         assert sorted(members) == sorted(study_searches)  # each search in exactly one job
         assert all(len(group) == 1 for lead, group in groups.items() if lead != "decode/default")
-        c["share_search_servers"] = False
+        c["share_server"] = False
         assert all(len(group) == 1 for group in search_groups(as_study(c)).values())
 
 
@@ -172,9 +174,9 @@ def test_refuses_experiments_that_cannot_share(cfg, names, message):
         check_shareable(as_study(cfg), names)
 
 
-def test_refuses_to_share_an_isolated_experiment(cfg):
-    cfg["experiments"]["c"]["isolate"] = True
-    with pytest.raises(UserError, match="isolate"):
+def test_refuses_to_share_an_experiment_that_does_not_share(cfg):
+    cfg["experiments"]["c"]["share_server"] = False
+    with pytest.raises(UserError, match="share_server: false"):
         check_shareable(as_study(cfg), ["a", "c"])
     check_shareable(as_study(cfg), ["c"])  # alone is fine
 

@@ -22,6 +22,8 @@ OLD_KEYS: dict[tuple[str, ...], object] = {
     ("workloads", "*", "time_scale"): {"of": "knee/default", "times": 2},
     ("parts",): "original-study.yaml",
     ("experiments", "*", "part"): "interference",
+    ("experiments", "*", "isolate"): True,
+    ("share_search_servers",): False,
 }
 
 

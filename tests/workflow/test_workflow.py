@@ -157,7 +157,7 @@ def test_dry_run_orders_search_then_relative_schedule_then_run(tmp_path):
     def find(pred):
         return next(i for i, job in enumerate(planned) if pred(*job))
 
-    # past_knee is isolated: its schedule job waits for the search, its run for the schedule.
+    # past_knee has a server of its own: its schedule job waits for the search, its run for the schedule.
     schedule = find(lambda rule, inputs, outputs, shell: rule.startswith("schedule_")
                     and "data/schedules/twice_knee.parquet" in outputs)
     assert jobs["frontier_knee_default"][0] < schedule < jobs["run_group_past_knee"][0]

@@ -35,7 +35,7 @@ def synthetic_schedule(spec: SyntheticWorkload | dict) -> pl.DataFrame:
         if phase.rate is not None:
             raise UserError(
                 f"phase {order} ({phase.role}): its rate is relative to the knee of {phase.rate.of}: "
-                "resolve it first (filledfirst workload synth --knee SEARCH_JSON)")
+                "resolve it first (filledfirst workload synth reads the search's search.json)")
         count = phase.count
         _check_prefix(order, phase)
         times = arrival_times(
