@@ -236,6 +236,12 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
     })
 
 
+def workload_fingerprint(study: Study, workload: str) -> str:
+    """A workload's identity, from the config as written: its schedule is made again when
+    it changes."""
+    return fingerprint(study.document["workloads"][workload])
+
+
 def fingerprint(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import msgspec
 
 from filledfirst.config import (
-    fingerprint,
     group_fingerprint,
     hosted_experiments,
     search_fingerprint,
     search_groups,
     server_groups,
+    workload_fingerprint,
 )
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import frontier_plan
@@ -178,14 +178,13 @@ def model_inputs(study: Study) -> list[str]:
 def build_plan(study: Study) -> Plan:
     """The study's jobs: search jobs in config order (frontiers, then their settings), then
     experiment jobs in config order; and every workload's schedule."""
-    cfg = study.document
     hosted = hosted_experiments(study)
     jobs = [_search_job(study, [split_of(m) for m in members], hosted)
             for members in search_groups(study).values()]
     jobs += [_experiment_job(study, members) for members in server_groups(study).values()]
     schedules = {name: ScheduleStep(name, [search_json_of(of) for of in knee_searches(wl)],
                                     trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None,
-                                    fingerprint(cfg["workloads"][name]))
+                                    workload_fingerprint(study, name))
                  for name, wl in study.workloads.items()}
     searches = [search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).settings]
     return Plan(jobs, schedules, searches)

@@ -8,7 +8,7 @@ import yaml
 
 from filledfirst.config import group_fingerprint, load_config, server_groups, spec_document
 from filledfirst.errors import UserError
-from filledfirst.study import Study
+from filledfirst.study import Study, as_study
 
 from conftest import REPO
 
@@ -41,10 +41,10 @@ def test_a_sweep_stands_for_its_runs_written_out(tmp_path):
     assert list(swept["experiments"])[-3:] == ["sweep_c1", "sweep_c2", "sweep_c4"]
     assert swept["workloads"] == by_hand["workloads"]
     for name in swept["experiments"]:
-        assert spec_document(swept, name) == spec_document(by_hand, name)
-    assert server_groups(swept) == server_groups(by_hand)
-    assert {g: group_fingerprint(swept, m) for g, m in server_groups(swept).items()} == {
-        g: group_fingerprint(by_hand, m) for g, m in server_groups(by_hand).items()}
+        assert spec_document(as_study(swept), name) == spec_document(as_study(by_hand), name)
+    assert server_groups(as_study(swept)) == server_groups(as_study(by_hand))
+    assert {g: group_fingerprint(as_study(swept), m) for g, m in server_groups(as_study(swept)).items()} == {
+        g: group_fingerprint(as_study(by_hand), m) for g, m in server_groups(as_study(by_hand)).items()}
     # the typed study of the config as written (Snakemake's) has them too
     raw = Study.from_dict({**base, "sweeps": {"sweep": SWEEP}})
     assert raw.experiments == Study.from_dict(by_hand).experiments

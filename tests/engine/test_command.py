@@ -65,7 +65,7 @@ def test_config_values_never_pass_through_a_shell():
     "mutate, message",
     [
         (lambda t: t.replace("max_num_seqs: 64", "max_num_seqs: 64\n    max_num_seq: 3"), "max_num_seq"),
-        (lambda t: t.replace("workload: decode_half_knee\n    part", "workload: nope\n    part"),
+        (lambda t: t.replace("workload: decode_half_knee\n    section", "workload: nope\n    section"),
          "experiments.decode_low.workload"),
         (lambda t: t.replace("launcher: cpu", "launcher: tpu"), "tpu"),
     ],

@@ -50,7 +50,9 @@ def study_config(folder: Path, cap: int, baseline: Path | None = None) -> Path:
                              "output_tokens": 64}]}}
     # At a quarter of the knee, on the search's server: the search's job runs it (one
     # server start per study, filledfirst.config.hosted_experiments).
-    cfg["workloads"]["light"]["phases"][0].update(rate={"of": "knee/capped", "times": 0.25}, count=40)
+    phase = cfg["workloads"]["light"]["phases"][0]
+    del phase["interval_s"]  # a phase's pace is an interval or a relative rate, not both
+    phase.update(rate={"of": "knee/capped", "times": 0.25}, count=40)
     cfg["experiments"] = {"reference": {"workload": "light", "server": {"max_num_seqs": cap}}}
     cfg["frontiers"] = {"knee": {
         "description": "the paced shape under a sequence cap", "workload": "paced",
