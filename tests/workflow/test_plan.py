@@ -51,3 +51,15 @@ def test_every_experiment_runs_in_exactly_one_job(study_and_recorded):
     study, _ = study_and_recorded
     runs = [e.experiment for job in build_plan(study).jobs for e in job.experiments]
     assert sorted(runs) == sorted(study.experiments)
+
+
+def test_the_job_command_lists_the_plan_and_needs_a_name(capsys):
+    from filledfirst.cli import main
+
+    cpu = str(REPO / "config" / "cpu.yaml")
+    assert main(["job", "--config", cpu, "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("frontier_decode_default: search decode/default, search prefix/cache_off, ")
+    assert lines[-1] == "run_group_budget_small: budget_small"
+    assert main(["job", "--config", cpu]) == 2
+    assert "give a job's name (or --list)" in capsys.readouterr().err
