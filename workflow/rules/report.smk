@@ -4,7 +4,7 @@ rule report:
         source=REPORT_SOURCE,
         compare=[COMPARE_HTML] if COMPARE_BASELINE else [],
     output:
-        "reports/report.html",
+        html="reports/report.html",
     log:
         "results/logs/report.log",
     params:
@@ -14,7 +14,7 @@ rule report:
         # the comparison sits beside the report
         compare=f"--compare {os.path.basename(COMPARE_HTML)}" if COMPARE_BASELINE else "",
     shell:
-        "{params.cli} report --db {input.db:q} --source {input.source:q} --out {output:q} {params.title} "
+        "{params.cli} report --db {input.db:q} --source {input.source:q} --out {output.html:q} {params.title} "
         "{params.compare} > {log:q} 2>&1"
 
 
