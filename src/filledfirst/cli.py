@@ -195,9 +195,9 @@ def _study_knees(study, workload: str):
     """The knees a workload of the study is placed relative to, from the searches' results
     where the study's plan puts them (filledfirst.plan)."""
     from filledfirst.frontier.relative import load_knees
-    from filledfirst.plan import build_plan
+    from filledfirst.plan import schedule_knees
 
-    paths = [Path(p) for p in build_plan(study).schedules[workload].knees]
+    paths = [Path(p) for p in schedule_knees(study, workload)]
     if missing := [str(p) for p in paths if not p.is_file()]:
         raise UserError(f"workload {workload} is placed relative to knees not searched yet: {', '.join(missing)} "
                         "missing (run the study's searches first: snakemake runs them before its schedules)")

@@ -171,8 +171,6 @@ def job_resources(study: Study, job: Job) -> dict:
     lowest knee it can meet (hosted_seconds), so the limit is a function Snakemake calls
     once the job's inputs exist."""
     from filledfirst.frontier.plan import frontier_runtime_minutes
-    from filledfirst.plan import trace_csv
-    from filledfirst.study import TraceWorkload
 
     if not job.searches:
         members = [e.experiment for e in job.experiments]
@@ -184,11 +182,7 @@ def job_resources(study: Study, job: Job) -> dict:
         return {**job_request(study), "runtime": search}
 
     def runtime(wildcards, input) -> int:
-        seconds = 0.0
-        for e in job.experiments:
-            wl = study.workloads[e.workload]
-            csv = trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None
-            seconds += hosted_seconds(study, e.experiment, csv)
+        seconds = sum(hosted_seconds(study, e.experiment, e.trace_csv) for e in job.experiments)
         return search + math.ceil(seconds / 60)
 
     return {**job_request(study), "runtime": runtime}

@@ -96,6 +96,7 @@ class ExperimentStep(msgspec.Struct, frozen=True):
     schedule: str | None = None
     # the search whose server it runs on, for one a search job runs
     after_search: str | None = None
+    trace_csv: str | None = None  # a trace workload's CSV, for one a search job runs
 
     @property
     def out(self) -> str:
@@ -140,8 +141,8 @@ class ScheduleStep(msgspec.Struct, frozen=True):
 
     workload: str
     knees: list[str]  # search.json files
-    trace_csv: str | None = None
-    fingerprint: str = ""
+    trace_csv: str | None
+    fingerprint: str
 
     @property
     def out(self) -> str:
@@ -182,17 +183,26 @@ def build_plan(study: Study) -> Plan:
     jobs = [_search_job(study, [split_of(m) for m in members], hosted)
             for members in search_groups(study).values()]
     jobs += [_experiment_job(study, members) for members in server_groups(study).values()]
-    schedules = {name: ScheduleStep(name, [search_json_of(of) for of in knee_searches(wl)],
-                                    trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None,
+    schedules = {name: ScheduleStep(name, schedule_knees(study, name), _trace_of(study, name),
                                     workload_fingerprint(study, name))
-                 for name, wl in study.workloads.items()}
+                 for name in study.workloads}
     searches = [search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).settings]
     return Plan(jobs, schedules, searches)
+
+
+def schedule_knees(study: Study, workload: str) -> list[str]:
+    """The search.json of every search the workload's rates are relative to."""
+    return [search_json_of(of) for of in knee_searches(study.workloads[workload])]
 
 
 def _trace_of(study: Study, workload: str) -> str | None:
     wl = study.workloads[workload]
     return trace_csv(wl.trace) if isinstance(wl, TraceWorkload) else None
+
+
+def _hosted_step(study: Study, experiment: str, search: str) -> ExperimentStep:
+    workload = study.experiments[experiment].workload
+    return ExperimentStep(experiment, workload, after_search=search, trace_csv=_trace_of(study, workload))
 
 
 def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, list[str]]) -> Job:
@@ -203,13 +213,12 @@ def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, 
         steps.append(SearchStep(frontier, setting, search_fingerprint(study, frontier, setting), trace,
                                 schedule_stats(workload) if trace else None))
     own = {s.key for s in steps}
-    runs = [ExperimentStep(exp, study.experiments[exp].workload, after_search=s.key)
-            for s in steps for exp in hosted.get(s.key, [])]
+    runs = [_hosted_step(study, exp, s.key) for s in steps for exp in hosted.get(s.key, [])]
     lead_frontier, lead_setting = members[0]
     relaxed = frontier_plan(study, lead_frontier).interventions.get(lead_setting)
     knees = sorted({of for e in runs for of in knee_searches(study.workloads[e.workload])} - own)
     traces = [s.trace_csv for s in steps if s.trace_csv]
-    traces += sorted({t for e in runs if (t := _trace_of(study, e.workload)) and t not in traces})
+    traces += sorted({e.trace_csv for e in runs if e.trace_csv and e.trace_csv not in traces})
     inputs = Inputs(
         model=model_inputs(study),
         parents=[search_json(lead_frontier, relaxed.parent)] if relaxed is not None else [],

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from filledfirst.plan import Job, trace_csv
+from filledfirst.plan import Job
 from filledfirst.run.runner import Job as RunJob
 from filledfirst.run.runner import run_experiments, warn_unfinished
 from filledfirst.run.search import Hosted, SearchTask, run_searches, warn_failed
-from filledfirst.study import Study, TraceWorkload
+from filledfirst.study import Study
 
 
 def _path(value: str | None) -> Path | None:
@@ -26,8 +26,5 @@ def run_job(study: Study, job: Job, *, progress: bool = True) -> None:
         return
     tasks = [SearchTask(s.frontier, s.setting, Path(s.out), s.fingerprint, _path(s.trace_csv), _path(s.shape_stats))
              for s in job.searches]
-    traces = {wl.trace: Path(trace_csv(wl.trace)) for e in job.experiments
-              if isinstance(wl := study.workloads[e.workload], TraceWorkload)}
-    hosted = Hosted([(e.experiment, Path(e.out)) for e in job.experiments], [Path(k) for k in job.inputs.knees],
-                    traces) if job.experiments else None
+    hosted = Hosted(job.experiments, [Path(k) for k in job.inputs.knees]) if job.experiments else None
     warn_failed(tasks, run_searches(study, tasks, progress=progress, hosted=hosted))

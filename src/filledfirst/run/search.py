@@ -75,6 +75,7 @@ from filledfirst.frontier.probes import offered_rate, synthetic_probe, trace_kep
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 from filledfirst.frontier.verdict import Verdict, backlog_growth, judge
 from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watch_owners
+from filledfirst.plan import ExperimentStep
 from filledfirst.request_metrics import SLO_ATTAINMENT, SLO_REQUESTS
 from filledfirst.run import folder
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
@@ -394,48 +395,35 @@ def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | 
 
 def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probers: list[Prober]) -> None:
     """The hosted experiments, one after the other, on the searches' server (still running),
-    after the last of the searches `probers` ran (`records`, their search.json)."""
-    from filledfirst.config import check_shareable, experiment_spec, host_of
+    after the last of the searches `probers` ran (`records`, their search.json). The plan
+    placed them there: they need exactly that server (filledfirst.plan)."""
     from filledfirst.frontier.relative import KneeFile, load_knees
-    from filledfirst.run.runner import Job, run_hosted
+    from filledfirst.run.runner import Job, run_hosted, warn_unfinished
     from filledfirst.run.schedules import write_workload
 
     prober = probers[-1]
-    names = [exp for exp, _ in hosted.runs]
-    check_shareable(study, names)
-    keys = ", ".join(r.key for r in records)
-    other = [exp for exp in names if experiment_spec(study, exp).server_spec != prober.shared.spec]
-    if other:
-        raise UserError(f"{other} need another server than the search {keys} probed: run them apart")
     knees = {**load_knees(hosted.knees),
              **{r.key: KneeFile(p.out / SEARCH_JSON, r) for r, p in zip(records, probers)}}
     jobs = []
-    for exp, run_out in hosted.runs:
-        name = study.experiments[exp].workload
-        wl = study.workloads[name]
-        csv = hosted.traces.get(wl.trace) if isinstance(wl, TraceWorkload) else None
-        schedule = prober.scratch / f"{exp}.parquet"
-        write_workload(study, name, schedule, knees, csv)
-        jobs.append(Job(exp, schedule, Path(run_out)))
-    log.info("%s: on %s server, %s", keys, "its" if len(records) == 1 else "their", ", ".join(names))
-    hosts = host_of(study)
-    statuses = run_hosted(study, jobs, prober.shared, {exp: hosts[exp] for exp in names},
+    for step in hosted.runs:
+        schedule = prober.scratch / f"{step.experiment}.parquet"
+        write_workload(study, step.workload, schedule, knees, None if step.trace_csv is None else Path(step.trace_csv))
+        jobs.append(Job(step.experiment, schedule, Path(step.out)))
+    log.info("%s: on %s server, %s", ", ".join(r.key for r in records), "its" if len(records) == 1 else "their",
+             ", ".join(step.experiment for step in hosted.runs))
+    statuses = run_hosted(study, jobs, prober.shared, {s.experiment: s.after_search for s in hosted.runs},
                           prober.log_from, progress=prober.progress)
-    for job, status in zip(jobs, statuses):
-        if status != "ok":  # a result all the same: its folder says why, the report lists it
-            log.warning("experiment %s: %s (see %s/run.json)", job.experiment, status, job.out)
+    warn_unfinished(jobs, statuses)
 
 
 @dataclass(frozen=True)
 class Hosted:
     """The experiments a search job runs on its server once its searches have ended
-    (filledfirst.config.hosted_experiments), each with its run folder; their schedules are made then,
-    from the job's knees and the `knees` (search.json files) of the others they name,
-    a trace workload's from `traces` (trace name -> CSV)."""
+    (filledfirst.plan), each with its run folder; their schedules are made then, from the
+    job's knees and the `knees` (search.json files) of the others they name."""
 
-    runs: list[tuple[str, Path]]
+    runs: list[ExperimentStep]
     knees: list[Path] = dataclasses.field(default_factory=list)
-    traces: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -453,13 +441,11 @@ class SearchTask:
 
 
 def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, fingerprint: str, progress: bool = True,
-                 trace_csv: Path | None = None, shape_stats: Path | None = None,
-                 hosted: Hosted | None = None) -> SearchRecord:
+                 trace_csv: Path | None = None, shape_stats: Path | None = None) -> SearchRecord:
     """The search of `setting` of `frontier` in the study, to its end; returns its search.json.
-    `fingerprint`: the search's identity (filledfirst.config.search_fingerprint). `hosted`:
-    experiments to run on the search's server after it, before it stops."""
+    `fingerprint`: the search's identity (filledfirst.config.search_fingerprint)."""
     task = SearchTask(frontier, setting, Path(out), fingerprint, trace_csv, shape_stats)
-    return run_searches(study, [task], progress=progress, hosted=hosted)[0]
+    return run_searches(study, [task], progress=progress)[0]
 
 
 def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True,
