@@ -122,3 +122,43 @@ def latest_gauges(samples: list[SampleRecord]) -> Gauges:
         else:
             out[g.signal] = (sum(v) if g.across_engines == "sum" else max(v)) * g.scale
     return Gauges(**out)
+
+
+# The scheduler's state per scrape and engine (filledfirst.contracts.scheduler): the
+# gauges, the counters it is judged by (their running totals; the diagnosis takes their
+# increases), and the cache's size from the engine's cache settings. A series without an
+# `engine` label is engine 0 (a server that is not data-parallel).
+GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens")
+# Prompt tokens by where they came from; `local_compute` is what the engine computed.
+PROMPT_TOKENS_BY_SOURCE = ("vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_by_source")
+PROMPT_COMPUTED_SOURCE = "local_compute"
+_ENGINE = "coalesce(nullif(regexp_extract(labels, '(^|,)engine=([^,]*)', 2), ''), '0')"
+
+
+def _label_int(key: str) -> str:
+    return f"TRY_CAST(regexp_extract(labels, '(^|,){key}=([0-9]+)', 2) AS BIGINT)"
+
+
+def scheduler_state_sql(samples: str) -> str:
+    """Per run, scrape time and engine, from `samples` (rows of table samples): running,
+    waiting, kv_used (0-1), and the counters preemptions, steps, step_tokens (the tokens
+    of the steps vLLM's step histogram observed), prompt_tokens (computed, not served
+    from a cache), generated; blocks and block_size from the cache settings."""
+    return f"""
+    SELECT run_id, t, {_ENGINE} AS engine,
+           max(value) FILTER (metric IN ({sql_list(RUNNING)})) AS running,
+           max(value) FILTER (metric IN ({sql_list(WAITING)})) AS waiting,
+           max(value) FILTER (metric IN ({sql_list(KV_USAGE)})) AS kv_used,
+           max(value) FILTER (metric IN ({sql_list(PREEMPTIONS)})) AS preemptions,
+           max(value) FILTER (metric = '{ITERATION_TOKENS}_count') AS steps,
+           max(value) FILTER (metric = '{ITERATION_TOKENS}_sum') AS step_tokens,
+           max(value) FILTER (metric IN ({sql_list(PROMPT_TOKENS_BY_SOURCE)})
+                              AND labels LIKE '%source={PROMPT_COMPUTED_SOURCE}%') AS prompt_tokens,
+           max(value) FILTER (metric IN ({sql_list(GENERATION_TOKENS)})) AS generated,
+           max({_label_int('num_gpu_blocks')}) FILTER (metric = '{CACHE_CONFIG_INFO}') AS blocks,
+           max({_label_int('block_size')}) FILTER (metric = '{CACHE_CONFIG_INFO}') AS block_size
+    FROM ({samples})
+    WHERE metric IN ({sql_list(RUNNING + WAITING + KV_USAGE + PREEMPTIONS + GENERATION_TOKENS
+                               + PROMPT_TOKENS_BY_SOURCE + (ITERATION_TOKENS + '_count', ITERATION_TOKENS + '_sum',
+                                                            CACHE_CONFIG_INFO))})
+    GROUP BY ALL"""

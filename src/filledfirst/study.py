@@ -117,6 +117,7 @@ class ServerSettings(_Struct):
     """vLLM settings (engine.server, or an experiment's override); None: vLLM's own."""
 
     max_num_seqs: int | None = None
+    max_num_active_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
     enable_chunked_prefill: bool | None = None
@@ -384,10 +385,13 @@ class DiagnosisRules:
     span, to the last arrival."""
 
     warmup_frac: _BelowOne = _rule(0.1, "of the arrival span, cut from the window's start")
-    cap_frac: _PositiveShare = _rule(0.9, "running >= this x max_num_seqs counts as at the cap")
+    cap_frac: _PositiveShare = _rule(0.9, (
+        "running >= this x max_num_seqs counts as at the cap in the at-the-cap share the report quotes (what held a "
+        "waiting request tests the cap exactly)"))
     default_cap: _Count | None = _rule(None, "max_num_seqs for runs that record none (external replays)")
-    kv_full_pct: _Percent = _rule(90, "KV usage (%) that counts as full")
-    kv_peak_pct: _Percent = _rule(95, "a KV peak this high with preemptions also counts as full")
+    kv_full_pct: _Percent = _rule(90, (
+        "KV usage (%) that counts as full: in the KV-full share the report quotes, and for what held a waiting request "
+        "where no server timing says which request was at the head of the queue"))
     long_prompt_factor: _AboveOne = _rule(10, "a long prompt: this many times the run's median prompt")
     interference_min_ratio: _Positive = _rule(3, "TTFT p90 during long prefills / otherwise")
     interference_min_requests: _Count = _rule(5, (
@@ -398,38 +402,24 @@ class DiagnosisRules:
         "where the server reports per-request timings: also the p90 of their TTFT outside vLLM's queue (from send: "
         "its prefill and the front end, where the wait for the engine step under way shows) / otherwise; long "
         "prefills then run from vLLM's scheduling of the long prompt"))
-    kv_full_min_share: _Share = _rule(0.2, "KV full at least this share of the window for KV-capacity pressure")
-    waiting_min_share: _Share = _rule(0.2, "a waiting queue at least this share of the window for either limit")
+    waiting_min_share: _Share = _rule(0.2, (
+        "requests queued: a waiting queue at least this share of the window (or vLLM's queue a share of TTFT, "
+        "queue_min_ttft_share)"))
     eviction_min_ideal_share: _Share = _rule(0.2, (
         "for prefix-cache eviction, an unbounded cache would have served at least this share of the prompt tokens "
         "(the trace offered reuse)"))
     eviction_max_efficiency: _Share = _rule(0.5, (
         "for prefix-cache eviction, the cache served less than this share of what an unbounded cache would have"))
-    kv_pressure_max_cap_share: _Share = _rule(0.2, (
-        "running at the cap less than this share of the window for KV-capacity pressure"))
-    seq_limit_min_cap_share: _Share = _rule(0.5, (
-        "running at the cap at least this share of the window for the active-sequence limit"))
-    seq_limit_max_kv_full_share: _Share = _rule(0.05, (
-        "KV full at most this share of the window for the active-sequence limit (vLLM preempts only when KV runs out)"))
-    seq_limit_max_preemptions: _NonNegativeInt = _rule(0, (
-        "preemptions in the window allowed for the active-sequence limit"))
-    queue_min_ttft_share: _Share = _rule(0.5, (
-        "where the server reports per-request timings: vLLM's queue at least this share of the TTFT of the requests "
-        "arriving in the window, for either limit"))
     budget_min_fill: _Share = _rule(0.8, (
-        "the engine steps taken while requests waited (from a scrape that saw a queue to the next) used on average at "
-        "least this share of the per-step token budget (max_num_batched_tokens), with neither limit full, for the "
-        "prefill token budget"))
-    reference_max_waiting_share: _Share = _rule(0.1, (
-        "a waiting queue less than this share of the window for the reference label"))
-    reference_max_cap_share: _Share = _rule(0.2, (
-        "running at the cap less than this share of the window for the reference label"))
-    reference_max_kv_full_share: _Share = _rule(0.05, (
-        "KV full less than this share of the window for the reference label"))
-    reference_max_queue_share: _Share = _rule(0.25, (
-        "where the server reports per-request timings: vLLM's queue less than this share of the TTFT of the requests "
-        "arriving in the window, for the reference label (a bursty run queues in short bursts: little of the time, "
-        "much of its requests' wait)"))
+        "the steps from a scrape to the next carried on average at least this share of the per-step token budget "
+        "(max_num_batched_tokens): the budget held the requests waiting at that scrape"))
+    queue_min_ttft_share: _Share = _rule(0.25, (
+        "requests queued: where the server reports per-request timings, vLLM's queue at least this share of the TTFT "
+        "of the requests arriving in the window (a bursty run queues in short bursts: little of the time, much of its "
+        "requests' wait)"))
+    next_min_share: _Share = _rule(0.1, (
+        "a second constraint holding at least this share of the waiting is named as what filled next (less is the "
+        "scrapes catching a step boundary, not a limit)"))
     max_lag_ms: _NonNegative = _rule(50, "dispatch lag p99 above this: client-limited")
     max_client_cpu_share: _PositiveShare = _rule(0.9, (
         "the client's CPU time over the replay's wall time (one event loop: one core) at or above this: "
@@ -447,6 +437,10 @@ class DiagnosisRules:
     min_window_scrapes: _Count = _rule(4, "scrapes inside the loaded window needed for any label")
     slo_ttft_ms: _Positive = _rule(1000, "TTFT objective of the goodput")
     slo_itl_ms: _Positive = _rule(200, "against each request's longest gap between tokens (a stall)")
+    slo_min_met_share: _Share = _rule(0.95, (
+        "a run whose requests did not queue is a reference if at least this share of the answered requests "
+        "arriving in the loaded window met the SLO (the capacity search's default target); fewer: nothing queued, "
+        "the steps themselves were too slow: compute-bound"))
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> DiagnosisRules:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+import msgspec
 import pytest
 
 from filledfirst.analysis import signals
@@ -43,7 +44,7 @@ def test_the_bracket_and_what_filled_first_at_the_knee(db):
     assert seq8["hi_goodput_rps"] == pytest.approx(0.3 * hi_rates["offered_rps"])
     assert seq8["hi_output_tok_s"] == hi_rates["total_tok_s"]
     assert seq8["knee_label"] == diag["cap/seq8/p03-x"] == "active-sequence limit"
-    assert seq8["knee_clue"].startswith("running at >= 8 of 8")
+    assert seq8["knee_clue"].startswith("the cap held 100 % of the waiting (running at most 8 of 8")
     # the cap and a queue first at 8 req/s (5.657: 6.8 in flight of 8, under the 90 % mark)
     assert seq8["waiting_from_rps"] == seq8["cap_from_rps"] == seq8["ttft_p95_from_rps"] == 8.0
     assert seq8["kv_full_from_rps"] is None
@@ -97,22 +98,24 @@ def _knee(**probe):
     return FrontierProbe(**{**base, **probe})
 
 
-@pytest.mark.parametrize(("cap", "kv_full", "label", "said"), [
-    (0.0, 0.14, "KV-capacity pressure", "queued behind the KV cache"),
-    (0.12, 0.0, "active-sequence limit", "queued behind the cap"),
-    (0.0, 0.0, "compute-bound", "neither limit full"),
+@pytest.mark.parametrize(("held_by", "bound", "label"), [
+    ("KV-capacity pressure", "KV blocks 80 %, compute 20 %", "KV-capacity pressure"),
+    ("active-sequence limit", "cap 100 %", "active-sequence limit"),
+    ("compute-bound", "compute 100 %", "compute-bound"),
 ])
-def test_a_knee_broken_by_its_growing_queue_names_the_limit_that_was_full(cap, kv_full, label, said):
+def test_a_knee_broken_by_its_growing_queue_names_what_held_the_queue(held_by, bound, label):
     """Every request met the SLO and the queue grew: the queue formed late in the probe, too
-    little of its window for the diagnosis' shares (waiting 13 %), and what was full while
-    it grew is what filled first, not a `compute-bound` 'SLO broken with no queue'."""
+    little of its window for the run to count as queued (waiting 13 %), and what held the
+    waiting the scrapes saw is what filled first, not 'SLO broken with no queue'."""
     from filledfirst.analysis.frontiers import _knee_label
     from filledfirst.contracts.diagnosis import DiagnosisRow
 
-    d = DiagnosisRow(run_id="kv/kv160/p03", experiment="kv/kv160/p03", label="unclassified", clue="",
-                     waiting_share=0.13, running_at_cap_share=cap, kv_full_share=kv_full)
-    got, clue = _knee_label(d, _knee(), DiagnosisRules())
-    assert got == label and said in clue and "queue grew 0.14 s/s" in clue
-    # broken by its attainment, the same evidence is a break with no queue
+    d = DiagnosisRow(run_id="kv/kv160/p03", experiment="kv/kv160/p03", label="reference", clue="",
+                     waiting_share=0.13, held_by=held_by, bound=bound)
+    got, clue = _knee_label(d, _knee())
+    assert got == label and f"held by {bound}" in clue and "queue grew 0.14 s/s" in clue
+    # no scrape saw a request waiting: broken by its TTFT with no queue
+    seen_none = msgspec.structs.replace(d, held_by=None, bound=None)
     missed = _knee(attainment=0.5, attainment_lo=0.37, attainment_hi=0.63, missed={"failed": 0, "ttft": 26, "itl": 0})
-    assert _knee_label(d, missed, DiagnosisRules())[0] == "compute-bound"
+    assert _knee_label(seen_none, missed)[0] == "compute-bound"
+    assert _knee_label(seen_none, _knee(missed={"failed": 0, "ttft": 2, "itl": 20}))[0] == "ITL-bound"

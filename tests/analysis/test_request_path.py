@@ -115,7 +115,8 @@ def test_gauges_alone_would_call_a_wait_outside_the_queue_a_sequence_limit(tmp_p
     d = run_of(tmp_path, **run)
     assert d["label"] == "unclassified", d["clue"]
     assert 0 < d["window_queue_share"] < 0.005
-    assert "active-sequence limit: vLLM's queue 0 % of TTFT (needs >= 50 %)" in d["clue"]
+    assert d["clue"] == ("the gauges saw requests waiting 100 % of the time, but vLLM's queue was only 0 % of their "
+                         "TTFT (needs >= 25 %): they waited outside its queue")
     # without the server's timings the gauges alone give the label
     assert run_of(tmp_path, **seq_limit_run("front_gauges", with_timings=False))["label"] == "active-sequence limit"
     # the threshold is a rule
@@ -132,8 +133,13 @@ def test_kv_pressure_needs_the_queue_to_dominate_too(tmp_path):
     run = kv_pressure_run("kvfront")
     run["requests"] = [timed(r, queue_s=0.0) for r in run["requests"]]  # never queued: scheduled at once
     d = run_of(tmp_path, **run)
-    assert d["label"] == "unclassified", d["clue"]
-    assert "KV-capacity pressure: vLLM's queue 0 % of TTFT (needs >= 50 %)" in d["clue"]
+    # a preempted request waits in the queue again, and its timings count that wait as prefill:
+    # with preemptions, the gauges' queue stands
+    assert d["label"] == "KV-capacity pressure", d["clue"]
+    assert d["window_preemptions"] > 0 and d["window_queue_share"] < 0.05
+    run["samples"] = [s for s in run["samples"] if "preemptions" not in s[1]]
+    d = run_of(tmp_path, **run | {"run_id": "kvfront_nopre"})
+    assert d["label"] == "unclassified" and "they waited outside its queue" in d["clue"], d["clue"]
 
 
 def test_interference_outside_the_queue_is_interference(tmp_path):
@@ -160,11 +166,12 @@ def test_gauges_alone_would_call_a_queue_behind_a_long_prompt_interference(tmp_p
     d = run_of(tmp_path, **run)
     assert d["label"] != "prefill-decode interference", d["clue"]
     assert d["interference_ratio"] == pytest.approx(30) and d["interference_prefill_ratio"] < 1.5
-    # a queue with neither limit full, and the interference ratios that did not make it one
-    assert d["clue"].startswith("requests queued (waiting 34 % of the time, vLLM's queue 60 % of TTFT) with "
-                                "neither limit full"), d["clue"]
-    assert d["clue"].endswith("; prefill-decode interference: TTFT p90 30.0x that of the other 36 "
-                              "but outside vLLM's queue 1.2x (needs >= 2x)"), d["clue"]
+    # a queue with no limit full: the step in flight (the long prefill) held it, and the
+    # interference ratios that did not make it interference
+    assert d["label"] == "compute-bound", d["clue"]
+    assert d["clue"].startswith("the step in flight held 100 % of the waiting, with no limit full"), d["clue"]
+    assert ("(prefill-decode interference: TTFT p90 30.0x that of the other 36 but outside vLLM's queue 1.2x "
+            "(needs >= 2x))") in d["clue"]
     without = run | {"run_id": "intq_gauges", "requests": [
         {k: v for k, v in r.items() if not k.startswith("server_")} for r in reqs]}
     assert run_of(tmp_path, **without)["label"] == "prefill-decode interference"
@@ -215,10 +222,9 @@ def test_the_glance_number_of_a_limit_carries_its_queue(tmp_path):
 
     rules = DiagnosisRules()
     d = run_of(tmp_path, **seq_limit_run("glance", with_timings=True))
-    assert key_number(DiagnosisRow.from_columns(d), rules) == ("running at the cap 100 % of the time, vLLM's queue "
-                                                               "99 % of TTFT")
+    assert key_number(DiagnosisRow.from_columns(d), rules) == "waiting held by cap 100 %, vLLM's queue 99 % of TTFT"
     d = run_of(tmp_path, **seq_limit_run("glance_gauges", with_timings=False))
-    assert key_number(DiagnosisRow.from_columns(d), rules) == "running at the cap 100 % of the time"
+    assert key_number(DiagnosisRow.from_columns(d), rules) == "waiting held by cap 100 %"
     run = interference_run("glance_int")
     d = run_of(tmp_path, **run | {"requests": [timed(r, queue_s=0.0) for r in run["requests"]]})
     assert key_number(DiagnosisRow.from_columns(d), rules) == ("TTFT p90 30.0x higher behind a long prompt "

@@ -96,9 +96,10 @@ def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server(
     assert hosted["decode/seq2"] == ["seq_limit"]
     # in config order, after the search
     assert hosted["decode/default"] == ["interference", "interference_control", "decode_low", "decode_high"]
-    # placed on decode/default's knee, but on 160 KV blocks: a server group of its own
+    # placed on decode/default's knee, but on 160 KV blocks: a server group with the other
+    # experiment on 160 blocks, in config order
     assert "kv_reduced" not in {e for exps in hosted.values() for e in exps}
-    assert server_groups(as_study(c))["kv_reduced"] == ["kv_reduced"]
+    assert server_groups(as_study(c))["kv_reduced"] == ["kv_reduced", "kv_head"]
     # on seq2's knee with the default server: in the default group, not hosted by seq2
     assert "seq_default" in server_groups(as_study(c))["seq_default"]
     # no interventions host: nothing is placed on their knees

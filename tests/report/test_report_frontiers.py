@@ -96,7 +96,7 @@ def test_leading_signal_and_its_lead():
     ("prefill-decode interference", "max_num_batched_tokens"),
     ("prefill token budget", "a larger per-step token budget"),
     ("ITL-bound", "more compute or a smaller batch"),
-    ("compute-bound", "more compute or a smaller batch"),
+    ("compute-bound", "faster steps: more compute"),
     ("unclassified", "read the clue"),
     ("failed", "failed outright"),
 ])
@@ -120,7 +120,7 @@ def test_frontier_table_per_setting(con):
     # output tokens/s beside the rate when the runs measured it (these synthetic runs did not)
     assert "5.66 req/s (1,234 output tok/s)" in frontiers.frontier_table_html(
         [msgspec.structs.replace(rows[0], lo_output_tok_s=1234.4)])
-    assert "running at &gt;= 8 of 8" in html  # the knee's clue, escaped
+    assert "the cap held 100 % of the waiting" in html  # the knee's clue
     assert "waiting &gt; 0 and running at the cap from 8 req/s: at the break itself" in html
     assert "more sequences (max_num_seqs)" in html and "ITL-bound" in html and "budget" in html
 
@@ -156,7 +156,7 @@ def test_summary_rows_by_part_and_frontier(con):
     ref, lim, seq8, slow = rows
     assert (ref.found, ref.mark, ref.number) == ("reference", "as designed", "waiting 0 % of the time")
     assert (lim.designed, lim.found, lim.mark) == ("KV-capacity pressure", "active-sequence limit", "DIFFERS")
-    assert lim.number == "running at the cap 100 % of the time"
+    assert lim.number == "waiting held by cap 100 %"
     assert (seq8.found, seq8.number) == (
         "active-sequence limit",
         "held 5.66 req/s, broke at 8 req/s; capacity 5.14 to 8 req/s (90 %); drift -14 % (DRIFTED)")

@@ -236,7 +236,6 @@ class NoQueueLabel(StrEnum):
     """A knee's own label where the diagnosis found no queue and nothing full."""
 
     ITL_BOUND = "ITL-bound"
-    COMPUTE_BOUND = "compute-bound"
 
 
 class NoQueue:
@@ -277,34 +276,24 @@ def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[Pro
     return out
 
 
-def _knee_label(d: DiagnosisRow | None, probe: FrontierProbe, rules: DiagnosisRules
-                ) -> tuple[str | None, str | None]:
+def _knee_label(d: DiagnosisRow | None, probe: FrontierProbe) -> tuple[str | None, str | None]:
     if d is None:
         return None, None
     label, clue = d.label, d.clue
-    ws, cap, kvf = d.waiting_share, d.running_at_cap_share, d.kv_full_share
-    if label not in (Label.REFERENCE, Label.UNCLASSIFIED) or ws is None or ws >= rules.waiting_min_share:
+    if label not in (Label.REFERENCE, Label.UNCLASSIFIED):
         return label, clue
+    why = (f"its run queued too little to be labelled (waiting {_pct(d.waiting_share)} of the time, vLLM's queue "
+           f"{_pct(d.window_queue_share)} of TTFT)")
     if _broke_on_backlog(probe):
-        # Its requests met the SLO; it broke because its queue grew. That queue forms over the
-        # probe's last part, so it is in too little of the loaded window for the experiments'
-        # shares, and the limit that was full while it grew is what filled first.
-        full = {Label.KV_PRESSURE: kvf or 0.0, Label.SEQ_LIMIT: cap or 0.0}
-        limit = max(full, key=full.get)
-        why = (f"its requests met the SLO but its queue grew {probe.backlog_growth:.3g} s/s (waiting {ws:.0%} "
-               f"of the time), while running at the cap {_pct(cap)} and KV full {_pct(kvf)} of the loaded time")
-        if full[limit] > 0:
-            return limit.value, f"{why}: it queued behind the {'KV cache' if limit is Label.KV_PRESSURE else 'cap'}"
-        return NoQueueLabel.COMPUTE_BOUND, f"{why}: it queued with neither limit full"
-    if ((cap is not None and cap >= rules.seq_limit_min_cap_share)
-            or (kvf is not None and kvf >= rules.kv_full_min_share)):
-        return label, clue
+        why = f"its requests met the SLO but its queue grew {probe.backlog_growth:.3g} s/s"
+    if d.held_by:
+        # the probe broke: what held the waiting the scrapes saw is what filled first
+        return d.held_by, f"{why}; the waiting the scrapes saw was held by {d.bound}"
     missed = probe.missed or {}
     itl, ttft, failed = missed.get("itl", 0), missed.get("ttft", 0), missed.get("failed", 0)
-    own = NoQueueLabel.ITL_BOUND if itl > ttft else NoQueueLabel.COMPUTE_BOUND
-    return own, (f"SLO broken with no queue (waiting {ws:.0%} of the time) and no full resource "
-                 f"(running at cap {_pct(cap)}, KV full {_pct(kvf)}): of {probe.requests} requests "
-                 f"{itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
+    own = NoQueueLabel.ITL_BOUND if itl > ttft else Label.COMPUTE
+    return own, (f"SLO broken with no queue a scrape saw (waiting {_pct(d.waiting_share)} of the time): of "
+                 f"{probe.requests} requests {itl} over the ITL SLO, {ttft} over the TTFT SLO, {failed} failed")
 
 
 def _pct(share: float | None) -> str:
@@ -361,7 +350,7 @@ def _row(name: str, setting: str, probes: list[ProbeRun], search: SearchRecord |
         sides[f"{side}_output_tok_s"] = r.get("total_tok_s")
         sides[f"{side}_attainment"] = p.probe.attainment if p else None
         sides[f"{side}_goodput_rps"] = p.probe.attainment * offered if p and offered is not None else None
-    knee_label, knee_clue = _knee_label(diag.get(hi_p.run_id), hi_p.probe, rules) if hi_p else (None, None)
+    knee_label, knee_clue = _knee_label(diag.get(hi_p.run_id), hi_p.probe) if hi_p else (None, None)
 
     def lowest(crossed: Callable[[DiagnosisRow, dict[str, Any]], bool]) -> float | None:
         return min((p.probe.rate for p in measured

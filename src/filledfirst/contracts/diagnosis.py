@@ -65,6 +65,11 @@ class DiagnosisRow(msgspec.Struct, frozen=True, kw_only=True):
     ideal_hit_share: float | None = None
     measured_hit_share: float | None = None
     cache_efficiency: float | None = None
+    waited_request_s: float | None = None
+    bound: str | None = None
+    held_by: str | None = None
+    step_ms: float | None = None
+    prefill_share: float | None = None
 
     @classmethod
     def from_columns(cls, row: dict[str, Any]) -> DiagnosisRow:

@@ -166,6 +166,12 @@ class RunMeta(Document):
         return int(value) if value is not None else None
 
     @property
+    def max_num_active_seqs(self) -> int | None:
+        """The admission cap below max_num_seqs the server ran with, where it had one."""
+        value = self.server.settings.get("max_num_active_seqs", self._spec("server", "max_num_active_seqs"))
+        return int(value) if value is not None else None
+
+    @property
     def token_budget(self) -> int | None:
         """The per-step token budget the server ran with: as it said, else as started,
         else as the spec asked."""

@@ -16,6 +16,7 @@ from filledfirst.study import Model
 # setting -> flag; booleans use vLLM's --x / --no-x pairs so a False is explicit too.
 _VALUE_FLAGS = {
     "max_num_seqs": "--max-num-seqs",
+    "max_num_active_seqs": "--max-num-active-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "num_gpu_blocks_override": "--num-gpu-blocks-override",

@@ -26,6 +26,8 @@ SEED_PATTERNS = {  # the seed's side-by-side table: case -> (what is happening, 
                          "requests wait while steps use the whole budget, cap and KV with room"),
     Label.PREFIX_EVICTION: ("full KV evicts the cached prefixes the traffic shares",
                             "cache hits fall far below the trace's reuse while KV is full and requests wait"),
+    Label.COMPUTE: ("the engine's steps are the limit (the seed: prefill is compute-bound)",
+                    "requests wait for the step in flight with slots, blocks and budget to spare"),
 }
 
 
@@ -49,8 +51,11 @@ def evidence_intro(rules: DiagnosisRules) -> str:
         f"{numbers.share(rules.min_scrape_coverage)}); its shares with running at the cap (>= "
         f"{numbers.share(rules.cap_frac)} of max_num_seqs per engine), a queue, and KV at or above "
         f"{rules.kv_full_pct:g} %; where the server reports per-request timings, its queue's share of the "
-        f"TTFT of the requests arriving in the window (either limit needs >= "
-        f"{numbers.share(rules.queue_min_ttft_share)}); when each limit first crossed; Little's law (the server's mean "
+        f"TTFT of the requests arriving in the window (the requests queued at >= "
+        f"{numbers.share(rules.queue_min_ttft_share)}; without timings, a queue >= "
+        f"{numbers.share(rules.waiting_min_share)} of the time); what held the waiting requests, scrape by scrape in "
+        "the scheduler's order, as shares of the request-seconds of waiting the scrapes saw (the label is the "
+        "largest); when each limit first crossed; Little's law (the server's mean "
         "running + waiting over the client's mean requests in flight); goodput (requests meeting "
         f"TTFT <= {rules.slo_ttft_ms:g} ms and no gap between tokens above {rules.slo_itl_ms:g} ms, per "
         "second: the offered load times the share that met them; failed ones never); and the KV "
@@ -77,13 +82,13 @@ def evidence_table(diagnosis: Sequence[DiagnosisRow], rules: DiagnosisRules) -> 
             numbers.share(d.scrape_coverage), numbers.share(d.running_at_cap_share),
             numbers.share(d.waiting_share), numbers.share(d.kv_full_share),
             reported_share(d.window_queue_share) if d.window_timed else NOT_REPORTED,
-            d.first_crossings or "", little,
+            d.bound or "nothing a scrape saw waiting", d.first_crossings or "", little,
             "n/a" if goodput is None else f"{goodput:.2f} req/s ({numbers.share(d.slo_met_share)} met the SLO)",
             ledger,
         ])
     return html_table(
         ["run", "loaded window", "scrape coverage", "at the cap", "waiting", f"KV >= {rules.kv_full_pct:g} %",
-         "vLLM's queue share of TTFT", "first crossings",
+         "vLLM's queue share of TTFT", "what held the waiting", "first crossings",
          "Little's law L / λW", "goodput", "KV ledger"],
         body,
     )

@@ -30,6 +30,7 @@ import duckdb
 import polars as pl
 
 from filledfirst.analysis import signals
+from filledfirst.analysis.diagnosis import scheduler
 from filledfirst.analysis.diagnosis.caveats import warnings
 from filledfirst.analysis.diagnosis.features import features
 from filledfirst.analysis.diagnosis.rules import judge
@@ -50,14 +51,31 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
              expect: Mapping[str, str] | None = None) -> pl.DataFrame:
     """One row per run. `expect`: experiment -> designed-for label, for runs whose
     run.json does not carry `spec.expect` (e.g. from the config the CLI was given)."""
+    return _diagnose(con, rules, expect)[0]
+
+
+def _diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules, expect: Mapping[str, str] | None
+              ) -> tuple[pl.DataFrame, list[scheduler.SchedulerState]]:
     summary = signals.run_summary(con).select(*SUMMARY_COLUMNS)
     metas = signals.run_metas(con)
+    window = windows(con, summary, metas, rules)
+    all_states = scheduler.states(con, {
+        w["run_id"]: scheduler.RunLimits(w["cap"], w["budget"], w["hold"]) for w in window.to_dicts()}, rules)
+    states = _by_run(all_states)
     rows = []
-    for row in measure(con, summary, windows(con, summary, metas, rules), rules):
+    for row in measure(con, summary, window, rules):
         meta = metas.get(row["run_id"]) or runmeta.unknown(row["run_id"])
-        f = features(row, meta, rules)
+        bound = scheduler.bindings(states.get(row["run_id"], []), row["start"] or 0.0, row["stop"] or 0.0, row["hold"])
+        f = features(row, meta, rules, bound)
         rows.append(stored_row(f, meta.expect or (expect or {}).get(f.experiment), judge(f, rules), warnings(f, rules)))
-    return pl.DataFrame(rows, schema=SCHEMA)
+    return pl.DataFrame(rows, schema=SCHEMA), all_states
+
+
+def _by_run(states: list[scheduler.SchedulerState]) -> dict[str, list[scheduler.SchedulerState]]:
+    out: dict[str, list[scheduler.SchedulerState]] = {}
+    for s in states:
+        out.setdefault(s.run_id, []).append(s)
+    return out
 
 
 def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
@@ -70,8 +88,9 @@ def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
         if not table_exists(con, "runs"):
             raise UserError(f"{db_path}: no runs table (run `filledfirst ingest` first)")
         upgrade(con)  # a database ingested before the requests gained a column
-        df = diagnose(con, rules, expect)
+        df, states = _diagnose(con, rules, expect)
         store(con, df, rules)
+        scheduler.store(con, states)
         if parts is not None:
             store_parts(con, parts)
     return df

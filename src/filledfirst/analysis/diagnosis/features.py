@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from filledfirst.analysis.diagnosis.kv_ledger import kv_ledger
+from filledfirst.analysis.diagnosis.scheduler import Bindings
+from filledfirst.analysis.numbers import share
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.study import DiagnosisRules
 
@@ -60,6 +62,11 @@ class Features:
     littles_ok: bool  # true where not checked
     goodput_rps: float | None
     slo_met_share: float | None  # of the requests sent
+    # of the answered requests arriving in the loaded window: the share that met the SLO,
+    # and how many were over its TTFT
+    window_answered: int | None
+    window_slo_met_share: float | None
+    ttft_over: int | None
     # the KV ledger (filledfirst.analysis.diagnosis.kv_ledger)
     kv_bytes_per_token: float | None
     kv_capacity_tokens: float | None
@@ -91,12 +98,18 @@ class Features:
     ideal_hit_share: float | None
     measured_hit_share: float | None
     cache_efficiency: float | None
+    # what held the requests that waited in the window (filledfirst.analysis.diagnosis.scheduler)
+    bindings: Bindings
+    waited_request_s: float | None  # request-seconds of waiting the scrapes saw in the window
+    bound: str | None  # every constraint's share of that waiting, largest first
+    step_ms: float | None  # the mean step time while requests waited for the step in flight
+    prefill_share: float | None  # of the tokens those steps computed
     notes: tuple[str, ...]  # what could not be checked and why
 
 
-def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules) -> Features:
-    """`row`: one of filledfirst.analysis.diagnosis.sql.measure's. Every field not derived
-    here is the SQL column of its name."""
+def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, bindings: Bindings) -> Features:
+    """`row`: one of filledfirst.analysis.diagnosis.sql.measure's; `bindings`: what held
+    the run's waiting requests. Every field not derived here is the SQL column of its name."""
     notes: list[str] = []
     n = row["n_requests"] - row["n_not_sent"]  # what the server saw
     littles = _littles(row, meta, r, notes)
@@ -121,6 +134,9 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules) -> Featur
         kv_fit_concurrency=ledger.fit_concurrency,
         prefix_caching=meta.server.settings.get("enable_prefix_caching"),
         **_cache(row),
+        bindings=bindings, waited_request_s=bindings.waited if row["n_requests"] else None,
+        bound=", ".join(f"{c} {share(part)}" for c, part in bindings.shares if part >= 0.005) or None,
+        step_ms=bindings.step_ms, prefill_share=bindings.prefill_share,
         notes=tuple(notes),
     )
     return Features(**{f.name: row[f.name] for f in fields(Features) if f.name not in derived}, **derived)
@@ -132,9 +148,10 @@ def _budget(row: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
            else "no step histogram was scraped" if steps is None else None)
     if why and row["n_requests"]:
         notes.append(f"the per-step token budget's use not measured: {why}")
-    # A prompt's tokens count at the step it finishes: a stretch's first step may carry a
-    # prompt mostly computed before it, so the mean can pass the budget by a little.
-    fill = min(row["queued_tokens"] / (steps * budget), 1.0) if why is None and steps else None
+    # A prompt's tokens count at the step it finishes (vLLM's step histogram): a stretch's
+    # first step may carry a prompt mostly computed before it, so the mean can pass the
+    # budget; kept as measured, so the bias shows.
+    fill = row["queued_tokens"] / (steps * budget) if why is None and steps else None
     return {"token_budget": budget, "budget_queued_steps": None if why else int(steps), "budget_fill": fill}
 
 
@@ -192,5 +209,6 @@ def _goodput(row: Mapping[str, Any]) -> dict[str, Any]:
     """The offered load (signals.OFFERED) times the share of sent requests that met the SLO."""
     met, n, offered = row["met"], row["n"], row["offered_rps"]
     share = met / n if met is not None and n else None
+    answered = row["window_answered"]
     return {"goodput_rps": offered * share if share is not None and offered is not None else None,
-            "slo_met_share": share}
+            "slo_met_share": share, "window_slo_met_share": row["window_met"] / answered if answered else None}

@@ -13,5 +13,6 @@ class Label(StrEnum):
     PREFIX_EVICTION = "prefix-cache eviction"
     SEQ_LIMIT = "active-sequence limit"
     TOKEN_BUDGET = "prefill token budget"
+    COMPUTE = "compute-bound"
     REFERENCE = "reference"
     UNCLASSIFIED = "unclassified"

@@ -16,13 +16,13 @@ queue to be inflated as well. The clue says which evidence was used.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Protocol
 
 from filledfirst.analysis.diagnosis.features import Features
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.numbers import NA, count, magnitude, share
 from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.scheduler import Constraint
 from filledfirst.contracts.search import Knob
 from filledfirst.study import DiagnosisRules
 
@@ -32,7 +32,8 @@ Check = tuple[bool, str]  # a condition and what was measured for it
 class Verdict(NamedTuple):
     label: Label
     clue: str
-    then_filled: str | None = None  # where two limits filled: the second, with its time
+    then_filled: str | None = None  # where two limits held the waiting: the second, with its share
+    held_by: Label | None = None  # the label of what held most of the waiting (whatever the run's label)
 
 
 class Rule(Protocol):
@@ -170,35 +171,11 @@ class _Conditions(_Labelled):
         return [", ".join(text for ok, text in self.conditions(f, t) if not ok)]
 
 
-class KvPressure(_Conditions):
-    """KV full (or at a peak with preemptions) and requests waiting, with sequence headroom."""
-
-    label = Label.KV_PRESSURE
-    knob = Knob.KV
-    moves_the_knee = "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype"
-
-    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
-        return f"KV >= {t.kv_full_pct:g} % for {share(d.kv_full_share)} of the time{_queue_number(d)}"
-
-    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
-        return [
-            _kv_full(f, t),
-            _waiting(f, t),
-            _cap_headroom(f, t),
-            *_queue(f, t),
-        ]
-
-    def clue(self, f: Features, t: DiagnosisRules) -> str:
-        return (f"KV at or above {t.kv_full_pct:g} % for {share(f.kv_full_share)} of the loaded time, "
-                f"{f.window_preemptions or 0:.0f} preemptions, "
-                f"running at most {count(f.window_running_max, NA, grouped=False)}{_of(f)}, "
-                f"waiting in {share(f.waiting_share)} of the time{_cap_note(f)}{_queue_evidence(f)}")
-
-
 class PrefixEviction(_Conditions):
     """The prefix cache lost its reuse to a KV pool too small for it: the trace offered
     reuse (an unbounded cache would have served a good share of the prompt tokens), the
-    cache on served far less of it, and requests waited, with sequence headroom. The prompts
+    cache on served far less of it, and requests waited for something other than the cap
+    (blocks, or the steps that compute the evicted prefixes again). The prompts
     whose shared blocks were evicted are computed again, so the prefill grows with the load
     instead of shrinking with reuse.
 
@@ -228,9 +205,11 @@ class PrefixEviction(_Conditions):
                    f">= {share(t.eviction_min_ideal_share)}"),
             _check(_lt(f.cache_efficiency, t.eviction_max_efficiency),
                    f"the cache served {share(f.cache_efficiency)} of that", f"< {share(t.eviction_max_efficiency)}"),
-            _waiting(f, t),
-            _cap_headroom(f, t),
-            *_queue(f, t),
+            _check(_queued(f, t), _queue_seen(f),
+                   f"waiting >= {share(t.waiting_min_share)} of the time, or vLLM's queue "
+                   f">= {share(t.queue_min_ttft_share)} of TTFT"),
+            _check(bool(f.bindings.shares) and f.bindings.shares[0][0] is not Constraint.CAP,
+                   f"held {f.bound or 'by nothing a scrape saw'}", "mostly by something other than the cap"),
         ]
 
     def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
@@ -240,187 +219,194 @@ class PrefixEviction(_Conditions):
     def clue(self, f: Features, t: DiagnosisRules) -> str:
         return (f"the prefix cache served {share(f.measured_hit_share)} of the prompt tokens where an unbounded one "
                 f"would have served {share(f.ideal_hit_share)} ({share(f.cache_efficiency)} of the reuse the trace "
-                f"offered), waiting in {share(f.waiting_share)} of the time, running at most "
-                f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}; KV held by running requests at most "
-                f"{magnitude(f.window_kv_max_pct)} %, at or above {t.kv_full_pct:g} % for {share(f.kv_full_share)} "
-                f"of the loaded time, {f.window_preemptions or 0:.0f} preemptions{_queue_evidence(f)}")
+                f"offered); {_waiting_seen(f)}; KV held by running requests at most "
+                f"{magnitude(f.window_kv_max_pct)} %, {f.window_preemptions or 0:.0f} preemptions{_queue_evidence(f)}")
 
 
-class BothLimits(_Conditions):
-    """KV full and running at the cap, with requests waiting: both limits filled in the
-    loaded window. What filled first is the one whose crossing came first on the run's
-    clock (running first at the cap, KV first at or above kv_full_pct); the clue names
-    the other, with its time. Crossed at the same scrape: the one that held for the
-    larger share of the window."""
+class _Bound(_Labelled):
+    """Requests waited, and what held them most (weighted by the requests waiting:
+    filledfirst.analysis.diagnosis.scheduler) is one of this label's `constraints`."""
 
-    name = "both limits"
+    constraints: tuple[Constraint, ...]
 
-    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
-        return [
-            _kv_full(f, t),
-            _check(_ge(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
-                   f">= {share(t.kv_pressure_max_cap_share)}"),
-            _waiting(f, t),
-            *_queue(f, t),
-        ]
-
-    def first(self, f: Features) -> tuple[Label, Label]:
-        cap_t, kv_t = f.t_first_cap_s, f.t_first_kv_s
-        if cap_t is not None and kv_t is not None and cap_t != kv_t:
-            cap_first = cap_t < kv_t
-        elif cap_t is None or kv_t is None:
-            cap_first = kv_t is None
-        else:
-            cap_first = (f.running_at_cap_share or 0) >= (f.kv_full_share or 0)
-        return (Label.SEQ_LIMIT, Label.KV_PRESSURE) if cap_first else (Label.KV_PRESSURE, Label.SEQ_LIMIT)
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        first = bound_labels(f)
+        return _queued(f, t) and bool(first) and first[0][0] is self.label
 
     def verdict(self, f: Features, t: DiagnosisRules) -> Verdict:
-        first, second = self.first(f)
-        t_second = f.t_first_kv_s if second is Label.KV_PRESSURE else f.t_first_cap_s
-        return Verdict(first, self.clue(f, t), f"{second} at {_at(t_second)}")
+        shares = bound_labels(f)
+        then = (f"{shares[1][0]} ({share(shares[1][1])} of the waiting)"
+                if len(shares) > 1 and shares[1][1] >= t.next_min_share else None)
+        return Verdict(self.label, self.clue(f, t), then)
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
-        first, second = self.first(f)
-        cap = f"running at the cap from {_at(f.t_first_cap_s)}"
-        kv = f"KV >= {t.kv_full_pct:g} % from {_at(f.t_first_kv_s)}"
-        order = f"{cap}, {kv}" if first is Label.SEQ_LIMIT else f"{kv}, {cap}"
-        same = f.t_first_cap_s is not None and f.t_first_cap_s == f.t_first_kv_s
-        return (f"both filled, {first} first{' (the same scrape: it held longer)' if same else ''}: {order}; "
-                f"at the cap for {share(f.running_at_cap_share)} and KV >= {t.kv_full_pct:g} % for "
-                f"{share(f.kv_full_share)} of the loaded time, {f.window_preemptions or 0:.0f} preemptions, "
-                f"waiting in {share(f.waiting_share)} of the time{_queue_evidence(f)}")
+        return f"{self.held(f, t)}; {_waiting_seen(f)}{_cap_note(f)}{_queue_evidence(f)}"
+
+    def held(self, f: Features, t: DiagnosisRules) -> str:
+        raise NotImplementedError
+
+    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
+        return f"waiting held by {d.bound or 'nothing a scrape saw'}{_queue_number(d)}"
+
+    def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
+        return []
 
 
-class SeqLimit(_Conditions):
-    """Running at max_num_seqs and requests waiting while KV has room."""
+class KvPressure(_Bound):
+    """The requests waited for KV blocks: the head of the queue needed more blocks than
+    were free (vLLM admits in order and stops at the first that does not fit), or a
+    running request's growth took the blocks and the engine preempted it."""
+
+    label = Label.KV_PRESSURE
+    constraints = (Constraint.KV, Constraint.PREEMPTION)
+    knob = Knob.KV
+    moves_the_knee = "more KV blocks (memory for the cache), a shorter max_model_len or a smaller KV dtype"
+
+    def held(self, f: Features, t: DiagnosisRules) -> str:
+        b = f.bindings
+        head = ("" if b.head_blocks is None else
+                f": the head of the queue needed {b.head_blocks} blocks with {count(b.blocks_free, NA)} free "
+                f"(KV {magnitude(b.kv_pct)} % used)")
+        return (f"KV blocks held {share(_of_constraints(f, Constraint.KV))} of the waiting and preemptions "
+                f"{share(_of_constraints(f, Constraint.PREEMPTION))}{head}; "
+                f"{f.window_preemptions or 0:.0f} preemptions, KV at most {magnitude(f.window_kv_max_pct)} %")
+
+
+class SeqLimit(_Bound):
+    """The requests waited for a slot: running at the cap in effect (vLLM admits nobody
+    while the running set is at max_num_seqs)."""
 
     label = Label.SEQ_LIMIT
+    constraints = (Constraint.CAP,)
     knob = Knob.SEQS
     moves_the_knee = "more sequences (max_num_seqs): the cap is full while KV has headroom"
 
-    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
-        return f"running at the cap {share(d.running_at_cap_share)} of the time{_queue_number(d)}"
-
-    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
-        preempted = f.window_preemptions or 0
-        return [
-            _check(_ge(f.running_at_cap_share, t.seq_limit_min_cap_share), _at_cap(f),
-                   f">= {share(t.seq_limit_min_cap_share)}"),
-            _waiting(f, t),
-            _check(_lt(f.window_kv_median_pct, t.kv_full_pct), f"KV median {magnitude(f.window_kv_median_pct)} %",
-                   f"< {t.kv_full_pct:g} %"),
-            _check(_lt(f.kv_full_share, t.seq_limit_max_kv_full_share) and preempted <= t.seq_limit_max_preemptions,
-                   f"KV full {share(f.kv_full_share)}, {count(preempted, NA, grouped=False)} preemptions",
-                   f"< {share(t.seq_limit_max_kv_full_share)} and "
-                   + ("none" if t.seq_limit_max_preemptions == 0 else f"<= {t.seq_limit_max_preemptions}")),
-            *_queue(f, t),
-        ]
-
-    def clue(self, f: Features, t: DiagnosisRules) -> str:
-        assert f.cap is not None  # at the cap for a share of the time: the cap is known
-        return (f"running at >= {math.ceil(t.cap_frac * f.cap * f.engines)}{_of(f)} for "
-                f"{share(f.running_at_cap_share)} "
-                f"of the loaded time while KV median was {magnitude(f.window_kv_median_pct)} %{_queue_evidence(f)}")
+    def held(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"the cap held {share(_of_constraints(f, Constraint.CAP))} of the waiting "
+                f"(running at most {count(f.window_running_max, NA, grouped=False)}{_of(f)}, KV median "
+                f"{magnitude(f.window_kv_median_pct)} %)")
 
 
-class TokenBudget(_Conditions):
-    """Requests queued with neither the cap nor KV full, while the engine's steps used (on
-    average) nearly all of the per-step token budget (max_num_batched_tokens): vLLM's
-    scheduler admits waiting requests while a step's budget has room, so a queue behind
-    full steps waited for the budget, typically long prompts taking it chunk by chunk."""
+class TokenBudget(_Bound):
+    """The requests waited for room in a step: the steps carried the whole per-step token
+    budget (max_num_batched_tokens), typically long prompts taking it chunk by chunk."""
 
     label = Label.TOKEN_BUDGET
+    constraints = (Constraint.BUDGET,)
     moves_the_knee = "a larger per-step token budget (max_num_batched_tokens), if the steps' time allows"
 
-    def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
-        return (f"steps used {share(d.budget_fill)} of the token budget ({d.token_budget}) "
-                f"while requests waited{_queue_number(d)}")
-
-    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
-        queued, *neither_full = _queue_none_full(f, t)
-        return [
-            queued, *_queue(f, t), *neither_full,
-            _check(_ge(f.budget_fill, t.budget_min_fill), _budget_steps(f), f">= {share(t.budget_min_fill)}"),
-        ]
-
-    def clue(self, f: Features, t: DiagnosisRules) -> str:
-        return (f"requests queued ({_queue_seen(f)}) and {_budget_steps(f)}; running at most "
-                f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}, KV at most "
-                f"{magnitude(f.window_kv_max_pct)} %{_queue_evidence(f)}")
+    def held(self, f: Features, t: DiagnosisRules) -> str:
+        return (f"full steps held {share(_of_constraints(f, Constraint.BUDGET))} of the waiting "
+                f"({_budget_steps(f)})")
 
 
-class Reference(_Conditions):
-    """Nothing filled: little waiting, running below the cap, KV rarely full."""
+class ComputeBound(_Bound):
+    """The requests waited with no limit full: the cap had slots, the head fitted in the
+    free blocks and the steps had budget left, so each waited for the step in flight to
+    end. The engine's step time is the limit; prefill or decode by the tokens those steps
+    computed. Or nothing queued and yet too few requests met the SLO: every request was
+    admitted, and the steps themselves were too slow for it (prefill where TTFT missed,
+    decode where only the gaps between tokens did)."""
+
+    label = Label.COMPUTE
+    constraints = (Constraint.COMPUTE,)
+    moves_the_knee = "faster steps: more compute, or less work per step (shorter prompts, a smaller batch)"
+
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        return super().matches(f, t) or (not _queued(f, t) and not _gauges_queued(f, t) and _too_slow(f, t))
+
+    def verdict(self, f: Features, t: DiagnosisRules) -> Verdict:
+        if _queued(f, t):
+            return super().verdict(f, t)
+        met = f.window_slo_met_share or 0
+        phase = "prefill" if (f.ttft_over or 0) >= (1 - met) * f.window_answered / 2 else "decode"
+        return Verdict(self.label, (
+            f"nothing queued ({_queue_seen(f)}) yet {share(met)} of the answered requests arriving in the "
+            f"loaded window met the SLO (TTFT <= "
+            f"{t.slo_ttft_ms:g} ms, no gap above {t.slo_itl_ms:g} ms; needs >= {share(t.slo_min_met_share)}): the "
+            f"steps were too slow, {phase} ({f.ttft_over or 0} over the TTFT objective, TTFT p90 "
+            f"{count(f.ttft_p90_ms, NA)} ms)"))
+
+    def held(self, f: Features, t: DiagnosisRules) -> str:
+        b = f.bindings
+        phase = "prefill" if (b.prefill_share or 0) >= 0.5 else "decode"
+        mix = "" if b.prefill_share is None else f", {share(b.prefill_share)} of their tokens prompt: {phase}"
+        steps = "" if b.step_ms is None else f"; steps took {b.step_ms:.0f} ms on average{mix}"
+        if f.budget_fill is None:  # nothing says the steps had budget left
+            steps += f"; the token budget not tested ({_budget_steps(f)})"
+        return (f"the step in flight held {share(_of_constraints(f, Constraint.COMPUTE))} of the waiting, "
+                f"with no limit full{steps}"
+                # a TTFT ratio that passed but whose wait was vLLM's queue: both numbers
+                + "".join(f" ({Label.INTERFERENCE}: {why})" for why in Interference().unmet(f, t)))
+
+
+class Reference(_Labelled):
+    """Nothing held the requests: they did not queue (the cap, KV or the budget may have
+    been full, but nobody waited for it)."""
 
     label = Label.REFERENCE
 
     def key_number(self, d: DiagnosisRow, t: DiagnosisRules) -> str:
-        return f"waiting {share(d.waiting_share)} of the time"
+        return f"waiting {share(d.waiting_share)} of the time{_queue_number(d)}"
 
-    def conditions(self, f: Features, t: DiagnosisRules) -> list[Check]:
-        return [
-            _check(_lt(f.waiting_share, t.reference_max_waiting_share), f"waiting {share(f.waiting_share)}",
-                   f"< {share(t.reference_max_waiting_share)}"),
-            _check(_lt(f.running_at_cap_share, t.reference_max_cap_share), _at_cap(f),
-                   f"< {share(t.reference_max_cap_share)}"),
-            _check(_lt(f.kv_full_share, t.reference_max_kv_full_share), f"KV full {share(f.kv_full_share)}",
-                   f"< {share(t.reference_max_kv_full_share)}"),
-            # a bursty run queues in short bursts: little of the time, much of its requests' TTFT
-            *([] if not f.window_timed else [
-                _check(_lt(f.window_queue_share, t.reference_max_queue_share),
-                       f"vLLM's queue {share(f.window_queue_share)} of TTFT",
-                       f"< {share(t.reference_max_queue_share)}")]),
-        ]
+    def matches(self, f: Features, t: DiagnosisRules) -> bool:
+        return not _queued(f, t) and not _gauges_queued(f, t) and not _too_slow(f, t)
+
+    def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
+        return []
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
-        return (f"waiting {share(f.waiting_share)} of the time, "
-                f"running median {count(f.window_running_median, NA, grouped=False)}{_of(f)}, "
-                f"KV median {magnitude(f.window_kv_median_pct)} %{_cap_note(f)}")
+        return (f"nothing queued ({_queue_seen(f)}), running median "
+                f"{count(f.window_running_median, NA, grouped=False)}{_of(f)}, KV median "
+                f"{magnitude(f.window_kv_median_pct)} %{_cap_note(f)}")
 
 
-class FullNotLimiting(_Labelled):
-    """Unclassified, said plainly: a limit was reached but nothing queued (a closed loop at
-    the cap, KV filling without requests waiting), so nothing it held back shows."""
+class QueuedUnseen(_Labelled):
+    """Unclassified, said plainly: requests queued (vLLM's queue was much of their TTFT)
+    but no scrape saw one waiting, so no scrape says what held them: the scrapes were too
+    far apart for the bursts."""
 
     label = Label.UNCLASSIFIED
 
     def matches(self, f: Features, t: DiagnosisRules) -> bool:
-        full = _kv_full(f, t)[0] or _ge(f.running_at_cap_share, t.reference_max_cap_share)
-        return full and not _queued(f, t)
+        return _queued(f, t) and not f.bindings.shares
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
-        full = [text for ok, text in (
-            (_ge(f.running_at_cap_share, t.reference_max_cap_share),
-             f"running at the cap {share(f.running_at_cap_share)}"),
-            (_kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}")) if ok]
-        return (f"{' and '.join(full)} of the loaded time, but nothing queued ({_queue_seen(f)}): "
-                "full, not yet what limits")
+        return f"requests queued ({_queue_seen(f)}) but no scrape saw one waiting: scrape more often"
 
 
-class QueueNoneFull(_Labelled):
-    """Unclassified, said plainly: requests queued while neither the cap nor KV was full,
-    and the steps at the token budget do not say it filled (too few of them, or not
-    counted): something else held them, or the evidence is missing."""
+class WaitedElsewhere(_Labelled):
+    """Unclassified, said plainly: the gauges saw requests waiting, but vLLM's per-request
+    timings put little of their TTFT in its queue (and nothing was preempted): their wait
+    was elsewhere (the request path shows where), which no scheduler limit explains."""
 
     label = Label.UNCLASSIFIED
 
     def matches(self, f: Features, t: DiagnosisRules) -> bool:
-        return all(ok for ok, _ in _queue_none_full(f, t))
+        return _gauges_queued(f, t) and not _queued(f, t)
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
-        return (f"requests queued ({_queue_seen(f)}) with neither limit full (running at most "
-                f"{count(f.window_running_max, NA, grouped=False)}{_of(f)}, at the cap "
-                f"{share(f.running_at_cap_share)}; KV at most {magnitude(f.window_kv_max_pct)} %) "
-                f"and {_budget_steps(f)}"
-                # a TTFT ratio that passed but whose wait was vLLM's queue: both numbers
-                + "".join(f"; {Label.INTERFERENCE}: {why}" for why in Interference().unmet(f, t)))
+        return (f"the gauges saw requests waiting {share(f.waiting_share)} of the time, but vLLM's queue was only "
+                f"{share(f.window_queue_share)} of their TTFT (needs >= {share(t.queue_min_ttft_share)}): "
+                "they waited outside its queue")
 
 
 GATES: tuple[Rule, ...] = (Failed(), TooFewScrapes())
 PATTERNS: tuple[Pattern, ...] = (  # in the order they win
-    Interference(), PrefixEviction(), KvPressure(), SeqLimit(), BothLimits(), TokenBudget(), Reference())
+    Interference(), PrefixEviction(), KvPressure(), SeqLimit(), TokenBudget(), ComputeBound(), Reference())
 # No pattern, but the evidence says why in a sentence: said so instead of every rule's unmet list.
-EXPLAINED: tuple[Rule, ...] = (FullNotLimiting(), QueueNoneFull())
+EXPLAINED: tuple[Rule, ...] = (QueuedUnseen(), WaitedElsewhere())
+BOUND: tuple[_Bound, ...] = tuple(rule for rule in PATTERNS if isinstance(rule, _Bound))
+
+
+def bound_labels(f: Features) -> list[tuple[Label, float]]:
+    """The labels of what held the waiting requests, with their shares of it, largest first
+    (a label's constraints added up)."""
+    out: dict[Label, float] = {}
+    for constraint, part in f.bindings.shares:
+        label = next(rule.label for rule in BOUND if constraint in rule.constraints)
+        out[label] = out.get(label, 0.0) + part
+    return sorted(out.items(), key=lambda x: -x[1])
 
 
 def _by_label() -> dict[Label, _Labelled]:
@@ -428,7 +414,7 @@ def _by_label() -> dict[Label, _Labelled]:
     they differ only in their clue)."""
     out: dict[Label, _Labelled] = {}
     for rule in (*GATES, *PATTERNS, *EXPLAINED):
-        if isinstance(rule, _Labelled) and hasattr(rule, "label"):  # both limits names two
+        if isinstance(rule, _Labelled):
             out.setdefault(rule.label, rule)
     return out
 
@@ -446,9 +432,10 @@ def labelled(label: str | None) -> _Labelled:
 
 def judge(f: Features, t: DiagnosisRules) -> Verdict:
     """The run's label and its clue (and, where two limits filled, the second)."""
+    held = bound_labels(f)
     for rule in (*GATES, *PATTERNS, *EXPLAINED):
         if rule.matches(f, t):
-            return rule.verdict(f, t)
+            return rule.verdict(f, t)._replace(held_by=held[0][0] if held else None)
     return Verdict(Label.UNCLASSIFIED, "fits no pattern: " + "; ".join(
         f"{rule.name}: {why}" for rule in PATTERNS for why in rule.unmet(f, t)))
 
@@ -477,26 +464,23 @@ def _at(t_s: float | None) -> str:
     return "never" if t_s is None else f"{t_s:.1f} s"
 
 
-def _kv_full(f: Features, t: DiagnosisRules) -> Check:
-    kv_full = (_ge(f.kv_full_share, t.kv_full_min_share)
-               or (_ge(f.window_kv_max_pct, t.kv_peak_pct) and (f.window_preemptions or 0) > 0))
-    return _check(kv_full, f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
-                  f"{share(t.kv_full_min_share)}, or a peak >= {t.kv_peak_pct:g} % with preemptions")
-
-
-def _cap_headroom(f: Features, t: DiagnosisRules) -> Check:
-    """Running at the cap for less of the window than a full cap needs (an unknown cap is no
-    headroom: nothing says the cap was not reached)."""
-    return _check(_lt(f.running_at_cap_share, t.kv_pressure_max_cap_share), _at_cap(f),
-                  f"< {share(t.kv_pressure_max_cap_share)}")
-
-
 def _queued(f: Features, t: DiagnosisRules) -> bool:
-    """Requests waited, by the time or by the requests: a queue for a share of the window a
-    limit's label needs, or (where the server timed them) vLLM's queue more of their TTFT
-    than a reference run allows."""
-    return _ge(f.waiting_share, t.waiting_min_share) or (
-        f.window_timed > 0 and _ge(f.window_queue_share, t.reference_max_queue_share))
+    """Requests waited in vLLM's queue: where the server timed them, its queue a share of
+    their TTFT; else (or where preemptions put requests back in the queue, whose second
+    wait the timings count as prefill) a waiting queue a share of the window's time."""
+    if f.window_timed and _ge(f.window_queue_share, t.queue_min_ttft_share):
+        return True
+    return _gauges_queued(f, t) and (not f.window_timed or (f.window_preemptions or 0) > 0)
+
+
+def _too_slow(f: Features, t: DiagnosisRules) -> bool:
+    """Too few of the answered requests arriving in the loaded window met the SLO (a failed
+    one says nothing of speed; a closed loop's first requests arrive together, before it)."""
+    return _lt(f.window_slo_met_share, t.slo_min_met_share)
+
+
+def _gauges_queued(f: Features, t: DiagnosisRules) -> bool:
+    return _ge(f.waiting_share, t.waiting_min_share)
 
 
 def _queue_seen(f: Features) -> str:
@@ -504,29 +488,12 @@ def _queue_seen(f: Features) -> str:
     return seen + (f", vLLM's queue {share(f.window_queue_share)} of TTFT" if f.window_timed else "")
 
 
-def _waiting(f: Features, t: DiagnosisRules) -> Check:
-    return _check(_ge(f.waiting_share, t.waiting_min_share), f"waiting {share(f.waiting_share)}",
-                  f">= {share(t.waiting_min_share)}")
+def _of_constraints(f: Features, *constraints: Constraint) -> float:
+    return sum(part for c, part in f.bindings.shares if c in constraints)
 
 
-def _queue(f: Features, t: DiagnosisRules) -> list[Check]:
-    """vLLM's queue share of TTFT, where the server timed its requests (no condition without)."""
-    if not f.window_timed:
-        return []
-    return [_check(_ge(f.window_queue_share, t.queue_min_ttft_share),
-                   f"vLLM's queue {share(f.window_queue_share)} of TTFT", f">= {share(t.queue_min_ttft_share)}")]
-
-
-def _queue_none_full(f: Features, t: DiagnosisRules) -> list[Check]:
-    """Requests queued (by the time or by the requests) with neither the cap nor KV full."""
-    return [
-        _check(_queued(f, t), _queue_seen(f),
-               f"waiting >= {share(t.waiting_min_share)} of the time, or vLLM's queue "
-               f">= {share(t.reference_max_queue_share)} of TTFT"),
-        _cap_headroom(f, t),
-        _check(not _kv_full(f, t)[0], f"KV >= {t.kv_full_pct:g} % for {share(f.kv_full_share)}",
-               f"< {share(t.kv_full_min_share)}, and no peak >= {t.kv_peak_pct:g} % with preemptions"),
-    ]
+def _waiting_seen(f: Features) -> str:
+    return f"{_queue_seen(f)}, {f.waited_request_s or 0:.1f} request-seconds of waiting seen by the scrapes"
 
 
 def _budget_steps(f: Features) -> str:
@@ -556,7 +523,7 @@ def _of(f: Features) -> str:
 
 
 def _cap_note(f: Features) -> str:
-    return "" if f.cap is not None else "; max_num_seqs unknown: no at-cap signal"
+    return "" if f.cap is not None else "; max_num_seqs unknown: the cap not tested"
 
 
 def _queue_number(d: DiagnosisRow) -> str:

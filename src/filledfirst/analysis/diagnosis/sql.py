@@ -110,6 +110,11 @@ SELECT run_id,
        sum(greatest(least(coalesce(t_done, stop), stop) - greatest(t_scheduled, start), 0))
            FILTER (WHERE t_sent IS NOT NULL) / (any_value(stop) - any_value(start)) AS lambda_w,
        count(*) FILTER (WHERE {request_metrics.slo_met("ttft")}) AS met,
+       -- the answered requests arriving in the window (a ramp's first requests arrive together)
+       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND ttft IS NOT NULL) AS window_answered,
+       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND {request_metrics.slo_met("ttft")})
+           AS window_met,
+       count(*) FILTER (WHERE t_scheduled BETWEEN start AND stop AND ttft > $slo_ttft) AS ttft_over,
        any_value(o.n_sent) AS n, any_value(o.offered_rps) AS offered_rps,
        avg(prompt_tokens + output_tokens) AS mean_tokens,
        -- the prefix cache, over the answered requests arriving in the window that say

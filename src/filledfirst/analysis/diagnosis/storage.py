@@ -5,7 +5,7 @@ not the defaults)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 import duckdb
@@ -34,13 +34,15 @@ SCHEMA = {
     "client_cpu_share": pl.Float64, "client_cpu_ms_per_1k_tokens": pl.Float64, "arrival_ratio": pl.Float64,
     "token_budget": pl.Int64, "budget_queued_steps": pl.Int64, "budget_fill": pl.Float64,
     "prefix_caching": pl.Boolean, "ideal_hit_share": pl.Float64, "measured_hit_share": pl.Float64,
-    "cache_efficiency": pl.Float64,
+    "cache_efficiency": pl.Float64, "waited_request_s": pl.Float64, "bound": pl.String, "held_by": pl.String,
+    "step_ms": pl.Float64, "prefill_share": pl.Float64,
 }
 
 
 def stored_row(f: Features, expect: str | None, verdict: Verdict, warnings: list[str]) -> dict[str, Any]:
     """A row of table `diagnosis`: the features it stores, and the verdict."""
     values = asdict(f)
+    values.update(held_by=verdict.held_by and verdict.held_by.value)
     values.update(expect=expect, label=verdict.label.value, clue=verdict.clue, then_filled=verdict.then_filled,
                   warnings="; ".join(warnings),
                   notes="; ".join(f.notes))
@@ -60,4 +62,5 @@ def stored_rules(con: duckdb.DuckDBPyConnection) -> DiagnosisRules:
     if not table_exists(con, "diagnosis_rules"):
         return DiagnosisRules()
     rows = con.execute("SELECT rules FROM diagnosis_rules").fetchall()
-    return DiagnosisRules.from_config(json.loads(rows[0][0]) if rows else None)
+    known = {f.name for f in fields(DiagnosisRules)}  # a database diagnosed by an older version kept others
+    return DiagnosisRules.from_config({k: v for k, v in json.loads(rows[0][0]).items() if k in known} if rows else None)

@@ -70,9 +70,12 @@ def windows(con: duckdb.DuckDBPyConnection, summary: pl.DataFrame, metas: Mappin
 
 
 def _cap(db_cap: int | None, meta: RunMeta, rules: DiagnosisRules) -> int | None:
-    # runs.max_num_seqs is the server's setting as the runner recorded it; an external
-    # replay records none, so the spec's or the rules' value stands in.
+    """The running set's cap in effect: max_num_active_seqs where the server had it (vLLM
+    admits up to it), else max_num_seqs. runs.max_num_seqs is the server's setting as the
+    runner recorded it; an external replay records none, so the spec's or the rules'
+    value stands in."""
     for value in (db_cap, meta.max_num_seqs, rules.default_cap):
         if value is not None:
-            return int(value)
-    return None
+            active = meta.max_num_active_seqs
+            return min(int(value), active) if active is not None else int(value)
+    return meta.max_num_active_seqs
