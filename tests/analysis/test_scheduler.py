@@ -201,6 +201,12 @@ def test_one_data_parallel_engine_at_its_cap_is_the_sequence_limit(tmp_path):
     assert d["engines"] == 2 and d["running_at_cap_share"] == 0
     assert d["label"] == "active-sequence limit", d["clue"]
     assert d["held_by"] == "active-sequence limit" and d["bound"] == "cap 100 %"
+    # engine 1 with a queue of its own behind a free slot: each engine named with its own
+    samples = [(t, m, v, "engine=0") for t, m, v in series(21, lambda t: 8, lambda t: 6, lambda t: 20)]
+    samples += [(t, m, v, "engine=1") for t, m, v in series(21, lambda t: 1, lambda t: 2, lambda t: 3)]
+    d = run_of(tmp_path, run_id="dp_differ", cap=8, requests=reqs, samples=samples)
+    assert d["label"] == "active-sequence limit" and d["bound"] == "cap 75 %, compute 25 %", d["bound"]
+    assert "; engine by engine: 0 cap, 1 compute;" in d["clue"], d["clue"]
 
 
 def test_an_effective_cap_below_max_num_seqs_is_the_cap(tmp_path):

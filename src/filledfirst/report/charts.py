@@ -18,6 +18,7 @@ import polars as pl
 import vl_convert
 
 from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.contracts.scheduler import Constraint
 from filledfirst.report.rows import RunRates, SweepLine, TtftPart
 
 WIDTH = 640
@@ -134,15 +135,33 @@ def running_panel(series: pl.DataFrame, max_num_seqs: int | None) -> alt.TopLeve
     return alt.layer(line, rule, label)
 
 
-def run_chart(points: pl.DataFrame, series: pl.DataFrame, max_num_seqs: int | None) -> alt.VConcatChart:
-    """TTFT above running / waiting / KV %, all on one time axis."""
+def held_panel(held: pl.DataFrame) -> alt.Chart:
+    """The requests waiting at each scrape, coloured by what held the head of the queue
+    (filledfirst.analysis.diagnosis.scheduler)."""
+    order = [str(c) for c in Constraint]
+    return (
+        alt.Chart(held)
+        .mark_bar()
+        .encode(x=_x(False), y=alt.Y("waiting:Q", title="waiting, held by", stack=True),
+                color=alt.Color("constraint:N", title="held by", scale=alt.Scale(domain=order)),
+                tooltip=[alt.Tooltip("t:Q", format=".2f"), "constraint:N", alt.Tooltip("waiting:Q", format=",.0f")])
+        .properties(width=WIDTH, height=90)
+    )
+
+
+def run_chart(points: pl.DataFrame, series: pl.DataFrame, max_num_seqs: int | None,
+              held: pl.DataFrame | None = None) -> alt.VConcatChart:
+    """TTFT above running / waiting (and what held it, where a scrape saw a queue) / KV %,
+    all on one time axis."""
     kv = _signal_line(series, "kv_pct", "KV %", last=True).encode(
         y=alt.Y("value:Q", title="KV %", scale=alt.Scale(domain=[0, 100]))
     )
+    waiting = (_signal_line(series, "waiting", "waiting", last=False) if held is None or held.is_empty()
+               else held_panel(held))
     return alt.vconcat(
         ttft_panel(points),
         running_panel(series, max_num_seqs),
-        _signal_line(series, "waiting", "waiting", last=False),
+        waiting,
         kv,
         spacing=8,
     ).resolve_scale(x="shared", color="independent")

@@ -10,6 +10,7 @@ import msgspec
 
 from filledfirst.analysis import prefix_cache as prefix_cache_stats
 from filledfirst.analysis import request_path, signals
+from filledfirst.analysis.diagnosis import scheduler
 from filledfirst.report import charts, frontiers, markup, parts, patterns, run_json, tables
 from filledfirst.report.data import ReportData
 from filledfirst.report.rows import ClientCheck, RequestCheck, RunRow, TtftCheck, TtftPart
@@ -263,7 +264,8 @@ def run_section(data: ReportData, r: RunRow) -> list[str]:
     if any(x.n_timed for x in ttft_parts):
         out.append(charts.embed(charts.ttft_parts_chart(ttft_parts)))
     chart = charts.run_chart(
-        signals.request_points(data.con, run_id), signals.timeseries(data.con, run_id), r.max_num_seqs
+        signals.request_points(data.con, run_id), signals.timeseries(data.con, run_id), r.max_num_seqs,
+        scheduler.held_over_time(data.con, run_id),
     )
     out.append(charts.embed(chart))
     out += prefix_cache(data, run_id)

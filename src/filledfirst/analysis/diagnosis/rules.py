@@ -240,7 +240,7 @@ class _Bound(_Labelled):
         return Verdict(self.label, self.clue(f, t), then)
 
     def clue(self, f: Features, t: DiagnosisRules) -> str:
-        return f"{self.held(f, t)}; {_waiting_seen(f)}{_cap_note(f)}{_queue_evidence(f)}"
+        return f"{self.held(f, t)}{_engines(f)}; {_waiting_seen(f)}{_cap_note(f)}{_queue_evidence(f)}"
 
     def held(self, f: Features, t: DiagnosisRules) -> str:
         raise NotImplementedError
@@ -250,6 +250,12 @@ class _Bound(_Labelled):
 
     def unmet(self, f: Features, t: DiagnosisRules) -> list[str]:
         return []
+
+
+def _engines(f: Features) -> str:
+    """Data-parallel engines that differ in what held them, each with its own."""
+    per = f.bindings.per_engine
+    return "" if not per else "; engine by engine: " + ", ".join(f"{e} {c}" for e, c in per)
 
 
 class KvPressure(_Bound):

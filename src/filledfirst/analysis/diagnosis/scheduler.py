@@ -281,3 +281,14 @@ def store(con: duckdb.DuckDBPyConnection, all_states: list[SchedulerState]) -> N
     con.register("_states_new", frame.to_arrow())
     con.execute("CREATE OR REPLACE TABLE scheduler_states AS SELECT * FROM _states_new")
     con.unregister("_states_new")
+
+
+def held_over_time(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """Per scrape of run `run_id` at which requests waited: t, constraint (what held the head
+    of the queue) and waiting (over the engines that constraint held); empty before the run
+    was diagnosed."""
+    if signals.query(con, "SELECT 1 FROM duckdb_tables() WHERE table_name = 'scheduler_states'").is_empty():
+        return pl.DataFrame(schema={"t": pl.Float64, "constraint": pl.String, "waiting": pl.Float64})
+    return signals.query(con, """
+        SELECT t, "constraint", sum(waiting) AS waiting FROM scheduler_states
+        WHERE run_id = ? AND "constraint" IS NOT NULL GROUP BY t, "constraint" ORDER BY t""", [run_id])
