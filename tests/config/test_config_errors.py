@@ -30,8 +30,8 @@ E2E = REPO / "tests" / "configs" / "e2e.yaml"
     (lambda c: c["experiments"]["seq_limit"].update(server={"url": "http://me:secret@10.0.0.7:8000"}),
      "experiments.seq_limit.server.url: 'http://me:secret@10.0.0.7:8000' does not match"),
     (lambda c: c["experiments"]["reference"].update(section="kv"),
-     "experiments.reference.section: 'kv' is not in sections (['azure', 'concurrency_sweep', 'decode_load', "
-     "'interference', 'kv_capacity', 'prefix_cache', 'sequence_limit', 'token_budget'])"),
+     "experiments.reference.section: 'kv' is not in sections (['azure', 'compute', 'concurrency_sweep', "
+     "'decode_load', 'interference', 'kv_capacity', 'prefix_cache', 'sequence_limit', 'token_budget'])"),
     (lambda c: c["experiments"].update({"seq limit;rm": c["experiments"]["seq_limit"]}),
      "experiments: 'seq limit;rm' does not match '^[A-Za-z_][A-Za-z0-9_]*$'"),
 ])

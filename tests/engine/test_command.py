@@ -79,8 +79,8 @@ def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
 def test_gpu_study_has_every_original_experiment_with_its_server_setting():
     cfg = load_config([REPO / "config" / "config.yaml"])
     sections = {exp.get("section") for exp in cfg["experiments"].values()}
-    assert sections == {"interference", "decode_load", "sequence_limit", "kv_capacity", "token_budget", "azure",
-                     "concurrency_sweep", "prefix_cache"}
+    assert sections == {"interference", "decode_load", "sequence_limit", "kv_capacity", "token_budget", "compute",
+                     "azure", "concurrency_sweep", "prefix_cache"}
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
     assert "--gpu-memory-utilization 0.45" in argv("kv_reduced") and "--gpu-memory-utilization 0.45" in argv("kv_heavy")
