@@ -126,7 +126,7 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     """The GPU study places its experiments relative to knees: its first jobs are the
     searches, one per (frontier, setting) or per group probing the same server, each
     asking for a GPU like an experiment job, beside the groups of the experiments that
-    need no knee (the token-budget pair)."""
+    need no knee (the closed loops of the token-budget, head-of-line KV and compute pairs)."""
     from filledfirst.cluster import hosted_seconds
     from filledfirst.config import hosted_experiments, search_groups
     from filledfirst.frontier.plan import frontier_runtime_minutes
@@ -140,9 +140,14 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     assert ["decode/default", "prefix/cache_off", "azure/default"] in groups.values()
     searches = {f"frontier_{lead.replace('/', '_')}": members for lead, members in groups.items()}
     by_rule = {opts["--comment"].removeprefix("rule_"): opts for opts in calls}
+    def on_a_knee(e):
+        workload = cfg["workloads"][cfg["experiments"][e]["workload"]]
+        return any(isinstance(p.get("rate"), dict) for p in workload.get("phases", [workload]))
+
     free = {f"run_group_{group}" for group, names in server_groups(as_study(cfg)).items()
-            if all(cfg["experiments"][e]["workload"].startswith("long_prompts") for e in names)}
-    assert free == {"run_group_budget_large", "run_group_budget_small"}
+            if not any(on_a_knee(e) for e in names)}
+    assert free == {"run_group_budget_large", "run_group_budget_small", "run_group_kv_head",
+                    "run_group_compute_prefill"}
     assert len(calls) == len(searches) + len(free) and set(by_rule) == set(searches) | free, out[-6000:]
     study = Study.from_dict(cfg)
     hosted = hosted_experiments(as_study(cfg))

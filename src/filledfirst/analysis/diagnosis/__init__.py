@@ -29,7 +29,7 @@ from typing import Mapping
 import duckdb
 import polars as pl
 
-from filledfirst.analysis import signals
+from filledfirst.analysis import signals, step_time
 from filledfirst.analysis.diagnosis import scheduler
 from filledfirst.analysis.diagnosis.caveats import warnings
 from filledfirst.analysis.diagnosis.features import features
@@ -55,8 +55,9 @@ def diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules,
 
 
 def _diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules, expect: Mapping[str, str] | None
-              ) -> tuple[pl.DataFrame, list[scheduler.SchedulerState]]:
-    summary = signals.run_summary(con).select(*SUMMARY_COLUMNS)
+              ) -> tuple[pl.DataFrame, list[scheduler.SchedulerState], list[step_time.StepModel]]:
+    full = signals.run_summary(con)
+    summary = full.select(*SUMMARY_COLUMNS)
     metas = signals.run_metas(con)
     window = windows(con, summary, metas, rules)
     all_states = scheduler.states(con, {
@@ -68,7 +69,8 @@ def _diagnose(con: duckdb.DuckDBPyConnection, rules: DiagnosisRules, expect: Map
         bound = scheduler.bindings(states.get(row["run_id"], []), row["start"] or 0.0, row["stop"] or 0.0, row["hold"])
         f = features(row, meta, rules, bound)
         rows.append(stored_row(f, meta.expect or (expect or {}).get(f.experiment), judge(f, rules), warnings(f, rules)))
-    return pl.DataFrame(rows, schema=SCHEMA), all_states
+    itl = dict(full.select("run_id", "itl_p50_ms").iter_rows())
+    return pl.DataFrame(rows, schema=SCHEMA), all_states, step_time.models(all_states, metas, itl)
 
 
 def _by_run(states: list[scheduler.SchedulerState]) -> dict[str, list[scheduler.SchedulerState]]:
@@ -80,7 +82,8 @@ def _by_run(states: list[scheduler.SchedulerState]) -> dict[str, list[scheduler.
 
 def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
                     expect: Mapping[str, str] | None = None, parts: Mapping[str, object] | None = None) -> pl.DataFrame:
-    """Compute the diagnosis and store it as table `diagnosis`, swapping the file in whole;
+    """Compute the diagnosis and store it as table `diagnosis` (with `scheduler_states` and
+    `step_models` beside it), swapping the file in whole;
     with `parts` (the study's, filledfirst.study.Section by name) also table `study_parts`."""
     if not Path(db_path).is_file():
         raise UserError(f"{db_path}: no such database (run `filledfirst ingest` first)")
@@ -88,9 +91,10 @@ def write_diagnosis(db_path: str | Path, rules: DiagnosisRules,
         if not table_exists(con, "runs"):
             raise UserError(f"{db_path}: no runs table (run `filledfirst ingest` first)")
         upgrade(con)  # a database ingested before the requests gained a column
-        df, states = _diagnose(con, rules, expect)
+        df, states, step_models = _diagnose(con, rules, expect)
         store(con, df, rules)
         scheduler.store(con, states)
+        step_time.store(con, step_models)
         if parts is not None:
             store_parts(con, parts)
     return df

@@ -36,6 +36,7 @@ import polars as pl
 from filledfirst import metrics, request_metrics
 from filledfirst.analysis import request_path, signals
 from filledfirst.contracts.scheduler import Constraint, SchedulerState
+from filledfirst.store.tables import replace_table, table_exists
 from filledfirst.study import DiagnosisRules
 
 # The requests the server timed: when vLLM queued each (on our clock: the scheduling
@@ -275,19 +276,14 @@ SCHEMA = {"run_id": pl.String, "t": pl.Float64, "engine": pl.String, "running": 
 
 def store(con: duckdb.DuckDBPyConnection, all_states: list[SchedulerState]) -> None:
     """Table `scheduler_states`: a row per state."""
-    import msgspec
-
-    frame = pl.DataFrame([msgspec.structs.asdict(s) for s in all_states], schema=SCHEMA)
-    con.register("_states_new", frame.to_arrow())
-    con.execute("CREATE OR REPLACE TABLE scheduler_states AS SELECT * FROM _states_new")
-    con.unregister("_states_new")
+    replace_table(con, "scheduler_states", all_states, SCHEMA)
 
 
 def held_over_time(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     """Per scrape of run `run_id` at which requests waited: t, constraint (what held the head
     of the queue) and waiting (over the engines that constraint held); empty before the run
     was diagnosed."""
-    if signals.query(con, "SELECT 1 FROM duckdb_tables() WHERE table_name = 'scheduler_states'").is_empty():
+    if not table_exists(con, "scheduler_states"):
         return pl.DataFrame(schema={"t": pl.Float64, "constraint": pl.String, "waiting": pl.Float64})
     return signals.query(con, """
         SELECT t, "constraint", sum(waiting) AS waiting FROM scheduler_states

@@ -1,0 +1,131 @@
+"""The engine's step time, fitted from what the scrapes saw: per server setting, the time
+of one engine step as a linear function of what it carries,
+
+    step_ms = base_ms + per_token_ms x tokens in the step + per_seq_ms x sequences running,
+
+fitted by least squares over the intervals between scrapes (table `scheduler_states`:
+each interval's steps, their tokens and the running count), each weighted by its steps.
+The simplest form that separates the two costs a limit trades against: a bigger budget
+puts more tokens in a step, a bigger cap more sequences. Checked against what it did not
+fit: a decoding request's gaps between tokens are step times, so each run's client ITL
+p50 over the step time the model gives for that run's mean step is near 1 where the
+model holds (`itl_ratio`, the median over the setting's runs).
+
+Table `step_models`, a row per setting (its server settings as sorted JSON, the runs on
+it named by experiment or search setting)."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Mapping
+
+import duckdb
+import msgspec
+import numpy as np
+import polars as pl
+
+from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
+from filledfirst.contracts.scheduler import SchedulerState
+from filledfirst.store.tables import replace_table
+
+MIN_STEPS = 3  # an interval's mean step needs a few steps behind it
+MIN_INTERVALS = 10  # and a fit of three terms some intervals beyond them
+
+
+class StepModel(msgspec.Struct, frozen=True, kw_only=True):
+    """One server setting's step time; the standard errors are None where the intervals
+    do not separate the terms (e.g. a cap of 2 always full: the sequences never vary)."""
+
+    setting: str  # its server settings, sorted JSON
+    runs: str  # the runs on it: their experiments or search settings
+    intervals: int
+    steps: float
+    base_ms: float
+    per_token_ms: float
+    per_seq_ms: float
+    base_se_ms: float | None
+    per_token_se_ms: float | None
+    per_seq_se_ms: float | None
+    r2: float | None
+    itl_ratio: float | None  # client ITL p50 over the modelled step, median over the runs
+
+    def step_ms(self, tokens: float, seqs: float) -> float:
+        return self.base_ms + self.per_token_ms * tokens + self.per_seq_ms * seqs
+
+
+class Fit(msgspec.Struct, frozen=True):
+    coef: tuple[float, float, float]
+    se: tuple[float, float, float] | None
+    r2: float | None
+
+
+def fit(tokens: np.ndarray, seqs: np.ndarray, step_ms: np.ndarray, steps: np.ndarray) -> Fit:
+    """Weighted least squares of step_ms on (1, tokens per step, sequences), weights the
+    steps behind each interval."""
+    x = np.column_stack([np.ones_like(tokens), tokens, seqs])
+    w = np.sqrt(steps)
+    coef, _, rank, _ = np.linalg.lstsq(x * w[:, None], step_ms * w, rcond=None)
+    resid = step_ms - x @ coef
+    dof = len(step_ms) - 3
+    se = None
+    if rank == 3 and dof > 0:
+        sigma2 = float(np.sum(steps * resid**2) / dof)
+        cov = sigma2 * np.linalg.inv((x * steps[:, None]).T @ x)
+        se = tuple(float(v) for v in np.sqrt(np.diag(cov)))
+    mean = np.average(step_ms, weights=steps)
+    total = float(np.sum(steps * (step_ms - mean) ** 2))
+    r2 = 1 - float(np.sum(steps * resid**2)) / total if total > 0 else None
+    return Fit(tuple(float(c) for c in coef), se, r2)  # type: ignore[arg-type]
+
+
+def setting_key(meta: RunMeta) -> str:
+    return json.dumps(meta.server.settings, sort_keys=True)
+
+
+def _name(meta: RunMeta) -> str:
+    probe = meta.frontier
+    return f"{probe.name}/{probe.setting}" if isinstance(probe, FrontierProbe) else meta.experiment
+
+
+def models(states: Iterable[SchedulerState], metas: Mapping[str, RunMeta],
+           itl_p50_ms: Mapping[str, float | None]) -> list[StepModel]:
+    """A model per server setting with enough intervals (MIN_INTERVALS of MIN_STEPS steps)."""
+    rows = [(s.run_id, s.steps, s.step_tokens / s.steps, s.running, s.step_ms) for s in states
+            if s.steps is not None and s.steps >= MIN_STEPS and s.step_ms is not None
+            and s.step_tokens is not None and s.running is not None and s.run_id in metas]
+    frame = pl.DataFrame(rows, schema={"run_id": pl.String, "steps": pl.Float64, "tokens": pl.Float64,
+                                       "seqs": pl.Float64, "step_ms": pl.Float64}, orient="row")
+    frame = frame.with_columns(setting=pl.col("run_id").replace_strict(
+        {r: setting_key(m) for r, m in metas.items()}, default=None))
+    out = []
+    for (setting,), g in frame.group_by("setting", maintain_order=True):
+        if g.height < MIN_INTERVALS:
+            continue
+        f = fit(*(g[c].to_numpy() for c in ("tokens", "seqs", "step_ms", "steps")))
+        base, per_token, per_seq = f.coef
+        ratios = []
+        for (run_id,), r in g.group_by("run_id"):
+            w = r["steps"].to_numpy()
+            step = base + per_token * np.average(r["tokens"].to_numpy(), weights=w) \
+                + per_seq * np.average(r["seqs"].to_numpy(), weights=w)
+            itl = itl_p50_ms.get(str(run_id))
+            if itl is not None and step > 0:
+                ratios.append(itl / step)
+        names = sorted({_name(metas[str(r)]) for r in g["run_id"].unique()})
+        se = f.se or (None, None, None)
+        out.append(StepModel(setting=str(setting), runs=", ".join(names), intervals=g.height,
+                             steps=float(g["steps"].sum()), base_ms=base, per_token_ms=per_token,
+                             per_seq_ms=per_seq, base_se_ms=se[0], per_token_se_ms=se[1], per_seq_se_ms=se[2],
+                             r2=f.r2, itl_ratio=float(np.median(ratios)) if ratios else None))
+    return out
+
+
+SCHEMA = {"setting": pl.String, "runs": pl.String, "intervals": pl.Int64, "steps": pl.Float64,
+          "base_ms": pl.Float64, "per_token_ms": pl.Float64, "per_seq_ms": pl.Float64,
+          "base_se_ms": pl.Float64, "per_token_se_ms": pl.Float64, "per_seq_se_ms": pl.Float64,
+          "r2": pl.Float64, "itl_ratio": pl.Float64}
+
+
+def store(con: duckdb.DuckDBPyConnection, step_models: list[StepModel]) -> None:
+    """Table `step_models`: a row per setting."""
+    replace_table(con, "step_models", step_models, SCHEMA)

@@ -1,0 +1,84 @@
+"""The engine's step time fitted from the scrapes (filledfirst.analysis.step_time), on a
+simulated engine whose step-time law is known: the fit must find it again."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+
+from filledfirst.analysis import step_time
+from filledfirst.analysis.diagnosis import write_diagnosis
+from filledfirst.contracts import runmeta
+from filledfirst.contracts.scheduler import SchedulerState
+from filledfirst.study import DiagnosisRules
+
+from helpers.synthetic_db import every, gauges, make_db, queue, step_counters, timed
+
+LAW = (3.0, 0.05, 0.3)  # ms per step, ms per token in it, ms per sequence running
+
+
+def simulated(run_id, n, rng, seqs=None, noise=0.03, law=LAW):
+    """`n` intervals of a simulated engine: steps carrying random tokens and sequences,
+    each interval's mean step time the law's, with `noise` of it as random error."""
+    out = []
+    for k in range(n):
+        steps = float(rng.integers(5, 60))
+        tokens = float(rng.uniform(1, 2000))
+        running = float(seqs if seqs is not None else rng.integers(1, 65))
+        ms = (law[0] + law[1] * tokens + law[2] * running) * (1 + noise * rng.standard_normal())
+        out.append(SchedulerState(
+            run_id=run_id, t=0.25 * k, engine="0", running=running, waiting=0.0, cap=64, kv_pct=10.0, blocks=1000,
+            blocks_free=900, block_size=16, budget=2048, preempted=0.0, steps=steps, step_tokens=steps * tokens,
+            prompt_tokens=0.0, step_ms=ms, head_request=None, head_blocks=None, head_wait_s=None, constraint=None))
+    return out
+
+
+def meta(run_id, experiment, **settings):
+    return runmeta.decode({"run_id": run_id, "experiment": experiment, "status": "ok",
+                           "server": {"settings": {"max_num_seqs": 64, **settings}}})
+
+
+def test_the_fit_finds_the_law_of_a_simulated_engine_again():
+    rng = np.random.default_rng(0)
+    states = simulated("a", 200, rng) + simulated("b", 200, rng)
+    # the law's step for each run's mean interval, as a decoding request's gap would show it
+    metas = {"a": meta("a", "decode_low"), "b": meta("b", "decode_high")}
+    (model,) = step_time.models(states, metas, {"a": None, "b": None})
+    for got, want in zip((model.base_ms, model.per_token_ms, model.per_seq_ms), LAW):
+        assert got == pytest.approx(want, rel=0.1)
+    assert model.per_seq_se_ms is not None and model.per_seq_se_ms < 0.1 * LAW[2]
+    assert model.r2 > 0.9 and model.intervals == 400 and model.runs == "decode_high, decode_low"
+    assert model.step_ms(1000, 10) == pytest.approx(3 + 50 + 3, rel=0.05)
+
+
+def test_a_setting_is_a_server_of_its_own_and_the_itl_checks_the_fit():
+    rng = np.random.default_rng(1)
+    slow = (6.0, 0.1, 0.6)  # a second server setting, twice as slow
+    states = simulated("a", 100, rng) + simulated("b", 100, rng, law=slow)
+    metas = {"a": meta("a", "x"), "b": meta("b", "y", max_num_batched_tokens=64)}
+    a_step = np.mean([s.step_ms for s in states[:100]])
+    models = {m.runs: m for m in step_time.models(states, metas, {"a": a_step, "b": None})}
+    assert models["x"].per_token_ms == pytest.approx(0.05, rel=0.1)
+    assert models["y"].per_token_ms == pytest.approx(0.1, rel=0.1)
+    assert models["x"].itl_ratio == pytest.approx(1.0, rel=0.1) and models["y"].itl_ratio is None
+
+
+def test_terms_the_intervals_do_not_separate_have_no_standard_error():
+    # a cap of 2 always full: the sequences never vary, so they cannot be told from the base
+    rng = np.random.default_rng(2)
+    (model,) = step_time.models(simulated("a", 50, rng, seqs=2), {"a": meta("a", "seq_limit")}, {})
+    assert model.base_se_ms is None and model.per_seq_se_ms is None
+    assert model.step_ms(500, 2) == pytest.approx(3 + 25 + 0.6, rel=0.1)  # the fit still predicts what it saw
+    # too few intervals: no model
+    assert step_time.models(simulated("a", 5, rng), {"a": meta("a", "short")}, {}) == []
+
+
+def test_the_diagnosis_stores_a_model_per_setting(tmp_path):
+    reqs = [timed(r) for r in queue(every(0.05, 400), 0.5, 64)]
+    samples = gauges(reqs, 21, lambda n: n) + step_counters(21, lambda t: (25, 25 * (40 + 4 * t)))
+    path = make_db(tmp_path / "s.duckdb", [{"run_id": "r", "requests": reqs, "samples": samples}])
+    write_diagnosis(path, DiagnosisRules())
+    with duckdb.connect(str(path), read_only=True) as con:
+        rows = con.sql("SELECT runs, intervals, base_ms, itl_ratio FROM step_models").fetchall()
+    assert len(rows) == 1 and rows[0][0] == "r" and rows[0][1] >= step_time.MIN_INTERVALS
