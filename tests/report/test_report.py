@@ -506,3 +506,15 @@ def test_the_run_chart_colours_the_waiting_by_what_held_it():
     # not diagnosed yet: the waiting gauge alone
     svg = vl_convert.vegalite_to_svg(charts.run_chart(points, series, 8, held.clear()).to_dict())
     assert "held by" not in svg
+
+
+def test_the_step_time_chart_draws_the_fit_against_the_intervals():
+    import polars as pl
+    import vl_convert
+
+    from filledfirst.report import charts
+
+    points = pl.DataFrame({"setting": ["decode/default", "decode/default", "kv/kv160"], "modelled_ms": [4.0, 6.0, 9.0],
+                           "measured_ms": [4.2, 5.5, 12.0], "steps": [20.0, 30.0, 10.0]})
+    svg = vl_convert.vegalite_to_svg(charts.step_time_chart(points).to_dict())
+    assert "step the model gives (ms)" in svg and "kv/kv160" in svg and "decode/default" in svg

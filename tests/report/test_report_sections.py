@@ -173,7 +173,8 @@ def test_the_report_shows_every_section():
     shown = re.findall(r"^for block in sections\.(\w+)\((?:data|COMPARE)?\):\n    display\(HTML\(block\)\)$",
                        qmd, re.M)
     public = ["page_head", "compare_link", "at_a_glance", "runs", "what_filled_first", "part_by_part",
-              "capacity_search", "setup", "side_by_side", "measurement_checks", "request_checks", "each_run"]
+              "capacity_search", "setup", "side_by_side", "measurement_checks", "request_checks", "step_times",
+              "each_run"]
     assert shown == public
     assert all(callable(getattr(sections, name)) for name in public)
     # its heading as Markdown, right before it: the table of contents lists it

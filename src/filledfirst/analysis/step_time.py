@@ -26,7 +26,7 @@ import polars as pl
 
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
 from filledfirst.contracts.scheduler import SchedulerState
-from filledfirst.store.tables import replace_table
+from filledfirst.store.tables import replace_table, table_exists
 
 MIN_STEPS = 3  # an interval's mean step needs a few steps behind it
 MIN_INTERVALS = 10  # and a fit of three terms some intervals beyond them
@@ -129,3 +129,26 @@ SCHEMA = {"setting": pl.String, "runs": pl.String, "intervals": pl.Int64, "steps
 def store(con: duckdb.DuckDBPyConnection, step_models: list[StepModel]) -> None:
     """Table `step_models`: a row per setting."""
     replace_table(con, "step_models", step_models, SCHEMA)
+
+
+def read(con: duckdb.DuckDBPyConnection) -> list[StepModel]:
+    """Table `step_models` as records; none before the diagnosis wrote it."""
+    if not table_exists(con, "step_models"):
+        return []
+    return [StepModel(**row) for row in con.sql("SELECT * FROM step_models ORDER BY steps DESC").pl().to_dicts()]
+
+
+def fitted_points(con: duckdb.DuckDBPyConnection, metas: Mapping[str, RunMeta],
+                  step_models: list[StepModel]) -> pl.DataFrame:
+    """Every interval a model was fitted on: its setting's runs, the step the model gives
+    and the step measured, and its steps."""
+    by_setting = {m.setting: m for m in step_models}
+    run_model = {r: by_setting[k] for r, m in metas.items() if (k := setting_key(m)) in by_setting}
+    frame = con.sql(f"""
+        SELECT run_id, steps, step_tokens / steps AS tokens, running AS seqs, step_ms FROM scheduler_states
+        WHERE steps >= {MIN_STEPS} AND step_ms IS NOT NULL AND step_tokens IS NOT NULL
+          AND running IS NOT NULL""").pl()
+    rows = [(run_model[r].runs, run_model[r].step_ms(tokens, seqs), ms, steps)
+            for r, steps, tokens, seqs, ms in frame.iter_rows() if r in run_model]
+    return pl.DataFrame(rows, schema={"setting": pl.String, "modelled_ms": pl.Float64, "measured_ms": pl.Float64,
+                                      "steps": pl.Float64}, orient="row")

@@ -291,3 +291,21 @@ def prefix_cache_chart(shares: pl.DataFrame, unreported: int) -> alt.Chart:
                     title=alt.TitleParams("Prefix cache: the reuse offered against the reuse delivered",
                                           subtitle=subtitle, anchor="start", fontSize=12))
     )
+
+
+def step_time_chart(points: pl.DataFrame) -> alt.LayerChart:
+    """Each interval's measured step against the step its setting's model gives, on the
+    diagonal where the model holds (filledfirst.analysis.step_time)."""
+    top = max(float(points["measured_ms"].max() or 0), float(points["modelled_ms"].max() or 0), 1.0)
+    diagonal = alt.Chart(pl.DataFrame({"x": [0.0, top], "y": [0.0, top]})).mark_line(
+        color="gray", strokeDash=[4, 4]).encode(x="x:Q", y="y:Q")
+    dots = alt.Chart(points).mark_circle(size=18, opacity=0.5).encode(
+        x=alt.X("modelled_ms:Q", title="step the model gives (ms)"),
+        y=alt.Y("measured_ms:Q", title="step measured (ms)"),
+        color=alt.Color("setting:N", title="setting (its runs)"),
+        tooltip=["setting:N", alt.Tooltip("modelled_ms:Q", format=".1f"), alt.Tooltip("measured_ms:Q", format=".1f"),
+                 alt.Tooltip("steps:Q", format=",.0f")])
+    return alt.layer(diagonal, dots).properties(
+        width=WIDTH, height=260,
+        title=alt.TitleParams("The engine's step time: measured against the fit, interval by interval",
+                              anchor="start", fontSize=12))

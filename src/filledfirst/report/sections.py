@@ -9,7 +9,7 @@ from typing import Mapping
 import msgspec
 
 from filledfirst.analysis import prefix_cache as prefix_cache_stats
-from filledfirst.analysis import request_path, signals
+from filledfirst.analysis import request_path, signals, step_time
 from filledfirst.analysis.diagnosis import scheduler
 from filledfirst.report import charts, frontiers, markup, parts, patterns, run_json, tables
 from filledfirst.report.data import ReportData
@@ -223,6 +223,32 @@ def measurement_checks(data: ReportData) -> list[str]:
     checks = _measurement_context(data)
     return [tables.measurement_table([r for r in checks.runs if r.run_id not in data.is_probe], checks.clients,
                                      checks.ttft)]
+
+
+def step_times(data: ReportData) -> list[str]:
+    """Each server setting's fitted step time, and the intervals it was fitted on."""
+    models = step_time.read(data.con)
+    if not models:
+        return []
+
+    def ms(value: float | None, se: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}" + ("" if se is None else f" ± {se:.2g}")
+
+    table = markup.column_table([
+        ("setting (its runs)", lambda m: m.runs),
+        ("intervals", lambda m: f"{m.intervals:,}"),
+        ("ms a step", lambda m: ms(m.base_ms, m.base_se_ms)),
+        ("ms a token", lambda m: ms(m.per_token_ms, m.per_token_se_ms)),
+        ("ms a sequence", lambda m: ms(m.per_seq_ms, m.per_seq_se_ms)),
+        ("r2", lambda m: "-" if m.r2 is None else f"{m.r2:.2f}"),
+        ("client ITL p50 / modelled step", lambda m: "-" if m.itl_ratio is None else f"{m.itl_ratio:.2f}"),
+    ], models)
+    return [markup.para("The engine's step time per server setting, fitted from the intervals between scrapes: "
+                        "a step's milliseconds = a base + a cost per token in the step + a cost per sequence "
+                        "running (± a standard error; none where the runs did not vary that term). The last "
+                        "column checks it against what it was not fitted on: a decoding request's gaps between "
+                        "tokens are step times."),
+            table, charts.embed(charts.step_time_chart(step_time.fitted_points(data.con, data.metas, models)))]
 
 
 def request_checks(data: ReportData) -> list[str]:
