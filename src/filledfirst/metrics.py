@@ -126,13 +126,13 @@ def latest_gauges(samples: list[SampleRecord]) -> Gauges:
 
 # The scheduler's state per scrape and engine (filledfirst.contracts.scheduler): the
 # gauges, the counters it is judged by (their running totals; the diagnosis takes their
-# increases), and the cache's size from the engine's cache settings. A series without an
-# `engine` label is engine 0 (a server that is not data-parallel).
+# increases), and the cache's size from the engine's cache settings.
 GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens")
 # Prompt tokens by where they came from; `local_compute` is what the engine computed.
 PROMPT_TOKENS_BY_SOURCE = ("vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_by_source")
 PROMPT_COMPUTED_SOURCE = "local_compute"
-_ENGINE = "coalesce(nullif(regexp_extract(labels, '(^|,)engine=([^,]*)', 2), ''), '0')"
+# A sample's engine (its `engine` label; none: engine 0, a server that is not data-parallel).
+ENGINE_SQL = "coalesce(nullif(regexp_extract(labels, '(^|,)engine=([^,]*)', 2), ''), '0')"
 
 
 def _label_int(key: str) -> str:
@@ -145,7 +145,7 @@ def scheduler_state_sql(samples: str) -> str:
     of the steps vLLM's step histogram observed), prompt_tokens (computed, not served
     from a cache), generated; blocks and block_size from the cache settings."""
     return f"""
-    SELECT run_id, t, {_ENGINE} AS engine,
+    SELECT run_id, t, {ENGINE_SQL} AS engine,
            max(value) FILTER (metric IN ({sql_list(RUNNING)})) AS running,
            max(value) FILTER (metric IN ({sql_list(WAITING)})) AS waiting,
            max(value) FILTER (metric IN ({sql_list(KV_USAGE)})) AS kv_used,

@@ -218,19 +218,13 @@ class Bindings:
     blocks_free: int | None  # and the free blocks then
     kv_pct: float | None  # and KV used then
 
-    def first(self) -> tuple[Constraint, float] | None:
-        return self.shares[0] if self.shares else None
-
-    def second(self) -> tuple[Constraint, float] | None:
-        return self.shares[1] if len(self.shares) > 1 else None
-
 
 def bindings(run_states: list[SchedulerState], start: float, stop: float, hold: float) -> Bindings:
     """Over the states inside [start, stop] (each standing until the next scrape of its
     engine, at most `hold`), weighted by the requests waiting."""
     weight: dict[Constraint, float] = {}
     by_engine: dict[str, dict[Constraint, float]] = {}
-    prompt = tokens = compute_s = compute_steps = 0.0
+    prompt = tokens = compute_ms = compute_steps = 0.0
     kv_worst: SchedulerState | None = None
     for s, t_next in _with_next(run_states):
         if s.constraint is None or s.waiting is None or not start <= s.t <= stop:
@@ -244,7 +238,7 @@ def bindings(run_states: list[SchedulerState], start: float, stop: float, hold: 
             tokens += s.step_tokens or 0.0
             prompt += s.prompt_tokens or 0.0
             compute_steps += s.steps
-            compute_s += (s.step_ms or 0.0) * s.steps / 1000
+            compute_ms += (s.step_ms or 0.0) * s.steps
         if s.constraint is Constraint.KV and s.head_blocks is not None and (
                 kv_worst is None or (kv_worst.head_blocks or 0) < s.head_blocks):
             kv_worst = s
@@ -255,7 +249,7 @@ def bindings(run_states: list[SchedulerState], start: float, stop: float, hold: 
         waited=total, shares=shares,
         per_engine=tuple(sorted(tops.items())) if len(set(tops.values())) > 1 else (),
         prefill_share=min(prompt / tokens, 1.0) if tokens else None,
-        step_ms=compute_s * 1000 / compute_steps if compute_steps else None,
+        step_ms=compute_ms / compute_steps if compute_steps else None,
         head_blocks=kv_worst.head_blocks if kv_worst else None,
         blocks_free=kv_worst.blocks_free if kv_worst else None,
         kv_pct=kv_worst.kv_pct if kv_worst else None)

@@ -14,7 +14,7 @@ import polars as pl
 from filledfirst import request_metrics
 from filledfirst.contracts import runmeta
 from filledfirst.contracts.runmeta import RunMeta
-from filledfirst.metrics import RUNNING, sql_list
+from filledfirst.metrics import ENGINE_SQL, RUNNING, sql_list
 from filledfirst.study import DiagnosisRules
 
 # The name the window is registered under for the windowed SQL (filledfirst.analysis.diagnosis.sql).
@@ -33,7 +33,7 @@ WITH r AS (
 running AS (SELECT * FROM samples WHERE metric IN ({sql_list(RUNNING)})),
 scrapes AS (SELECT DISTINCT run_id, t FROM running),
 engines AS (  -- running is summed over engines, each with its own max_num_seqs
-    SELECT run_id, count(DISTINCT regexp_extract(labels, '(^|,)engine=([^,]*)', 2)) AS engines
+    SELECT run_id, count(DISTINCT {ENGINE_SQL}) AS engines
     FROM running GROUP BY run_id
 ),
 s AS (  -- the interval as scraped, for runs whose run.json does not say it
