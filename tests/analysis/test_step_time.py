@@ -44,7 +44,10 @@ def test_the_fit_finds_the_law_of_a_simulated_engine_again():
     states = simulated("a", 200, rng) + simulated("b", 200, rng)
     # the law's step for each run's mean interval, as a decoding request's gap would show it
     metas = {"a": meta("a", "decode_low"), "b": meta("b", "decode_high")}
-    (model,) = step_time.models(states, metas, {"a": None, "b": None})
+    model, engine = step_time.models(states, metas, {"a": None, "b": None})
+    # one setting: its engine's fit is the same
+    assert (model.scope, engine.scope) == (step_time.Scope.SETTING, step_time.Scope.ENGINE)
+    assert engine.base_ms == pytest.approx(model.base_ms) and model.determined
     for got, want in zip((model.base_ms, model.per_token_ms, model.per_seq_ms), LAW):
         assert got == pytest.approx(want, rel=0.1)
     assert model.per_seq_se_ms is not None and model.per_seq_se_ms < 0.1 * LAW[2]
@@ -58,7 +61,8 @@ def test_a_setting_is_a_server_of_its_own_and_the_itl_checks_the_fit():
     states = simulated("a", 100, rng) + simulated("b", 100, rng, law=slow)
     metas = {"a": meta("a", "x"), "b": meta("b", "y", max_num_batched_tokens=64)}
     a_step = np.mean([s.step_ms for s in states[:100]])
-    models = {m.runs: m for m in step_time.models(states, metas, {"a": a_step, "b": None})}
+    fitted = step_time.models(states, metas, {"a": a_step, "b": None})
+    models = {m.runs: m for m in fitted if m.scope is step_time.Scope.SETTING}
     assert models["x"].per_token_ms == pytest.approx(0.05, rel=0.1)
     assert models["y"].per_token_ms == pytest.approx(0.1, rel=0.1)
     assert models["x"].itl_ratio == pytest.approx(1.0, rel=0.1) and models["y"].itl_ratio is None
@@ -67,8 +71,8 @@ def test_a_setting_is_a_server_of_its_own_and_the_itl_checks_the_fit():
 def test_terms_the_intervals_do_not_separate_have_no_standard_error():
     # a cap of 2 always full: the sequences never vary, so they cannot be told from the base
     rng = np.random.default_rng(2)
-    (model,) = step_time.models(simulated("a", 50, rng, seqs=2), {"a": meta("a", "seq_limit")}, {})
-    assert model.base_se_ms is None and model.per_seq_se_ms is None
+    model, _ = step_time.models(simulated("a", 50, rng, seqs=2), {"a": meta("a", "seq_limit")}, {})
+    assert model.base_se_ms is None and model.per_seq_se_ms is None and not model.determined
     assert model.step_ms(500, 2) == pytest.approx(3 + 25 + 0.6, rel=0.1)  # the fit still predicts what it saw
     # too few intervals: no model
     assert step_time.models(simulated("a", 5, rng), {"a": meta("a", "short")}, {}) == []
@@ -80,5 +84,19 @@ def test_the_diagnosis_stores_a_model_per_setting(tmp_path):
     path = make_db(tmp_path / "s.duckdb", [{"run_id": "r", "requests": reqs, "samples": samples}])
     write_diagnosis(path, DiagnosisRules())
     with duckdb.connect(str(path), read_only=True) as con:
-        rows = con.sql("SELECT runs, intervals, base_ms, itl_ratio FROM step_models").fetchall()
+        rows = con.sql("SELECT runs, intervals, base_ms, itl_ratio FROM step_models WHERE scope = 'setting'"
+                       ).fetchall()
     assert len(rows) == 1 and rows[0][0] == "r" and rows[0][1] >= step_time.MIN_INTERVALS
+
+
+def test_settings_of_one_engine_share_its_fit():
+    # a cap of 2 always full cannot separate its terms; the engine's fit over it and a
+    # setting whose sequences varied can, and the settings' limits do not change the law
+    rng = np.random.default_rng(3)
+    states = simulated("a", 60, rng, seqs=2) + simulated("b", 150, rng)
+    metas = {"a": meta("a", "seq2", max_num_seqs=2), "b": meta("b", "default")}
+    fitted = step_time.models(states, metas, {})
+    (engine,) = [m for m in fitted if m.scope is step_time.Scope.ENGINE]
+    assert engine.runs == "default, seq2" and engine.intervals == 210 and engine.determined
+    for got, want in zip((engine.base_ms, engine.per_token_ms, engine.per_seq_ms), LAW):
+        assert got == pytest.approx(want, rel=0.1)

@@ -304,3 +304,22 @@ def test_a_parts_knees_side_by_side_each_against_the_first_setting():
     small = [rows[0], msgspec.structs.replace(rows[1], lo_rps=50.0, hi_rps=52.0, floor_rps=46.0)]
     assert "x1.17 (within the noise)" in frontiers.knee_shift_table_html(small, 0.3)
     assert frontiers.knee_shift_table_html([rows[3]], 0.3) == ""
+
+
+def test_predicted_against_measured_and_the_predicted_shift():
+    base = {"frontier": "decode", "reason": "converged", "confidence": 0.9}
+    predicted = {"predicted_rps": 8.0, "predicted_first": "cap", "predicted_next": "KV blocks",
+                 "predicted_next_rps": 9.5, "predicted_ratio": 1.25, "model_scope": "setting",
+                 "would_take": "+30 %: max_num_seqs x1.6 (or steps x1.3 faster)"}
+    rows = [row(**base, setting="seq8", lo_rps=9.5, hi_rps=10.5, knee_label="active-sequence limit", **predicted),
+            row(**base, setting="seq8_seqs_x2", lo_rps=15.0, hi_rps=16.0, parent="seq8", knob="max_num_seqs",
+                relaxed_from=8, relaxed_to=16, role="relaxed", shift=0.58, moved="up", predicted_shift=0.41),
+            row(**base, setting="no_model", lo_rps=1.0, hi_rps=2.0)]
+    assert rows[0].prediction is not None and rows[2].prediction is None
+    lines = [unescape(line) for line in re.findall(r"<tr>(.*?)</tr>", frontiers.predicted_table_html(rows), re.S)]
+    assert len(lines) == 2  # the header and the one setting with a prediction
+    assert "cap at 8 req/s" in lines[1] and "KV blocks at 9.5 req/s" in lines[1] and ">1.25<" in lines[1]
+    assert "the setting's" in lines[1] and "max_num_seqs x1.6" in lines[1] and "9.99 req/s" in lines[1]
+    moved = unescape(frontiers.moved_table_html(rows))
+    assert "+58 % (above its interval)" in moved and "+41 %" in moved
+

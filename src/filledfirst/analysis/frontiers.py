@@ -47,8 +47,17 @@ Columns:
   above the parent's and its lo at least 1 + least_shift times the parent's, the same
   below, or not), within_drift (it moved by min_shift but not by least_shift: the
   drift alone could explain it) and interval_move (the same as moved by the intervals
-  alone, with no least shift); the parent's row has verdict (`confirmation`),
-  verdict_why and next_label (what filled first at the relaxed knee).
+  alone, with no least shift), predicted_shift (the move the parent's prediction gives
+  the relaxation); the parent's row has verdict (`confirmation`), verdict_why and
+  next_label (what filled first at the relaxed knee);
+- the prediction (filledfirst.analysis.prediction; NULL without a step model or an
+  answered request): predicted_rps and predicted_first (the first limit's knee and the
+  limit), predicted_next and predicted_next_rps (the next), each limit's knee
+  (predicted_cap_rps, predicted_kv_rps, predicted_budget_rps, predicted_compute_rps,
+  predicted_itl_rps), model_scope (the setting's own step model, or its engine's),
+  predicted_ratio (the measured knee, the geometric mean of lo and hi, over predicted_rps)
+  and would_take (the cheapest single change predicted to move the knee by the least
+  shift that counts, interventions.min_shift).
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ import duckdb
 import msgspec
 import polars as pl
 
-from filledfirst.analysis import numbers, signals
+from filledfirst.analysis import numbers, prediction, signals
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.rules import LABELLED, Meaning, labelled
 from filledfirst.analysis.diagnosis.storage import stored_rules
@@ -73,6 +82,7 @@ from filledfirst.contracts.runmeta import FrontierProbe
 from filledfirst.contracts.search import Knob, SearchRecord
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import Span, lo_ratio, move, widened
+from filledfirst.schema import schema_default
 from filledfirst.store.tables import table_exists
 from filledfirst.study import DiagnosisRules
 
@@ -92,7 +102,11 @@ SCHEMA = {
     "ttft_p95_from_rps": pl.Float64,
     "parent": pl.String, "knob": pl.String, "relaxed_from": pl.Int64, "relaxed_to": pl.Int64, "min_shift": pl.Float64,
     "least_shift": pl.Float64, "role": pl.String, "shift": pl.Float64, "moved": pl.String, "within_drift": pl.Boolean,
-    "interval_move": pl.String,
+    "interval_move": pl.String, "predicted_shift": pl.Float64,
+    "predicted_rps": pl.Float64, "predicted_first": pl.String, "predicted_next": pl.String,
+    "predicted_next_rps": pl.Float64, "predicted_cap_rps": pl.Float64, "predicted_kv_rps": pl.Float64,
+    "predicted_budget_rps": pl.Float64, "predicted_compute_rps": pl.Float64, "predicted_itl_rps": pl.Float64,
+    "model_scope": pl.String, "predicted_ratio": pl.Float64, "would_take": pl.String,
     "verdict": pl.String, "verdict_why": pl.String, "next_label": pl.String,
 }
 
@@ -187,6 +201,14 @@ def next_limit(label: str, relaxed: FrontierRow) -> Label | None:
     return after if after in IMPLICATED and IMPLICATED[after] != IMPLICATED[label] else None
 
 
+def _predicted_moves(relaxed: FrontierRow | None, control: FrontierRow | None) -> str:
+    """The shifts the parent's prediction gave its interventions, beside the measured ones."""
+    parts = [f"{role} {numbers.change(i.predicted_shift)} (measured {numbers.change(i.shift)})"
+             for role, row in (("relaxed", relaxed), ("control", control))
+             if row is not None and (i := row.intervention) is not None and i.predicted_shift is not None]
+    return "" if not parts else "; predicted: " + ", ".join(parts)
+
+
 def _pct_shift(i: Intervention) -> str:
     return numbers.change(i.shift, "by an unknown share")
 
@@ -226,6 +248,7 @@ def _interventions(rows: list[FrontierRow]) -> list[FrontierRow]:
             relaxed = next((r for r in mine if r.intervention and r.intervention.role == Role.RELAXED), None)
             control = next((r for r in mine if r.intervention and r.intervention.role == Role.CONTROL), None)
             verdict, why = confirmation(p.knee_label, relaxed, control)
+            why += _predicted_moves(relaxed, control)
             after = None if relaxed is None else relaxed.knee_label or ("nothing broke" if relaxed.lo_rps else None)
             p = msgspec.structs.replace(p, verdict=verdict, verdict_why=why, next_label=after)
         out.append(p)
@@ -384,8 +407,40 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
     if table_exists(con, "frontier_searches"):
         searches = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}")
                     for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
-    return _interventions([_row(name, setting, probes, searches.get((name, setting)), diag, rates, rules)
-                           for (name, setting), probes in groups.items()])
+    rows = [_row(name, setting, probes, searches.get((name, setting)), diag, rates, rules)
+            for (name, setting), probes in groups.items()]
+    found = prediction.searches(con, signals.run_metas(con),
+                                {key: [p.run_id for p in probes] for key, probes in groups.items()})
+    return _interventions(_predicted(rows, found))
+
+
+MIN_SHIFT = schema_default("frontiers", "*", "interventions", "min_shift")
+_RELAXES = {Knob.SEQS.value: prediction.Limit.CAP, Knob.KV.value: prediction.Limit.KV}
+
+
+def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.Search]) -> list[FrontierRow]:
+    """Each row with its prediction, and an intervention's with the shift its parent's
+    prediction gives it."""
+    least = {(r.frontier, r.parent): r.intervention.min_shift for r in rows if r.intervention}
+    out = []
+    for r in rows:
+        s = found.get((r.frontier, r.setting))
+        slo = prediction.Slo(r.slo_ttft_ms, r.slo_itl_ms, r.target or 1.0)
+        if s is not None:
+            measured = (r.lo_rps * r.hi_rps) ** 0.5 if r.lo_rps and r.hi_rps else None
+            share = (r.intervention.min_shift if r.intervention else least.get((r.frontier, r.setting))) or MIN_SHIFT
+            r = msgspec.structs.replace(r, prediction=prediction.predict(s.model, s.limits, s.shape, slo, measured,
+                                                                         share))
+        parent = found.get((r.frontier, r.parent)) if r.parent else None
+        i = r.intervention
+        if parent is not None and i is not None and i.relaxed_from and i.relaxed_to and i.knob in _RELAXES:
+            before = prediction.knee(parent.model, parent.limits, parent.shape, slo)
+            after = prediction.knee(*prediction.changed(_RELAXES[i.knob], i.relaxed_to / i.relaxed_from,
+                                                        parent.model, parent.limits), parent.shape, slo)
+            r = msgspec.structs.replace(r, intervention=msgspec.structs.replace(
+                i, predicted_shift=after / before - 1 if before > 0 else None))
+        out.append(r)
+    return out
 
 
 def frontier_table(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:

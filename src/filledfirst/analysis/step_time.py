@@ -11,12 +11,18 @@ fit: a decoding request's gaps between tokens are step times, so each run's clie
 p50 over the step time the model gives for that run's mean step is near 1 where the
 model holds (`itl_ratio`, the median over the setting's runs).
 
-Table `step_models`, a row per setting (its server settings as sorted JSON, the runs on
-it named by experiment or search setting)."""
+Table `step_models`, a row per setting (scope `setting`: its server settings as sorted
+JSON, the runs on it named by experiment or search setting), and a row per engine (scope
+`engine`: the model and launcher every setting of it shares, fitted over all their
+intervals). The settings differ in their limits, not in the cost of a token or a
+sequence, so the engine's row stands in where a setting's own intervals do not separate
+the terms (a cap of 2 always full), and it is the model of a setting not run yet (an
+intervention, filledfirst.analysis.prediction)."""
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Iterable, Mapping
 
 import duckdb
@@ -30,13 +36,20 @@ from filledfirst.store.tables import replace_table, table_exists
 
 MIN_STEPS = 3  # an interval's mean step needs a few steps behind it
 MIN_INTERVALS = 10  # and a fit of three terms some intervals beyond them
+MIN_R2 = 0.5  # a setting's own fit explains at least this much of its steps' variance to be used alone
+
+
+class Scope(StrEnum):
+    SETTING = "setting"
+    ENGINE = "engine"
 
 
 class StepModel(msgspec.Struct, frozen=True, kw_only=True):
     """One server setting's step time; the standard errors are None where the intervals
     do not separate the terms (e.g. a cap of 2 always full: the sequences never vary)."""
 
-    setting: str  # its server settings, sorted JSON
+    scope: Scope
+    setting: str  # its server settings (scope engine: the model and launcher), sorted JSON
     runs: str  # the runs on it: their experiments or search settings
     intervals: int
     steps: float
@@ -51,6 +64,16 @@ class StepModel(msgspec.Struct, frozen=True, kw_only=True):
 
     def step_ms(self, tokens: float, seqs: float) -> float:
         return self.base_ms + self.per_token_ms * tokens + self.per_seq_ms * seqs
+
+    @property
+    def determined(self) -> bool:
+        """Every term separated (a standard error each), none below zero by more than two
+        of its standard errors, some cost per token or sequence, and the fit explains at
+        least MIN_R2 of the variance: a model to predict with (its terms taken at >= 0)."""
+        terms = (self.base_ms, self.per_token_ms, self.per_seq_ms)
+        errors = (self.base_se_ms, self.per_token_se_ms, self.per_seq_se_ms)
+        return (all(e is not None and t >= -2 * e for t, e in zip(terms, errors))
+                and self.per_token_ms + self.per_seq_ms > 0 and self.r2 is not None and self.r2 >= MIN_R2)
 
 
 class Fit(msgspec.Struct, frozen=True):
@@ -82,6 +105,10 @@ def setting_key(meta: RunMeta) -> str:
     return json.dumps(meta.server.settings, sort_keys=True)
 
 
+def engine_key(meta: RunMeta) -> str:
+    return json.dumps({"launcher": meta.server.launcher, "model": meta.model.name}, sort_keys=True)
+
+
 def _name(meta: RunMeta) -> str:
     probe = meta.frontier
     return f"{probe.name}/{probe.setting}" if isinstance(probe, FrontierProbe) else meta.experiment
@@ -89,45 +116,51 @@ def _name(meta: RunMeta) -> str:
 
 def models(states: Iterable[SchedulerState], metas: Mapping[str, RunMeta],
            itl_p50_ms: Mapping[str, float | None]) -> list[StepModel]:
-    """A model per server setting with enough intervals (MIN_INTERVALS of MIN_STEPS steps)."""
+    """A model per server setting, and one per engine, with enough intervals
+    (MIN_INTERVALS of MIN_STEPS steps)."""
     rows = [(s.run_id, s.steps, s.step_tokens / s.steps, s.running, s.step_ms) for s in states
             if s.steps is not None and s.steps >= MIN_STEPS and s.step_ms is not None
             and s.step_tokens is not None and s.running is not None and s.run_id in metas]
     frame = pl.DataFrame(rows, schema={"run_id": pl.String, "steps": pl.Float64, "tokens": pl.Float64,
                                        "seqs": pl.Float64, "step_ms": pl.Float64}, orient="row")
-    frame = frame.with_columns(setting=pl.col("run_id").replace_strict(
-        {r: setting_key(m) for r, m in metas.items()}, default=None))
     out = []
-    for (setting,), g in frame.group_by("setting", maintain_order=True):
-        if g.height < MIN_INTERVALS:
-            continue
-        f = fit(*(g[c].to_numpy() for c in ("tokens", "seqs", "step_ms", "steps")))
-        base, per_token, per_seq = f.coef
-        ratios = []
-        for (run_id,), r in g.group_by("run_id"):
-            w = r["steps"].to_numpy()
-            step = base + per_token * np.average(r["tokens"].to_numpy(), weights=w) \
-                + per_seq * np.average(r["seqs"].to_numpy(), weights=w)
-            itl = itl_p50_ms.get(str(run_id))
-            if itl is not None and step > 0:
-                ratios.append(itl / step)
-        names = sorted({_name(metas[str(r)]) for r in g["run_id"].unique()})
-        se = f.se or (None, None, None)
-        out.append(StepModel(setting=str(setting), runs=", ".join(names), intervals=g.height,
-                             steps=float(g["steps"].sum()), base_ms=base, per_token_ms=per_token,
-                             per_seq_ms=per_seq, base_se_ms=se[0], per_token_se_ms=se[1], per_seq_se_ms=se[2],
-                             r2=f.r2, itl_ratio=float(np.median(ratios)) if ratios else None))
+    for scope, key in ((Scope.SETTING, setting_key), (Scope.ENGINE, engine_key)):
+        keyed = frame.with_columns(key=pl.col("run_id").replace_strict(
+            {r: key(m) for r, m in metas.items()}, default=None))
+        for (k,), g in keyed.group_by("key", maintain_order=True):
+            if g.height >= MIN_INTERVALS:
+                out.append(_model(scope, str(k), g, metas, itl_p50_ms))
     return out
 
 
-SCHEMA = {"setting": pl.String, "runs": pl.String, "intervals": pl.Int64, "steps": pl.Float64,
+def _model(scope: Scope, key: str, g: pl.DataFrame, metas: Mapping[str, RunMeta],
+           itl_p50_ms: Mapping[str, float | None]) -> StepModel:
+    f = fit(*(g[c].to_numpy() for c in ("tokens", "seqs", "step_ms", "steps")))
+    base, per_token, per_seq = f.coef
+    ratios = []
+    for (run_id,), r in g.group_by("run_id"):
+        w = r["steps"].to_numpy()
+        step = base + per_token * np.average(r["tokens"].to_numpy(), weights=w) \
+            + per_seq * np.average(r["seqs"].to_numpy(), weights=w)
+        itl = itl_p50_ms.get(str(run_id))
+        if itl is not None and step > 0:
+            ratios.append(itl / step)
+    names = sorted({_name(metas[str(r)]) for r in g["run_id"].unique()})
+    se = f.se or (None, None, None)
+    return StepModel(scope=scope, setting=key, runs=", ".join(names), intervals=g.height,
+                     steps=float(g["steps"].sum()), base_ms=base, per_token_ms=per_token,
+                     per_seq_ms=per_seq, base_se_ms=se[0], per_token_se_ms=se[1], per_seq_se_ms=se[2],
+                     r2=f.r2, itl_ratio=float(np.median(ratios)) if ratios else None)
+
+
+SCHEMA = {"scope": pl.String, "setting": pl.String, "runs": pl.String, "intervals": pl.Int64, "steps": pl.Float64,
           "base_ms": pl.Float64, "per_token_ms": pl.Float64, "per_seq_ms": pl.Float64,
           "base_se_ms": pl.Float64, "per_token_se_ms": pl.Float64, "per_seq_se_ms": pl.Float64,
           "r2": pl.Float64, "itl_ratio": pl.Float64}
 
 
 def store(con: duckdb.DuckDBPyConnection, step_models: list[StepModel]) -> None:
-    """Table `step_models`: a row per setting."""
+    """Table `step_models`: a row per setting and per engine."""
     replace_table(con, "step_models", step_models, SCHEMA)
 
 
@@ -135,14 +168,15 @@ def read(con: duckdb.DuckDBPyConnection) -> list[StepModel]:
     """Table `step_models` as records; none before the diagnosis wrote it."""
     if not table_exists(con, "step_models"):
         return []
-    return [StepModel(**row) for row in con.sql("SELECT * FROM step_models ORDER BY steps DESC").pl().to_dicts()]
+    return [msgspec.convert(row, StepModel) for row in
+            con.sql("SELECT * FROM step_models ORDER BY scope DESC, steps DESC").pl().to_dicts()]
 
 
 def fitted_points(con: duckdb.DuckDBPyConnection, metas: Mapping[str, RunMeta],
                   step_models: list[StepModel]) -> pl.DataFrame:
     """Every interval a model was fitted on: its setting's runs, the step the model gives
     and the step measured, and its steps."""
-    by_setting = {m.setting: m for m in step_models}
+    by_setting = {m.setting: m for m in step_models if m.scope is Scope.SETTING}
     run_model = {r: by_setting[k] for r, m in metas.items() if (k := setting_key(m)) in by_setting}
     frame = con.sql(f"""
         SELECT run_id, steps, step_tokens / steps AS tokens, running AS seqs, step_ms FROM scheduler_states

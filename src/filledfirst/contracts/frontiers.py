@@ -3,9 +3,10 @@ computed (filledfirst.analysis.frontiers, which documents each column) or read b
 (`FrontierRow.from_columns`), and read by the report and the comparison as fields.
 
 An intervention's row carries what it relaxes and how its knee compares with its
-parent's (`Intervention`); a parent with interventions carries the verdict on its knee's
-label (`verdict`, `verdict_why`, `next_label`). The table itself stays flat: `columns`
-and `from_columns` are the one mapping between the two.
+parent's (`Intervention`); a row with a step model its prediction (`Prediction`); a
+parent with interventions carries the verdict on its knee's label (`verdict`,
+`verdict_why`, `next_label`). The table itself stays flat: `columns` and `from_columns`
+are the one mapping between the two.
 """
 
 from __future__ import annotations
@@ -44,6 +45,26 @@ class Intervention(msgspec.Struct, frozen=True, kw_only=True):
     moved: str | None = None
     within_drift: bool | None = None
     interval_move: str | None = None
+    # the parent's knee moved by relaxing this knob as the parent's model predicts it
+    predicted_shift: float | None = None
+
+
+class Prediction(msgspec.Struct, frozen=True, kw_only=True):
+    """A search's knee as the engine's fitted step time predicts it
+    (filledfirst.analysis.prediction), beside the measured one."""
+
+    predicted_rps: float  # the first limit's knee
+    predicted_first: str  # which limit fills first (filledfirst.analysis.prediction.Limit)
+    predicted_next: str | None = None
+    predicted_next_rps: float | None = None
+    predicted_cap_rps: float | None = None
+    predicted_kv_rps: float | None = None
+    predicted_budget_rps: float | None = None
+    predicted_compute_rps: float | None = None
+    predicted_itl_rps: float | None = None
+    model_scope: str | None = None  # the step model used: the setting's own or the engine's
+    predicted_ratio: float | None = None  # measured knee (geometric mean of lo and hi) / predicted
+    would_take: str | None = None  # the cheapest single change predicted to move it by min_shift
 
 
 class FrontierRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +106,7 @@ class FrontierRow(msgspec.Struct, frozen=True, kw_only=True):
     kv_full_from_rps: float | None = None
     ttft_p95_from_rps: float | None = None
     intervention: Intervention | None = None  # None: a setting of the config
+    prediction: Prediction | None = None  # None: no step model or no answered request
     verdict: Confirmation | None = None
     verdict_why: str | None = None
     next_label: str | None = None
@@ -96,8 +118,9 @@ class FrontierRow(msgspec.Struct, frozen=True, kw_only=True):
     def columns(self) -> dict[str, Any]:
         """The table's columns: the intervention's fields flat, NULL for a setting of the config."""
         out = msgspec.structs.asdict(self)
-        i = out.pop("intervention")
-        out.update({f: None for f in Intervention.__struct_fields__} if i is None else msgspec.structs.asdict(i))
+        for name, kind in (("intervention", Intervention), ("prediction", Prediction)):
+            part = out.pop(name)
+            out.update({f: None for f in kind.__struct_fields__} if part is None else msgspec.structs.asdict(part))
         return out
 
     @classmethod
@@ -106,4 +129,6 @@ class FrontierRow(msgspec.Struct, frozen=True, kw_only=True):
         own = {k: v for k, v in row.items() if k in cls.__struct_fields__}
         if row.get("parent") is not None:
             own["intervention"] = {k: row.get(k) for k in Intervention.__struct_fields__}
+        if row.get("predicted_rps") is not None:
+            own["prediction"] = {k: row.get(k) for k in Prediction.__struct_fields__}
         return msgspec.convert(own, cls)

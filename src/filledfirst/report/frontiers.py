@@ -180,6 +180,37 @@ def frontier_table_html(rows: Sequence[FrontierRow]) -> str:
     return column_table(FRONTIER_COLUMNS, rows)
 
 
+# --- predicted against measured -----------------------------------------------------------------
+
+
+def _limit_at(limit: str | None, rps: float | None) -> str:
+    return DASH if limit is None else f"{limit} at {numbers.rps(rps)}"
+
+
+def _ratio(r: FrontierRow) -> str:
+    p = r.prediction
+    return DASH if p is None or p.predicted_ratio is None else f"{p.predicted_ratio:.2f}"
+
+
+PREDICTED_COLUMNS: list[Column[FrontierRow]] = [
+    ("setting", lambda r: r.setting),
+    ("measured knee", lambda r: numbers.rps((r.lo_rps * r.hi_rps) ** 0.5 if r.lo_rps and r.hi_rps else None)),
+    ("what filled first", lambda r: r.knee_label or DASH),
+    ("predicted to fill first", lambda r: _limit_at(r.prediction.predicted_first, r.prediction.predicted_rps)
+     if r.prediction else DASH),
+    ("then", lambda r: _limit_at(r.prediction.predicted_next, r.prediction.predicted_next_rps)
+     if r.prediction else DASH),
+    ("measured / predicted", _ratio),
+    ("step model", lambda r: DASH if r.prediction is None else f"the {r.prediction.model_scope}'s"),
+    ("what it would take (predicted)", lambda r: (r.prediction.would_take or DASH) if r.prediction else DASH),
+]
+
+
+def predicted_table_html(rows: Sequence[FrontierRow]) -> str:
+    """Each search's knee as its step model predicts it, beside the measured one."""
+    return column_table(PREDICTED_COLUMNS, [r for r in rows if r.prediction is not None])
+
+
 # --- what moved the knee --------------------------------------------------------------------------
 
 
@@ -251,6 +282,7 @@ MOVED_COLUMNS: list[Column[MovedLine]] = [
     ("knee before", lambda line: knee_interval(line.parent)),
     ("knee after", lambda line: knee_interval(line.row)),
     ("shift of the highest rate held", lambda line: _shift(line.i)),
+    ("predicted shift", lambda line: numbers.change(line.i.predicted_shift)),
     ("least shift that counts", least_shift_text),
     ("verdict", _verdict),
     ("what filled first at the new knee", lambda line: line.row.knee_label or DASH),

@@ -127,6 +127,14 @@ def capacity_search(data: ReportData) -> list[str]:
             if points:
                 out.append(charts.embed(frontiers.frontier_chart(rows, points)))
             out.append(frontiers.frontier_table_html(rows))
+            if any(r.prediction for r in rows):
+                out.append(markup.para(
+                    "Predicted against measured: the knee of every limit from the setting's fitted step time "
+                    "(Measurement checks), its limits and the workload's requests, in a mean model of the engine "
+                    "at a steady rate (docs/capacity-search.md). The smallest is what fills first. The last "
+                    "column is the smallest change of one limit the model says moves the knee by the least "
+                    "shift that counts; a prediction until a search has checked it."))
+                out.append(frontiers.predicted_table_html(rows))
             if frontiers.moved_rows(rows):
                 out.append(markup.para(
                     "What moved the knee: each verified setting searched again with one limit relaxed "
@@ -235,19 +243,22 @@ def step_times(data: ReportData) -> list[str]:
         return "-" if value is None else f"{value:.3g}" + ("" if se is None else f" ± {se:.2g}")
 
     table = markup.column_table([
-        ("setting (its runs)", lambda m: m.runs),
+        ("setting (its runs)", lambda m: m.runs if m.scope is step_time.Scope.SETTING else "the engine: every setting"),
         ("intervals", lambda m: f"{m.intervals:,}"),
         ("ms a step", lambda m: ms(m.base_ms, m.base_se_ms)),
         ("ms a token", lambda m: ms(m.per_token_ms, m.per_token_se_ms)),
         ("ms a sequence", lambda m: ms(m.per_seq_ms, m.per_seq_se_ms)),
         ("r2", lambda m: "-" if m.r2 is None else f"{m.r2:.2f}"),
         ("client ITL p50 / modelled step", lambda m: "-" if m.itl_ratio is None else f"{m.itl_ratio:.2f}"),
+        ("predicts with", lambda m: "itself" if m.determined else "the engine's"),
     ], models)
     return [markup.para("The engine's step time per server setting, fitted from the intervals between scrapes: "
                         "a step's milliseconds = a base + a cost per token in the step + a cost per sequence "
                         "running (± a standard error; none where the runs did not vary that term). The last "
                         "column checks it against what it was not fitted on: a decoding request's gaps between "
-                        "tokens are step times."),
+                        "tokens are step times. A setting whose own fit does not separate the terms (or explains "
+                        f"less than {step_time.MIN_R2:.0%} of its steps' variance) predicts with the engine's fit over "
+                        "every setting: the settings differ in their limits, not in the cost of a token."),
             table, charts.embed(charts.step_time_chart(step_time.fitted_points(data.con, data.metas, models)))]
 
 
