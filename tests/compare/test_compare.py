@@ -233,3 +233,20 @@ def test_a_drifting_search_widens_the_least_shift_that_counts():
     assert row["min_shift"] == pytest.approx(1.5 * 1.07 * 1.5 - 1) and row["verdict"] == Change.SAME
     still = knee_row(("knee", "capped"), replace(base, drift=None), replace(cand, drift=None), RULES)
     assert still["min_shift"] == pytest.approx(0.5) and still["verdict"] == Change.HIGHER
+
+
+def test_the_gate_fails_on_a_drop_below_the_interval_the_page_does_not_call_lower(tmp_path):
+    # 20 % lower, both intervals apart: below the 50 % a page's `lower` needs, above the
+    # gate's 10 %; the same drop within a 30 % drift of the searches' servers is none
+    knee = ("decode", "seq8", 4.0, 4.4, 3.8, "converged", "active-sequence limit", False)
+    base = _db(tmp_path / "a.duckdb", [_run("ref")], [knee])
+    cand = _db(tmp_path / "b.duckdb", [_run("ref")], [("decode", "seq8", 3.2, 3.5, 3.1, *knee[5:])])
+    c = compare(base, cand, RULES)
+    (row,) = c.knees
+    assert row["verdict"] == Change.SAME and row["shift"] == pytest.approx(-0.2)
+    (line,) = reasons(c, CompareGate())
+    assert line.startswith("knee decode/seq8: 4 -> 3.2 req/s (-20%), below the baseline's interval")
+    assert reasons(c, CompareGate(knee_drop=0.3)) == []
+    with duckdb.connect(str(cand)) as con:
+        con.execute("ALTER TABLE frontiers ADD COLUMN drift DOUBLE DEFAULT 0.3")
+    assert reasons(compare(base, cand, RULES), CompareGate()) == []

@@ -108,8 +108,9 @@ def test_the_same_study_twice_changes_nothing(studies):
     meta = json.loads((again / "results" / "runs" / "reference" / "run.json").read_text())
     assert meta["server"]["after_search"] == "knee/capped"  # one start per study
     assert not any(r["key"].endswith("server.max_num_seqs") for r in t["compare_setup"])
-    # the gate passes on the same databases
-    run = compare(studies["first"] / "results", again / "results", again / "gate.html")
+    # the gate passes on the same databases (a drop of 30 %: two studies minutes apart on
+    # these VMs can differ by 10 % beyond their intervals and their searches' drift)
+    run = compare(studies["first"] / "results", again / "results", again / "gate.html", "--knee-drop", "0.3")
     assert run.returncode == 0, run.stderr[-3000:]
 
 
