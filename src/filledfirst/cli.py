@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import shlex
 import sys
 from pathlib import Path
 
 from filledfirst.errors import UserError
-from filledfirst.interrupts import Interrupted
+from filledfirst.interrupts import Interrupted, install_interrupt_handlers
 from filledfirst.redact import redact_text
 from filledfirst.schema import schema_property
 from filledfirst.study import LOADGEN, SCRAPE, TraceWorkload, default_of
@@ -568,12 +569,42 @@ def _cmd_compare(args) -> int:
     return 1 if reasons and not args.no_fail else 0
 
 
+def _add_nightly(sub) -> None:
+    p = sub.add_parser("nightly", help="the study measured into a fresh dated folder, compared with the last good "
+                       "night and published; the baseline moves only on a pass (exit 1: the gate failed, 2: the "
+                       "study did)")
+    p.add_argument("--config", action="append", type=Path, dest="configs", required=True,
+                   help="the study's config file (again for an overlay)")
+    p.add_argument("--root", required=True, type=Path,
+                   help="the nightly folder: nights/<UTC time>/ and last-good, the link to the baseline")
+    p.add_argument("--publish", type=Path, help="copy the night's report.html and compare.html here")
+    p.add_argument("--keep", type=int, default=14, help="nights kept (the baseline always is); default 14")
+    p.add_argument("--cores", type=int, default=1, help="Snakemake's --cores; default 1")
+    p.add_argument("--snakefile", type=Path, default=Path("workflow/Snakefile"),
+                   help="the workflow (default: workflow/Snakefile, from the checkout); its checkout's data/ "
+                   "(the model, the traces) is shared by every night")
+    p.add_argument("--snakemake-args", default="", help="more Snakemake options, e.g. '--profile profiles/slurm'")
+    p.set_defaults(func=_cmd_nightly)
+
+
+def _cmd_nightly(args) -> int:
+    from filledfirst import nightly
+
+    if not args.snakefile.is_file():
+        raise UserError(f"{args.snakefile}: no such workflow (run from the checkout, or give --snakefile)")
+    snakefile = args.snakefile.resolve()
+    measure = nightly.snakemake(snakefile, args.cores, shlex.split(args.snakemake_args))
+    install_interrupt_handlers()
+    return nightly.run(args.configs, args.root, measure, data=snakefile.parent.parent / "data",
+                       publish=args.publish, keep=args.keep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="filledfirst", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="cmd", required=True)
     for add in (_add_model, _add_trace, _add_workload, _add_job, _add_run, _add_frontier, _add_replay, _add_ingest,
-                _add_diagnose, _add_report, _add_compare):
+                _add_diagnose, _add_report, _add_compare, _add_nightly):
         add(sub)
     return parser
 

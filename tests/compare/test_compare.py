@@ -10,56 +10,28 @@ import numpy as np
 import polars as pl
 import pytest
 
-from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.cli import main
 from filledfirst.compare import compare
 from filledfirst.compare.figures import FIGURES, _quantile, _sample, judge
 from filledfirst.compare.gate import reasons
 from filledfirst.compare.verdicts import Change
-from filledfirst.study import Compare, CompareGate, DiagnosisRules
+from filledfirst.study import Compare, CompareGate
 
 from helpers.chromium import ChartDivs, chromium_run
-from helpers.synthetic_db import every, gauges, kv_pressure_run, make_db, queue, reference_run
+from helpers.compare_dbs import KNEE, results_db, study_run
+from helpers.synthetic_db import kv_pressure_run, reference_run
 
 RULES = Compare()
 
 
-def _run(run_id, ttft_s=0.05, failed=0, interval_s=0.1):
-    reqs = queue(every(interval_s, 200), 0.5, 64, ttft_s=ttft_s)
-    for r in reqs[:failed]:
-        r.update(status="error", t_first_token=None)
-    tokens = {r["request_id"]: [r["t_first_token"] + 0.01 * k for k in range(1, 5)]
-              for r in reqs if r["t_first_token"] is not None}
-    return {"run_id": run_id, "requests": reqs, "samples": gauges(reqs, 21, lambda n: 0.5 * n), "tokens": tokens,
-            "meta": {"part": "decode", "spec": {"server": {"max_num_seqs": 64}}}}
-
-
-KNEE = "frontier, setting, lo_rps, hi_rps, floor_rps, reason, knee_label, drifted"  # the columns a test sets
-# table `frontiers`' columns a knee needs (the SLO and probes too: every row has them)
-KNEE_COLUMNS = "frontier VARCHAR, setting VARCHAR, lo_rps DOUBLE, hi_rps DOUBLE, floor_rps DOUBLE, reason VARCHAR, " \
-               "knee_label VARCHAR, drifted BOOLEAN, slo_ttft_ms DOUBLE DEFAULT 500, slo_itl_ms DOUBLE DEFAULT 100, " \
-               "probes BIGINT DEFAULT 4"
-
-
-def _db(path, runs, knees, vllm="0.32.0"):
-    for r in runs:
-        r["meta"]["versions"] = {"vllm_package": vllm}
-    make_db(path, runs)
-    write_diagnosis(path, DiagnosisRules())
-    with duckdb.connect(str(path)) as con:
-        con.execute(f"CREATE OR REPLACE TABLE frontiers ({KNEE_COLUMNS})")
-        for k in knees:
-            con.execute(f"INSERT INTO frontiers ({KNEE}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", k)
-    return path
-
-
 @pytest.fixture
 def dbs(tmp_path):
-    base = _db(tmp_path / "base.duckdb", [_run("ref"), _run("slow"), _run("gone")], [
+    base = results_db(tmp_path / "base.duckdb", [study_run("ref"), study_run("slow"), study_run("gone")], [
         ("decode", "default", 10.0, 11.0, 9.5, "converged", "active-sequence limit", False),
         ("decode", "seq8", 4.0, 4.4, 3.8, "converged", "active-sequence limit", False),
         ("kv", "kv160", 1.6, 1.76, 1.52, "converged", "KV-capacity pressure", False)])
-    cand = _db(tmp_path / "cand.duckdb", [_run("ref"), _run("slow", ttft_s=0.4, failed=20), _run("new")], [
+    cand_runs = [study_run("ref"), study_run("slow", ttft_s=0.4, failed=20), study_run("new")]
+    cand = results_db(tmp_path / "cand.duckdb", cand_runs, [
         ("decode", "default", 11.0, 12.1, 10.4, "converged", "active-sequence limit", False),  # inside the noise
         ("decode", "seq8", 2.0, 2.2, 1.9, "converged", "active-sequence limit", False),  # halved
         ("kv", "kv320", 2.4, 2.64, 2.28, "converged", "KV-capacity pressure", False)], vllm="0.33.0")
@@ -111,8 +83,8 @@ def test_a_study_against_itself(dbs):
 def test_a_run_offered_more_because_its_knee_moved_is_not_a_change(tmp_path):
     """A run placed at a share of its side's knee offers what that knee gives: at twice the
     rate with every request on time, no figure changed, and the page shows both rates."""
-    base = _db(tmp_path / "a.duckdb", [_run("ref")], [])
-    cand = _db(tmp_path / "b.duckdb", [_run("ref", interval_s=0.05)], [])
+    base = results_db(tmp_path / "a.duckdb", [study_run("ref")], [])
+    cand = results_db(tmp_path / "b.duckdb", [study_run("ref", interval_s=0.05)], [])
     c = compare(base, cand, RULES)
     assert {r["figure"]: r["verdict"] for r in c.runs} == {f.name: Change.SAME for f in FIGURES}
     (row,) = c.labels
@@ -124,9 +96,9 @@ def test_a_run_on_a_drifting_search_server_needs_a_wider_change(tmp_path):
     """A run right after a search, on its server, shares the search's drift: TTFT x1.6 is a
     change on a steady server, none on one whose speed moved by half over the search."""
     def side(path, ttft_s, drift):
-        run = _run("ref", ttft_s=ttft_s)
+        run = study_run("ref", ttft_s=ttft_s)
         run["meta"]["server"] = {"after_search": "knee/capped"}
-        _db(path, [run], [])
+        results_db(path, [run], [])
         with duckdb.connect(str(path)) as con:
             con.execute("ALTER TABLE frontiers ADD COLUMN drift DOUBLE")
             con.execute(f"INSERT INTO frontiers ({KNEE}, drift) VALUES ('knee', 'capped', 4.0, 4.4, 3.8, "
@@ -145,9 +117,9 @@ def test_a_run_on_a_drifting_search_server_needs_a_wider_change(tmp_path):
 
 
 def test_a_changed_label_fails_the_gate(tmp_path):
-    base = _db(tmp_path / "a.duckdb", [_run("ref")], [("d", "s", 4.0, 4.4, 3.8, "converged", "active-sequence limit",
-                                                        False)])
-    cand = _db(tmp_path / "b.duckdb", [_run("ref")], [("d", "s", 4.0, 4.4, 3.8, "converged", "compute-bound", False)])
+    knee = ("d", "s", 4.0, 4.4, 3.8, "converged")
+    base = results_db(tmp_path / "a.duckdb", [study_run("ref")], [(*knee, "active-sequence limit", False)])
+    cand = results_db(tmp_path / "b.duckdb", [study_run("ref")], [(*knee, "compute-bound", False)])
     c = compare(base, cand, RULES)
     assert reasons(c, CompareGate()) == ["knee d/s: what filled first changed, active-sequence limit -> compute-bound"]
     assert reasons(c, CompareGate(label_change=False)) == []
@@ -207,8 +179,8 @@ def test_a_run_label_change_fails_the_gate_only_for_a_designed_run(tmp_path, exp
     base, cand = kv_pressure_run("kv"), reference_run("kv")
     for run in (base, cand):
         run["meta"] = {"part": "kv", **({"expect": expect} if expect else {})}
-    a = _db(tmp_path / "a.duckdb", [base], [])
-    b = _db(tmp_path / "b.duckdb", [cand], [])
+    a = results_db(tmp_path / "a.duckdb", [base], [])
+    b = results_db(tmp_path / "b.duckdb", [cand], [])
     c = compare(a, b, RULES)
     (row,) = c.labels
     assert (row["base_label"], row["cand_label"], row["label_changed"]) == (
@@ -239,8 +211,8 @@ def test_the_gate_fails_on_a_drop_below_the_interval_the_page_does_not_call_lowe
     # 20 % lower, both intervals apart: below the 50 % a page's `lower` needs, above the
     # gate's 10 %; the same drop within a 30 % drift of the searches' servers is none
     knee = ("decode", "seq8", 4.0, 4.4, 3.8, "converged", "active-sequence limit", False)
-    base = _db(tmp_path / "a.duckdb", [_run("ref")], [knee])
-    cand = _db(tmp_path / "b.duckdb", [_run("ref")], [("decode", "seq8", 3.2, 3.5, 3.1, *knee[5:])])
+    base = results_db(tmp_path / "a.duckdb", [study_run("ref")], [knee])
+    cand = results_db(tmp_path / "b.duckdb", [study_run("ref")], [("decode", "seq8", 3.2, 3.5, 3.1, *knee[5:])])
     c = compare(base, cand, RULES)
     (row,) = c.knees
     assert row["verdict"] == Change.SAME and row["shift"] == pytest.approx(-0.2)

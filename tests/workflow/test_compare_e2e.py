@@ -1,10 +1,11 @@
 """filledfirst compare on the real vLLM CPU engine, through Snakemake: one small study (a
 capacity search of a capped setting, and one experiment at a quarter of its knee on its
-server) run twice from scratch, the
-second with the first as its `compare.baseline`, and a variant differing only in the cap
-(max_num_seqs 2 against 32). What the design guarantees at any CPU speed:
-- the same study twice: every knee and run figure compared says no significant change,
-  the gate passes, and `all` made the comparison and linked it from the report;
+server) run twice by `filledfirst nightly` (two nights: each from scratch in its own
+dated folder, the second with the first as its baseline), and a variant differing only
+in the cap (max_num_seqs 2 against 32). What the design guarantees at any CPU speed:
+- the same study twice: two measurements (two folders, two sets of run ids), every knee
+  and run figure compared says no significant change, the gate passes (the nightly exits
+  0 and moves the baseline), and `all` made the comparison and linked it from the report;
 - the variant: its knee is higher than the capped one's beyond both intervals and the
   drift-widened least shift, so the capped study against it is lower and fails the gate.
   The least ratio that counts can be x3 on these VMs (a search's server sped up by 67 %
@@ -34,7 +35,7 @@ import duckdb
 import pytest
 import yaml
 
-from conftest import REPO, snakemake_argv
+from conftest import REPO, engine_overlay_files, snakemake_argv
 from helpers.chromium import ChartDivs, chromium_run
 
 pytestmark = pytest.mark.engine
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.engine
 FIGURES_PER_RUN = 5  # filledfirst.compare.figures.FIGURES
 
 
-def study_config(folder: Path, cap: int, baseline: Path | None = None) -> Path:
+def study_config(folder: Path, cap: int) -> Path:
     cfg = yaml.safe_load((REPO / "tests" / "configs" / "e2e.yaml").read_text())
     cfg["workloads"] = {"light": cfg["workloads"]["light"],
                         "paced": {"kind": "synthetic", "phases": [
@@ -58,8 +59,9 @@ def study_config(folder: Path, cap: int, baseline: Path | None = None) -> Path:
         "description": "the paced shape under a sequence cap", "workload": "paced",
         "settings": {"capped": {"max_num_seqs": cap}}, "slo": {"ttft_ms": 1000, "itl_ms": 500},
         "start": 1, "maximum": 512, "probe_s": 5, "budget": 6, "estimate_batches": 2}}
-    if baseline is not None:
-        cfg["compare"] = {"baseline": str(baseline)}
+    # two studies minutes apart on these VMs can differ by 10 % beyond their intervals and
+    # their searches' drift: the gate of the same study twice allows 30 %
+    cfg["compare"] = {"fail_on": {"knee_drop": 0.3}}
     folder.mkdir(parents=True)
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -71,15 +73,20 @@ def studies(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     made = {}
-    for name, cap, baseline in (("first", 2, None), ("again", 2, root / "first" / "results"), ("wide", 32, None)):
-        folder = root / name
-        cfg = study_config(folder, cap, baseline)
-        # the database is what a comparison reads; the study with a baseline goes to its report
-        target = "all" if baseline is not None else "results/filledfirst.duckdb"
-        proc = subprocess.run(snakemake_argv(folder, cfg, target), env=env, capture_output=True, text=True,
-                              timeout=1800)
+    # the same study on two nights, then the variant's database alone
+    cfg = study_config(root / "study", 2)
+    overlays = [arg for o in engine_overlay_files() for arg in ("--config", str(o))]
+    for name in ("first", "again"):
+        proc = subprocess.run([sys.executable, "-m", "filledfirst", "nightly", "--root", str(root / "nightly"),
+                               "--snakefile", str(REPO / "workflow" / "Snakefile"), "--config", str(cfg), *overlays],
+                              env=env, capture_output=True, text=True, timeout=1800)
         assert proc.returncode == 0, proc.stderr[-6000:]
-        made[name] = folder
+        made[name] = (root / "nightly" / "last-good").resolve()  # each night passed: the baseline now
+    wide = root / "wide"
+    proc = subprocess.run(snakemake_argv(wide, study_config(wide, 32), "results/filledfirst.duckdb"), env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    made["wide"] = wide
     return made
 
 
@@ -96,7 +103,13 @@ def tables(db: Path) -> dict[str, list[dict]]:
 
 
 def test_the_same_study_twice_changes_nothing(studies):
-    again = studies["again"]
+    first, again = studies["first"], studies["again"]
+    assert first != again and first.parent == again.parent  # two nights, two folders
+    ids = []
+    for night in (first, again):
+        with duckdb.connect(str(night / "results" / "filledfirst.duckdb"), read_only=True) as con:
+            ids.append({r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()})
+    assert ids[0] and not ids[0] & ids[1]  # measured twice
     # `all` with a baseline made the comparison and linked it from the report
     assert 'href="compare.html"' in (again / "reports" / "report.html").read_text()
     t = tables(again / "results" / "compare.duckdb")
@@ -108,10 +121,6 @@ def test_the_same_study_twice_changes_nothing(studies):
     meta = json.loads((again / "results" / "runs" / "reference" / "run.json").read_text())
     assert meta["server"]["after_search"] == "knee/capped"  # one start per study
     assert not any(r["key"].endswith("server.max_num_seqs") for r in t["compare_setup"])
-    # the gate passes on the same databases (a drop of 30 %: two studies minutes apart on
-    # these VMs can differ by 10 % beyond their intervals and their searches' drift)
-    run = compare(studies["first"] / "results", again / "results", again / "gate.html", "--knee-drop", "0.3")
-    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_a_smaller_cap_lowers_the_knee_and_fails_the_gate(studies, tmp_path):
