@@ -134,6 +134,19 @@ def test_frontier_chart_draws_the_knee_and_the_failed_probe(con):
     # the knee's bracket: one rect per setting with both edges (seq8: 5.657 to 8; slow: 1 to 2)
     rect = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rect")
     assert sorted((d["lo"], d["hi"]) for d in spec["datasets"][rect["data"]["name"]]) == [(1.0, 2.0), (5.657, 8.0)]
+    # each measured probe shaped by what decided it: seq8 held at 2, 4, 5.657 and broke on
+    # its attainment at 8
+    dots = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point" and "shape" in layer["encoding"])
+    decided = {(d["setting"], d["rate"]): d["decided"] for d in spec["datasets"][dots["data"]["name"]]}
+    assert decided[("seq8", 2.0)] == "held" and decided[("seq8", 8.0)] == "broke: attainment below the target"
+
+
+def test_a_probe_whose_requests_met_the_slo_broke_on_its_backlog(con):
+    point = next(p for p in frontiers.probe_points(con) if p.setting == "seq8" and not p.probe.held)
+    grew = msgspec.structs.replace(point, probe=msgspec.structs.replace(
+        point.probe, attainment=1.0, attainment_lo=0.97, backlog_growth=0.4))
+    assert frontiers.decided(grew) == "broke: its backlog grew"
+    assert frontiers.decided(point) == "broke: attainment below the target"
 
 
 def test_no_frontiers_table_means_nothing(tmp_path):

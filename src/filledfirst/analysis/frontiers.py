@@ -307,7 +307,7 @@ def _knee_label(d: DiagnosisRow | None, probe: FrontierProbe) -> tuple[str | Non
         return label, clue
     why = (f"its run queued too little to be labelled (waiting {_pct(d.waiting_share)} of the time, vLLM's queue "
            f"{_pct(d.window_queue_share)} of TTFT)")
-    if _broke_on_backlog(probe):
+    if broke_on_backlog(probe):
         why = f"its requests met the SLO but its queue grew {probe.backlog_growth:.3g} s/s"
     if d.held_by:
         # the probe broke: what held the waiting the scrapes saw is what filled first
@@ -323,7 +323,7 @@ def _pct(share: float | None) -> str:
     return "unknown" if share is None else f"{share:.0%}"
 
 
-def _broke_on_backlog(probe: FrontierProbe) -> bool:
+def broke_on_backlog(probe: FrontierProbe) -> bool:
     """The probe broke while its attainment alone would have held it: its backlog grew."""
     return (probe.held is False and probe.backlog_growth is not None and probe.backlog_growth > 0
             and probe.attainment_lo is not None and probe.target is not None and probe.attainment_lo >= probe.target)

@@ -27,7 +27,7 @@ import polars as pl
 from filledfirst.analysis import numbers
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.rules import labelled
-from filledfirst.analysis.frontiers import lo_ratio, meaning, moved, probe_runs
+from filledfirst.analysis.frontiers import broke_on_backlog, lo_ratio, meaning, moved, probe_runs
 from filledfirst.analysis.numbers import DASH
 from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.contracts.frontiers import FrontierRow, Intervention
@@ -332,10 +332,25 @@ def frontier_intro(rows: Sequence[FrontierRow]) -> str:
 # --- the chart ------------------------------------------------------------------------------------
 
 
+DECIDED = ("held", "broke: attainment below the target", "broke: its backlog grew")
+SHAPES = ["circle", "triangle-down", "diamond"]
+
+
+def decided(p: ProbePoint) -> str | None:
+    """What decided a measured probe (None: it failed outright): it held, its attainment
+    broke the target, or its requests met it while its backlog grew."""
+    if p.outright:
+        return None
+    if p.probe.held:
+        return DECIDED[0]
+    return DECIDED[2] if broke_on_backlog(p.probe) else DECIDED[1]
+
+
 def frontier_chart(rows: Sequence[FrontierRow], points: Sequence[ProbePoint]) -> alt.LayerChart:
     """Attainment against the probed rate, a line per setting through its measured probes,
-    the knee's bracket (lo to hi) shaded in the setting's colour, the target as a dashed
-    rule; probes with failures in red, a probe that failed outright as a red cross at 0."""
+    each shaped by what decided it (`decided`), the knee's bracket (lo to hi) shaded in the
+    setting's colour, the target as a dashed rule; probes with failures in red, a probe
+    that failed outright as a red cross at 0."""
     target = next((r.target for r in rows if r.target is not None), None)
     data = pl.DataFrame(
         [{"setting": p.setting, "probe": p.probe.probe, "rate": p.probe.rate,
@@ -343,10 +358,12 @@ def frontier_chart(rows: Sequence[FrontierRow], points: Sequence[ProbePoint]) ->
           "shown": 0.0 if p.probe.attainment is None else 100 * p.probe.attainment,
           "verdict": ("failed: " + (p.probe.error or p.status or "no verdict")) if p.outright
           else ("held" if p.probe.held else "broke"),
+          "decided": decided(p),
           "failed": p.n_failed, "bad": p.failed, "outright": p.outright, "run": p.run_id}
          for p in points],
         schema={"setting": pl.String, "probe": pl.Int64, "rate": pl.Float64, "attainment": pl.Float64,
-                "shown": pl.Float64, "verdict": pl.String, "failed": pl.Int64, "bad": pl.Boolean,
+                "shown": pl.Float64, "verdict": pl.String, "decided": pl.String, "failed": pl.Int64,
+                "bad": pl.Boolean,
                 "outright": pl.Boolean, "run": pl.String},
     ).sort("setting", "rate")
     x_title = "offered rate (requests/s, log)"
@@ -355,6 +372,7 @@ def frontier_chart(rows: Sequence[FrontierRow], points: Sequence[ProbePoint]) ->
     color = alt.Color("setting:N", title="setting")
     tooltip = ["setting:N", "probe:Q", alt.Tooltip("rate:Q", format=".3g"),
                alt.Tooltip("attainment:Q", format=".1f", title="attainment %"), "verdict:N",
+               alt.Tooltip("decided:N", title="what decided it"),
                alt.Tooltip("failed:Q", title="failed requests"), "run:N"]
     measured = data.filter(~pl.col("outright"))
     layers: list[alt.TopLevelMixin] = []
@@ -383,8 +401,9 @@ def frontier_chart(rows: Sequence[FrontierRow], points: Sequence[ProbePoint]) ->
     if measured.height:
         base = alt.Chart(measured)
         layers.append(base.mark_line().encode(x=x, y=y, color=color, detail="setting:N"))
-        layers.append(base.mark_circle(size=70, opacity=1).encode(
-            x=x, y=y, tooltip=tooltip,
+        layers.append(base.mark_point(size=80, opacity=1, filled=True).encode(
+            x=x, y=y, tooltip=tooltip, shape=alt.Shape("decided:N", title="what decided it",
+                                                       scale=alt.Scale(domain=list(DECIDED), range=SHAPES)),
             color=alt.condition(alt.datum.bad, alt.value(charts.FAILED_COLOR), color)))
     outright = data.filter(pl.col("outright"))
     if outright.height:
@@ -392,6 +411,8 @@ def frontier_chart(rows: Sequence[FrontierRow], points: Sequence[ProbePoint]) ->
                                                      color=charts.FAILED_COLOR).encode(x=x, y=y, tooltip=tooltip))
     n_bad = int(data["bad"].sum())
     subtitle = ("shaded: the knee (highest rate that held to lowest that broke); dashed gray: the target; "
+                "a probe's shape: what decided it (a probe whose requests met the SLO broke on its growing "
+                "backlog); "
                 + (f"red: {n_bad} probe(s) with failures (a cross at 0: failed outright)" if n_bad
                    else "no probe had failures"))
     return alt.layer(*layers).properties(
