@@ -334,5 +334,7 @@ def test_predicted_against_measured_and_the_predicted_shift():
     assert "cap at 8 req/s" in lines[1] and "KV blocks at 9.5 req/s" in lines[1] and ">1.25<" in lines[1]
     assert "the setting's" in lines[1] and "max_num_seqs x1.6" in lines[1] and "9.99 req/s" in lines[1]
     moved = unescape(frontiers.moved_table_html(rows))
-    assert "+58 % (above its interval)" in moved and "+41 %" in moved
+    assert "+58 % (above its interval)" in moved and "+41 %" in moved and "predicted not to" not in moved
+    small = Intervention(parent="seq8", knob="KV tokens", predicted_shift=0.02, least_shift=0.3)
+    assert frontiers.predicted_shift_text(small) == "+2 % (less than the least shift: predicted not to move it)"
 

@@ -231,6 +231,15 @@ def _shift(i: Intervention) -> str:
     return numbers.change(shift) + (f" ({where[i.moved]})" if i.moved in where else "")
 
 
+def predicted_shift_text(i: Intervention) -> str:
+    """The shift the parent's prediction gives a relaxation; one below the least shift that
+    counts cannot show as a move, whatever the search finds."""
+    text = numbers.change(i.predicted_shift)
+    if i.predicted_shift is not None and i.least_shift is not None and i.predicted_shift < i.least_shift:
+        text += " (less than the least shift: predicted not to move it)"
+    return text
+
+
 class MovedLine(msgspec.Struct, frozen=True):
     """A line of What moved the knee: an intervention's row under its parent's."""
 
@@ -282,7 +291,7 @@ MOVED_COLUMNS: list[Column[MovedLine]] = [
     ("knee before", lambda line: knee_interval(line.parent)),
     ("knee after", lambda line: knee_interval(line.row)),
     ("shift of the highest rate held", lambda line: _shift(line.i)),
-    ("predicted shift", lambda line: numbers.change(line.i.predicted_shift)),
+    ("predicted shift", lambda line: predicted_shift_text(line.i)),
     ("least shift that counts", least_shift_text),
     ("verdict", _verdict),
     ("what filled first at the new knee", lambda line: line.row.knee_label or DASH),
