@@ -19,7 +19,8 @@ rate at which each limit fills, in a fluid (mean) model of the engine at a stead
 - the ITL SLO: that step takes longer than the ITL SLO (the SLO judges a request's
   longest gap).
 
-The smallest is what fills first, the next what fills next. A data-parallel server is its
+The smallest is what fills first, the next what fills next; a limit that would not fill
+before the engine saturates has no knee. A data-parallel server is its
 engines side by side (each its own cap and cache, the rate split evenly). The model
 knows no burst: a trace's bursts fill a limit below its predicted knee, and a cached
 prefix's blocks (shared) are not in the ledger.
@@ -101,6 +102,8 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo) -> dict[Limi
     steps_held = np.maximum(o + chunks - 1, 1)
     held = float(steps_held.mean())
     k = (per_token + per_seq) * held + per_token * float(u.mean())
+    if k <= 0:
+        raise ValueError("a step time with no cost per token or sequence predicts no knee")
     saturation = 1 / k
 
     def step(rate: float) -> float:
@@ -110,8 +113,9 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo) -> dict[Limi
         return rate * step(rate) * held
 
     def fills(load: Callable[[float], float], capacity: float | None) -> float | None:
-        """The rate at which load(rate), increasing, reaches capacity (saturation: never)."""
-        if capacity is None:
+        """The rate at which load(rate), increasing, reaches capacity; None: unknown, or not
+        before the engine saturates."""
+        if capacity is None or load(saturation * (1 - 1e-9)) < capacity:
             return None
         if load(0.0) >= capacity:
             return 0.0
@@ -138,10 +142,14 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo) -> dict[Limi
         Limit.CAP: fills(running, limits.cap),
         Limit.KV: fills(lambda r: r * step(r) * float((steps_held * (u + o)).mean()), limits.kv_tokens),
         Limit.BUDGET: fills(lambda r: r * step(r) * (held + float(u.mean())), limits.budget),
-        Limit.COMPUTE: fills(lambda r: (q_chunks + 0.5) * chunk_step(r), slo.ttft_ms / 1000),
+        Limit.COMPUTE: _or(fills(lambda r: (q_chunks + 0.5) * chunk_step(r), slo.ttft_ms / 1000), saturation),
         Limit.ITL: fills(chunk_step, slo.itl_ms / 1000),
     }
     return {limit: rate * limits.engines for limit, rate in found.items() if rate is not None}
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def first_two(found: Mapping[Limit, float]) -> list[tuple[Limit, float]]:
