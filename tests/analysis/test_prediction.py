@@ -14,8 +14,9 @@ import pytest
 from filledfirst.analysis import frontiers, prediction
 from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
-from filledfirst.analysis.prediction import Limit, Limits, Shape, Slo
+from filledfirst.analysis.prediction import Limit, Limits, Shape
 from filledfirst.analysis.step_time import Scope, StepModel
+from filledfirst.contracts.search import Slo
 from filledfirst.study import DiagnosisRules
 
 from helpers.searches import SEQ8_SEARCH, cap_probes
@@ -33,7 +34,7 @@ def case(engine: Engine, prompt: int, output: int, ttft_s: float, itl_s: float):
     prompts, outputs = np.full(N, prompt), np.full(N, output)
     shape = Shape(prompts.astype(float), outputs.astype(float))
     found = prediction.knees(MODEL, Limits(engine.cap, engine.kv_tokens, engine.budget), shape,
-                             Slo(ttft_s * 1000, itl_s * 1000, 0.95))
+                             Slo(ttft_s * 1000, itl_s * 1000), 0.95)
     first = min(found, key=found.__getitem__)
     simulated = knee(engine, prompts, outputs, ttft_s, itl_s, 0.95, found[first] / 3, found[first] * 3)
     return first, found, simulated
@@ -60,11 +61,11 @@ def test_the_first_limit_and_its_knee_are_the_simulated_engines(engine, prompt, 
 
 def test_relaxing_the_limit_that_filled_moves_the_knee_and_the_other_does_not():
     shape = Shape(np.full(N, 150.0), np.full(N, 160.0))
-    slo = Slo(2000, 1000, 0.95)
+    slo = Slo(2000, 1000)
     parent = Limits(cap=8, kv_tokens=10**6, budget=2048)
-    before = prediction.knee(MODEL, parent, shape, slo)
-    seqs = prediction.knee(*prediction.changed(Limit.CAP, 2, MODEL, parent), shape, slo)
-    kv = prediction.knee(*prediction.changed(Limit.KV, 2, MODEL, parent), shape, slo)
+    before = prediction.knee(MODEL, parent, shape, slo, 0.95)
+    seqs = prediction.knee(*prediction.changed(Limit.CAP, 2, MODEL, parent), shape, slo, 0.95)
+    kv = prediction.knee(*prediction.changed(Limit.KV, 2, MODEL, parent), shape, slo, 0.95)
     assert seqs / before - 1 > 0.3 and kv == pytest.approx(before)
     # and the simulated engine agrees on the doubled cap's knee
     engine = Engine(LAW, 16, 10**6, 2048)
@@ -76,31 +77,31 @@ def test_an_engine_whose_step_grows_with_every_sequence_gains_little_from_a_bigg
     # the CPU engine's case: each sequence costs as much as the step's base, so past a few
     # sequences the step time, not the cap, sets the rate
     slow = StepModel(**{**{f: getattr(MODEL, f) for f in MODEL.__struct_fields__}, "per_seq_ms": 4.0})
-    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000, 0.95)
+    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000)
     limits = Limits(cap=64, kv_tokens=10**6, budget=2048)
-    doubled = prediction.knee(*prediction.changed(Limit.CAP, 2, slow, limits), shape, slo)
-    assert doubled / prediction.knee(slow, limits, shape, slo) - 1 < 0.1
-    said = prediction.would_take(slow, limits, shape, slo, 0.3)
+    doubled = prediction.knee(*prediction.changed(Limit.CAP, 2, slow, limits), shape, slo, 0.95)
+    assert doubled / prediction.knee(slow, limits, shape, slo, 0.95) - 1 < 0.1
+    said = prediction.would_take(slow, limits, shape, slo, 0.95, 0.3)
     assert said.startswith("+30 %: no limit alone") and "max_num_seqs (x16" in said
 
 
 def test_what_it_would_take_names_the_cheapest_knob():
-    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000, 0.95)
-    said = prediction.would_take(MODEL, Limits(cap=8, kv_tokens=10**6, budget=2048), shape, slo, 0.3)
+    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000)
+    said = prediction.would_take(MODEL, Limits(cap=8, kv_tokens=10**6, budget=2048), shape, slo, 0.95, 0.3)
     assert said.startswith("+30 %: max_num_seqs x1.") and "KV tokens (x16: +0 %)" in said
 
 
 def test_a_data_parallel_server_is_its_engines_side_by_side():
-    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000, 0.95)
-    one = prediction.knees(MODEL, Limits(8, 10**6, 2048), shape, slo)
-    two = prediction.knees(MODEL, Limits(8, 10**6, 2048, engines=2), shape, slo)
+    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000)
+    one = prediction.knees(MODEL, Limits(8, 10**6, 2048), shape, slo, 0.95)
+    two = prediction.knees(MODEL, Limits(8, 10**6, 2048, engines=2), shape, slo, 0.95)
     assert two[Limit.CAP] == pytest.approx(2 * one[Limit.CAP])
 
 
 def test_a_limit_broken_with_no_load_has_a_knee_of_zero():
     # prompts whose prefill alone takes longer than the TTFT SLO
     found = prediction.knees(MODEL, Limits(64, 10**6, 8192), Shape(np.full(10, 60000.0), np.full(10, 4.0)),
-                             Slo(1000, 1000, 0.95))
+                             Slo(1000, 1000), 0.95)
     assert found[Limit.COMPUTE] == 0.0
 
 

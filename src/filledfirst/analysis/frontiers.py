@@ -62,7 +62,7 @@ Columns:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -78,8 +78,8 @@ from filledfirst.analysis.diagnosis.rules import LABELLED, Meaning, labelled
 from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention, Role
-from filledfirst.contracts.runmeta import FrontierProbe
-from filledfirst.contracts.search import Knob, SearchRecord
+from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
+from filledfirst.contracts.search import Knob, SearchRecord, Slo
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import Span, lo_ratio, move, widened
 from filledfirst.schema import schema_default
@@ -286,10 +286,12 @@ class ProbeRun:
     probe: FrontierProbe  # its run.json block
 
 
-def probe_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], list[ProbeRun]]:
-    """(frontier, setting) -> its probe runs, latest run per probe, in probe order."""
+def probe_runs(con: duckdb.DuckDBPyConnection, metas: Mapping[str, RunMeta] | None = None
+               ) -> dict[tuple[str, str], list[ProbeRun]]:
+    """(frontier, setting) -> its probe runs, latest run per probe, in probe order
+    (`metas`: signals.run_metas, where the caller has read them)."""
     latest: dict[tuple[str, str, int], ProbeRun] = {}
-    for run_id, meta in signals.run_metas(con).items():  # ordered by started_at
+    for run_id, meta in (signals.run_metas(con) if metas is None else metas).items():  # ordered by started_at
         f = meta.frontier
         if f:
             latest[(f.name, f.setting, f.probe)] = ProbeRun(run_id, meta.status, meta.workload, f)
@@ -397,7 +399,8 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
     if not table_exists(con, "diagnosis"):
         raise UserError("no diagnosis table (run `filledfirst diagnose` first)")
     rules = stored_rules(con)
-    groups = probe_runs(con)
+    metas = signals.run_metas(con)
+    groups = probe_runs(con, metas)
     if not groups:
         return []
     diag = {d["run_id"]: DiagnosisRow.from_columns(d)
@@ -409,13 +412,12 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
                     for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
     rows = [_row(name, setting, probes, searches.get((name, setting)), diag, rates, rules)
             for (name, setting), probes in groups.items()]
-    found = prediction.searches(con, signals.run_metas(con),
-                                {key: [p.run_id for p in probes] for key, probes in groups.items()})
+    found = prediction.searches(con, metas, {key: [p.run_id for p in probes] for key, probes in groups.items()})
     return _interventions(_predicted(rows, found))
 
 
 MIN_SHIFT = schema_default("frontiers", "*", "interventions", "min_shift")
-_RELAXES = {Knob.SEQS.value: prediction.Limit.CAP, Knob.KV.value: prediction.Limit.KV}
+_RELAXES = {knob: limit for limit, knob in prediction.KNOBS.items()}  # an intervention's knob -> its limit
 
 
 def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.Search]) -> list[FrontierRow]:
@@ -425,18 +427,17 @@ def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.
     out = []
     for r in rows:
         s = found.get((r.frontier, r.setting))
-        slo = prediction.Slo(r.slo_ttft_ms, r.slo_itl_ms, r.target or 1.0)
+        slo, target = Slo(r.slo_ttft_ms, r.slo_itl_ms), r.target or 1.0
         if s is not None:
-            measured = (r.lo_rps * r.hi_rps) ** 0.5 if r.lo_rps and r.hi_rps else None
             share = (r.intervention.min_shift if r.intervention else least.get((r.frontier, r.setting))) or MIN_SHIFT
-            r = msgspec.structs.replace(r, prediction=prediction.predict(s.model, s.limits, s.shape, slo, measured,
-                                                                         share))
+            r = msgspec.structs.replace(r, prediction=prediction.predict(s.model, s.limits, s.shape, slo, target,
+                                                                         r.knee_rps, share))
         parent = found.get((r.frontier, r.parent)) if r.parent else None
         i = r.intervention
         if parent is not None and i is not None and i.relaxed_from and i.relaxed_to and i.knob in _RELAXES:
-            before = prediction.knee(parent.model, parent.limits, parent.shape, slo)
+            before = prediction.knee(parent.model, parent.limits, parent.shape, slo, target)
             after = prediction.knee(*prediction.changed(_RELAXES[i.knob], i.relaxed_to / i.relaxed_from,
-                                                        parent.model, parent.limits), parent.shape, slo)
+                                                        parent.model, parent.limits), parent.shape, slo, target)
             r = msgspec.structs.replace(r, intervention=msgspec.structs.replace(
                 i, predicted_shift=after / before - 1 if before > 0 else None))
         out.append(r)

@@ -47,7 +47,7 @@ from filledfirst.analysis.step_time import Scope, StepModel, engine_key, read, s
 from filledfirst.contracts.frontiers import Prediction
 from filledfirst.contracts.runmeta import RunMeta
 from filledfirst.contracts.scheduler import Constraint
-from filledfirst.contracts.search import Knob
+from filledfirst.contracts.search import Knob, Slo
 
 BISECTIONS = 60
 MAX_FACTOR = 16.0  # what would it take: the largest change of one limit considered
@@ -86,15 +86,9 @@ class Shape:
         return len(self.output)
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_ms: float
-    itl_ms: float
-    target: float  # the share of requests that must meet it: the quantile a knee is judged at
-
-
-def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo) -> dict[Limit, float]:
-    """Each limit's predicted knee, requests per second over the whole server."""
+def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> dict[Limit, float]:
+    """Each limit's predicted knee, requests per second over the whole server, under `slo`
+    met by the share `target` of the requests (the quantile the prompts are judged at)."""
     base, per_token, per_seq = (max(x, 0.0) / 1000 for x in (model.base_ms, model.per_token_ms, model.per_seq_ms))
     budget = limits.budget or math.inf
     u, o = shape.uncached, shape.output
@@ -125,7 +119,7 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo) -> dict[Limi
             lo, hi = (mid, hi) if load(mid) < capacity else (lo, mid)
         return lo
 
-    q = float(np.quantile(u, slo.target))
+    q = float(np.quantile(u, target))
     q_chunks = math.ceil(max(q, 1) / budget)
 
     def chunk_step(rate: float) -> float:
@@ -173,16 +167,16 @@ def changed(limit: Limit, factor: float, model: StepModel, limits: Limits) -> tu
                                    per_seq_ms=model.per_seq_ms / factor), limits
 
 
-def knee(model: StepModel, limits: Limits, shape: Shape, slo: Slo) -> float:
-    return min(knees(model, limits, shape, slo).values())
+def knee(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> float:
+    return min(knees(model, limits, shape, slo, target).values())
 
 
-def least_factor(limit: Limit, goal: float, model: StepModel, limits: Limits, shape: Shape, slo: Slo
-                 ) -> tuple[float | None, float]:
+def least_factor(limit: Limit, goal: float, model: StepModel, limits: Limits, shape: Shape, slo: Slo,
+                 target: float) -> tuple[float | None, float]:
     """The least factor of `limit`'s knob (up to MAX_FACTOR) that brings the knee to
     `goal` (None: none does), and the knee at MAX_FACTOR."""
     def at(f: float) -> float:
-        return knee(*changed(limit, f, model, limits), shape, slo)
+        return knee(*changed(limit, f, model, limits), shape, slo, target)
 
     most = at(MAX_FACTOR)
     if most < goal:
@@ -194,22 +188,22 @@ def least_factor(limit: Limit, goal: float, model: StepModel, limits: Limits, sh
     return hi, most
 
 
-def would_take(model: StepModel, limits: Limits, shape: Shape, slo: Slo, share: float) -> str:
+def would_take(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float, share: float) -> str:
     """The cheapest change of one limit (its least factor, up to MAX_FACTOR) the model says
     moves the knee up by `share`, the limits that cannot alone (how far x MAX_FACTOR moves
     it), and the faster steps it takes (every knee moves with them, so never the cheapest)."""
-    now = knee(model, limits, shape, slo)
+    now = knee(model, limits, shape, slo, target)
     goal = now * (1 + share)
     can, cannot = [], []
     for limit in _FIELD:
         if getattr(limits, _FIELD[limit]) is None:
             continue
-        factor, most = least_factor(limit, goal, model, limits, shape, slo)
+        factor, most = least_factor(limit, goal, model, limits, shape, slo, target)
         if factor is None:
             cannot.append(f"{KNOBS[limit]} (x{MAX_FACTOR:g}: {numbers.change(most / now - 1)})")
         else:
             can.append((factor, KNOBS[limit]))
-    steps, _ = least_factor(Limit.COMPUTE, goal, model, limits, shape, slo)
+    steps, _ = least_factor(Limit.COMPUTE, goal, model, limits, shape, slo, target)
     faster = "faster steps" if steps is None else f"steps x{steps:.2g} faster"
     head = (f"{min(can)[1]} x{min(can)[0]:.2g}" if can else f"no limit alone; {faster}")
     out = f"{numbers.change(share)}: {head}"
@@ -218,10 +212,10 @@ def would_take(model: StepModel, limits: Limits, shape: Shape, slo: Slo, share: 
     return out + ("" if not cannot else "; not alone: " + ", ".join(cannot))
 
 
-def predict(model: StepModel, limits: Limits, shape: Shape, slo: Slo, measured_rps: float | None,
+def predict(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float, measured_rps: float | None,
             min_shift: float) -> Prediction:
     """A search's prediction beside its measured knee (the geometric mean of lo and hi)."""
-    found = knees(model, limits, shape, slo)
+    found = knees(model, limits, shape, slo, target)
     (first, rps), *rest = first_two(found)
     nxt = rest[0] if rest else (None, None)
     return Prediction(
@@ -230,7 +224,7 @@ def predict(model: StepModel, limits: Limits, shape: Shape, slo: Slo, measured_r
         predicted_budget_rps=found.get(Limit.BUDGET), predicted_compute_rps=found.get(Limit.COMPUTE),
         predicted_itl_rps=found.get(Limit.ITL), model_scope=model.scope.value,
         predicted_ratio=None if measured_rps is None or rps <= 0 else measured_rps / rps,
-        would_take=would_take(model, limits, shape, slo, min_shift))
+        would_take=would_take(model, limits, shape, slo, target, min_shift))
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,11 @@ class FrontierRow(msgspec.Struct, frozen=True, kw_only=True):
     next_label: str | None = None
 
     @property
+    def knee_rps(self) -> float | None:
+        """The measured knee as one rate: the geometric mean of lo and hi (None without both)."""
+        return (self.lo_rps * self.hi_rps) ** 0.5 if self.lo_rps and self.hi_rps else None
+
+    @property
     def parent(self) -> str | None:
         return self.intervention.parent if self.intervention else None
 

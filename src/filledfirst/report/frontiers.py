@@ -194,7 +194,7 @@ def _ratio(r: FrontierRow) -> str:
 
 PREDICTED_COLUMNS: list[Column[FrontierRow]] = [
     ("setting", lambda r: r.setting),
-    ("measured knee", lambda r: numbers.rps((r.lo_rps * r.hi_rps) ** 0.5 if r.lo_rps and r.hi_rps else None)),
+    ("measured knee", lambda r: numbers.rps(r.knee_rps)),
     ("what filled first", lambda r: r.knee_label or DASH),
     ("predicted to fill first", lambda r: _limit_at(r.prediction.predicted_first, r.prediction.predicted_rps)
      if r.prediction else DASH),
