@@ -45,10 +45,14 @@ class _Req:
 
 
 def run(engine: Engine, rate: float, prompts: np.ndarray, outputs: np.ndarray, seed: int = 0,
-        start: float = 0.0) -> list[_Req]:
-    """Every request's fate at `rate` requests/s (times in s, from `start` on the engine's clock)."""
+        start: float = 0.0, concurrency: int | None = None, steps: list | None = None) -> list[_Req]:
+    """Every request's fate at `rate` requests/s (times in s, from `start` on the engine's
+    clock), or, given `concurrency`, in a closed loop of that many (`rate` unused: a request
+    arrives as one ends). `steps`, if given, gets (time, running, waiting, KV tokens held)
+    after every step."""
     rng = np.random.default_rng(seed)
-    arrivals = start + np.cumsum(rng.exponential(1 / rate, len(prompts)))
+    arrivals = (np.full(len(prompts), start) if concurrency is not None
+                else start + np.cumsum(rng.exponential(1 / rate, len(prompts))))
     reqs = [_Req(float(a), int(p), int(o), order=i) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
     pending = deque(reqs)
     waiting: deque[_Req] = deque()
@@ -60,8 +64,11 @@ def run(engine: Engine, rate: float, prompts: np.ndarray, outputs: np.ndarray, s
     while left:
         if not running and not waiting:
             t = max(t, pending[0].arrival)
-        while pending and pending[0].arrival <= t:
-            waiting.append(pending.popleft())
+        while pending and (pending[0].arrival <= t if concurrency is None
+                           else len(running) + len(waiting) < concurrency):
+            r = pending.popleft()
+            r.arrival = max(r.arrival, t)
+            waiting.append(r)
         tokens = 0
         work: list[tuple[_Req, int]] = []
         for r in list(running):
@@ -102,6 +109,8 @@ def run(engine: Engine, rate: float, prompts: np.ndarray, outputs: np.ndarray, s
             t = pending[0].arrival if pending else t + base / 1000
             continue
         t += (base + per_token * tokens + per_seq * len(running)) / 1000 / engine.speed(t)
+        if steps is not None:
+            steps.append((t, len(running), len(waiting), sum(r.blocks for r in running) * engine.block))
         for r, n in work:
             if r.done_prompt < r.prompt:
                 r.done_prompt += n

@@ -1,0 +1,116 @@
+"""The paired check of an intervention: its setting and its parent's, side by side.
+
+Two searches run one after the other compare knees measured minutes apart, on a machine
+whose speed wanders: a control can move by itself, a relaxation can hide. The paired check
+measures both settings in alternating blocks, parent (A) and relaxed (B), in the order
+B A A B after the relaxed search (its server is the one running then): each block is a
+closed loop of the same requests at the same concurrency, enough sequences to fill the
+larger of the two limits, so each measures the completions per second its setting sustains
+on the machine as it is then. Adjacent blocks form pairs, (B, A) and (A, B): within a pair
+the machine's speed is about the same, and across the two a steady drift falls once before
+and once after, so the geometric mean of the pairs' ratios is the shift with the drift
+taken out (`measured`).
+
+The verdict (`verdict`) rests on that shift and on what does not depend on speed: whether the
+relaxed setting used its relaxed resource beyond the parent's limit (`beyond`: sequences
+running above the parent's cap, KV tokens held above its budget) and whether its queue share
+fell. Confirmed: every pair moved by at least the least shift and the relaxed resource was
+used beyond the old limit; not confirmed: no pair moved by the least shift, or the resource
+was never used beyond it (the limit did not hold the server back); inconclusive otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from filledfirst.contracts.frontiers import Confirmation
+
+
+class Side(StrEnum):
+    PARENT = "parent"
+    RELAXED = "relaxed"
+
+
+# B A A B: the relaxed search's server first (still running), two parent blocks on one
+# start, then the relaxed setting again.
+ORDER = (Side.RELAXED, Side.PARENT, Side.PARENT, Side.RELAXED)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One block's evidence: the side it measured, its completions per second (None: the
+    block failed), the share of its scrapes with the relaxed resource beyond the parent's
+    limit, and the share with requests waiting (None: not scraped)."""
+
+    side: Side
+    throughput_rps: float | None
+    beyond_share: float | None = None
+    queue_share: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PairedVerdict:
+    verdict: Confirmation
+    shift: float | None  # relaxed over parent, the pairs' geometric mean, minus one
+    shift_lo: float | None  # the smallest pair's shift
+    shift_hi: float | None  # the largest pair's
+    why: str
+
+
+def pairs(blocks: list[Block]) -> list[tuple[Block, Block]]:
+    """The adjacent (parent, relaxed) pairs of blocks in ORDER (repeated): blocks 1-2, 3-4, ..."""
+    out = []
+    for first, second in zip(blocks[::2], blocks[1::2]):
+        if {first.side, second.side} != {Side.PARENT, Side.RELAXED}:
+            raise ValueError(f"blocks {first.side}, {second.side}: a pair is one of each side")
+        out.append((first, second) if first.side is Side.PARENT else (second, first))
+    return out
+
+
+def measured(blocks: list[Block]) -> tuple[float, float, float] | None:
+    """(shift, lowest pair's shift, highest pair's) of relaxed over parent; None when a
+    block measured nothing."""
+    ratios = []
+    for parent, relaxed in pairs(blocks):
+        if not parent.throughput_rps or relaxed.throughput_rps is None:
+            return None
+        ratios.append(relaxed.throughput_rps / parent.throughput_rps)
+    if not ratios:
+        return None
+    mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(r > 0 for r in ratios) else 0.0
+    return mean - 1, min(ratios) - 1, max(ratios) - 1
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}"
+
+
+def verdict(blocks: list[Block], least_shift: float, knob: str = "the limit") -> PairedVerdict:
+    """The paired check's verdict on relaxing `knob` (module doc); `least_shift`: the
+    least shift that counts as a move."""
+    found = measured(blocks)
+    if found is None:
+        return PairedVerdict(Confirmation.INCONCLUSIVE, None, None, None, "a block of the paired check failed")
+    shift, lo, hi = found
+    relaxed = [b for b in blocks if b.side is Side.RELAXED]
+    beyond = [b.beyond_share for b in relaxed if b.beyond_share is not None]
+    used = None if not beyond else max(beyond) > 0
+    queues = {side: [b.queue_share for b in blocks if b.side is side and b.queue_share is not None] for side in Side}
+    fell = (None if not queues[Side.PARENT] or not queues[Side.RELAXED]
+            else max(queues[Side.RELAXED]) < min(queues[Side.PARENT]))
+    said = (f"side by side, relaxing {knob} moved the completions per second {_pct(shift)} "
+            f"(pairs {_pct(lo)} to {_pct(hi)})")
+    if used is not None:
+        said += ("; the relaxed setting used it beyond the old limit" if used
+                 else "; the relaxed setting never used it beyond the old limit")
+    if fell is not None:
+        said += "; its queue share fell" if fell else "; its queue share did not fall"
+    if used is False or hi < least_shift:
+        return PairedVerdict(Confirmation.NOT_CONFIRMED, shift, lo, hi,
+                             said + f" (a move needs {least_shift:.0%} in every pair and the resource used)")
+    if lo >= least_shift and used is not False:
+        return PairedVerdict(Confirmation.CONFIRMED, shift, lo, hi, said)
+    return PairedVerdict(Confirmation.INCONCLUSIVE, shift, lo, hi,
+                         said + f" (the pairs straddle the {least_shift:.0%} a move needs)")
