@@ -228,7 +228,9 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
     own = f["settings"][setting] if relaxed is None else deep_merge(f["settings"][relaxed.parent], relaxed.changes)
     return fingerprint({
         "server": deep_merge(cfg["engine"].get("server", {}), own),
-        **({} if relaxed is None else {"intervention": msgspec.to_builtins(relaxed)}),
+        # whether it is paired decides what follows its probes, not them (the job's fingerprint has it)
+        **({} if relaxed is None else {"intervention": {k: v for k, v in msgspec.to_builtins(relaxed).items()
+                                                        if k != "paired"}}),
         "loadgen": {**loadgen, "mode": "open"},
         **_model_engine_scrape(study),
         "workload": cfg["workloads"][f["workload"]],

@@ -461,6 +461,7 @@ class Interventions(_Struct):
     settings: bool | list[str]  # true: every setting
     factor: int = _d("frontiers", "*", "interventions", "factor")
     min_shift: float = _d("frontiers", "*", "interventions", "min_shift")
+    paired: bool = _d("frontiers", "*", "interventions", "paired")
 
 
 class Frontier(_Struct):

@@ -67,7 +67,8 @@ def run(engine: Engine, rate: float, prompts: np.ndarray, outputs: np.ndarray, s
         while pending and (pending[0].arrival <= t if concurrency is None
                            else len(running) + len(waiting) < concurrency):
             r = pending.popleft()
-            r.arrival = max(r.arrival, t)
+            if concurrency is not None:
+                r.arrival = t
             waiting.append(r)
         tokens = 0
         work: list[tuple[_Req, int]] = []

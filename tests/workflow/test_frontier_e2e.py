@@ -2,7 +2,8 @@
 two settings of tests/configs/frontier.yaml (the default cap and max_num_seqs 2), a
 capacity estimate, then at most 4 probes of at least 5 s each, one server start per
 setting; then seq2's two interventions (its cap doubled, its KV budget doubled), each
-from seq2's knee, and the verdict. Asserts what holds at any CPU speed: files, statuses,
+from seq2's knee and then side by side with seq2 (the paired check), and the verdict.
+Asserts what holds at any CPU speed: files, statuses,
 one start per search, the probes' rates being the search's, the tables, the verdict
 being the one the knees give, the report's table, an interrupted intervention
 resumed from its probes, a second frontier's search of the same server run on
@@ -24,7 +25,8 @@ import yaml
 
 from filledfirst.analysis.frontiers import IMPLICATED, confirmation, moved
 from filledfirst.contracts.frontiers import FrontierRow
-from filledfirst.contracts.search import SearchBounds, StopReason
+from filledfirst.contracts.search import SearchBounds, SearchRecord, StopReason
+from filledfirst.frontier import paired
 from filledfirst.frontier.interventions import Span, widened
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
 
@@ -120,7 +122,7 @@ def test_capacity_search_on_the_engine(tmp_path):
                                                ("seq2_kv_x2", "KV tokens", 32768, 65536, ("kv_tokens", 65536))):
         doc = json.loads((base / setting / "search.json").read_text())
         assert doc["intervention"] == {"parent": "seq2", "knob": knob, "before": before, "after": after,
-                                       "changes": dict([flag]), "min_shift": 0.3}
+                                       "changes": dict([flag]), "min_shift": 0.3, "paired": True}
         knee = seq2["result"]["lo"]  # None: seq2 broke at start, and the intervention grows from it
         assert doc["estimate"] is None and doc["check"] is None
         assert doc["start_rps"] == (None if knee is None else min(max(knee, f["start"]), f["maximum"]))
@@ -136,6 +138,24 @@ def test_capacity_search_on_the_engine(tmp_path):
                                 first=doc["start_rps"], against=against, min_shift=least)
         assert (doc["result"]["lo"], doc["result"]["hi"]) == (search.result().lo, search.result().hi)
         assert doc["result"]["reason"] == str(search.result().reason)
+        # side by side with seq2: blocks relaxed, seq2, seq2, relaxed, closed loops of the
+        # larger cap, one server at a time (seq2's started for block 2, this one again for 4)
+        check = doc["paired"]
+        assert check["concurrency"] == (4 if knob == "max_num_seqs" else 2)
+        assert [b["side"] for b in check["blocks"]] == ["relaxed", "parent", "parent", "relaxed"]
+        for i, b in enumerate(check["blocks"], 1):
+            block = json.loads((base / setting / f"paired{i}-{b['side']}" / "run.json").read_text())
+            assert b["loop"]["status"] == block["status"] == "ok" and b["loop"]["throughput_rps"] > 0
+            assert block["server"]["settings"][flag[0]] == (flag[1] if b["side"] == "relaxed" else
+                                                            {"max_num_seqs": 2, "kv_tokens": 32768}[flag[0]])
+            assert ("startup_s" in block["timings"]) == (i in (2, 4))
+            assert b["queue_share"] is not None
+        # a cap of 2 never runs 3; 4 requests of 132 tokens never hold 32,768 KV tokens
+        assert all(b["beyond_share"] == 0 for b in check["blocks"]
+                   if b["side"] == "parent" or knob == "KV tokens")
+        if knob == "max_num_seqs":
+            assert all(b["beyond_share"] > 0 for b in check["blocks"] if b["side"] == "relaxed")
+            assert all(b["queue_share"] > 0 for b in check["blocks"] if b["side"] == "parent")
 
     con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
     settings = ("default", "seq2", "seq2_seqs_x2", "seq2_kv_x2")
@@ -165,6 +185,11 @@ def test_capacity_search_on_the_engine(tmp_path):
         assert r["least_shift"] == pytest.approx(widened(0.3, by["seq2"]["drift"]))
         assert r["parent"] == "seq2" and r["moved"] == moved(typed["seq2"], typed[setting], r["least_shift"])
         assert r["role"] == (None if implicated is None else "relaxed" if r["knob"] == implicated else "control")
+        found = paired.verdict(paired.blocks_of(SearchRecord.read(base / setting / "search.json").paired), 0.3,
+                               r["knob"])
+        assert (r["paired_verdict"], r["paired_shift"]) == (found.verdict.value, found.shift)
+    # the KV budget was never used beyond seq2's: side by side, not a move
+    assert by["seq2_kv_x2"]["paired_verdict"] == "not confirmed"
     relaxed = next((typed[s] for s, r in by.items() if r["role"] == "relaxed"), None)
     control = next((typed[s] for s, r in by.items() if r["role"] == "control"), None)
     verdict, _ = confirmation(by["seq2"]["knee_label"], relaxed, control)
@@ -178,6 +203,7 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert "knee/default/p01" in html and "knee/seq2/p01" in html
     assert "What moved the knee" in html and "seq2_seqs_x2: max_num_seqs 2 -&gt; 4" in html
     assert "seq2_kv_x2: KV tokens 32,768 -&gt; 65,536" in html
+    assert "side by side (completions per second)" in html
 
     # half_knee ran on knee/default's server after its search: no start of its own, its
     # schedule at half the knee the search wrote.
@@ -206,6 +232,7 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     again_doc = json.loads(kv.read_text())
     assert all(p["reused"] for p in again_doc["probes"]) and again_doc["result"] == written["result"]
+    assert again_doc["paired"] == written["paired"]  # its blocks read back
     assert [p["run_id"] for p in again_doc["probes"]] == [p["run_id"] for p in written["probes"]]
     log = (tmp_path / "results" / "logs" / "frontier-knee-seq2_kv_x2.log").read_text()
     assert "reusing probe 1" in log and "probing" not in log

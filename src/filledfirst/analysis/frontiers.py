@@ -48,8 +48,12 @@ Columns:
   below, or not), within_drift (it moved by min_shift but not by least_shift: the
   drift alone could explain it) and interval_move (the same as moved by the intervals
   alone, with no least shift), predicted_shift (the move the parent's prediction gives
-  the relaxation); the parent's row has verdict (`confirmation`), verdict_why and
-  next_label (what filled first at the relaxed knee);
+  the relaxation), and with interventions.paired its paired check
+  (filledfirst.frontier.paired): paired_verdict, paired_shift (relaxed over parent,
+  side by side, the pairs' geometric mean), paired_shift_lo and paired_shift_hi (the
+  lowest and highest pair's) and paired_why; the parent's row has verdict
+  (`confirmation`, from the paired checks where both interventions have one),
+  verdict_why and next_label (what filled first at the relaxed knee);
 - the prediction (filledfirst.analysis.prediction; NULL without a step model or an
   answered request): predicted_rps and predicted_first (the first limit's knee and the
   limit), predicted_next and predicted_next_rps (the next), each limit's knee
@@ -81,6 +85,7 @@ from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervent
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
 from filledfirst.contracts.search import Knob, SearchRecord, Slo
 from filledfirst.errors import UserError
+from filledfirst.frontier import paired
 from filledfirst.frontier.interventions import Span, lo_ratio, move, widened
 from filledfirst.schema import schema_default
 from filledfirst.store.tables import table_exists
@@ -102,7 +107,8 @@ SCHEMA = {
     "ttft_p95_from_rps": pl.Float64,
     "parent": pl.String, "knob": pl.String, "relaxed_from": pl.Int64, "relaxed_to": pl.Int64, "min_shift": pl.Float64,
     "least_shift": pl.Float64, "role": pl.String, "shift": pl.Float64, "moved": pl.String, "within_drift": pl.Boolean,
-    "interval_move": pl.String, "predicted_shift": pl.Float64,
+    "interval_move": pl.String, "predicted_shift": pl.Float64, "paired_verdict": pl.String,
+    "paired_shift": pl.Float64, "paired_shift_lo": pl.Float64, "paired_shift_hi": pl.Float64, "paired_why": pl.String,
     "predicted_rps": pl.Float64, "predicted_first": pl.String, "predicted_next": pl.String,
     "predicted_next_rps": pl.Float64, "predicted_cap_rps": pl.Float64, "predicted_kv_rps": pl.Float64,
     "predicted_budget_rps": pl.Float64, "predicted_compute_rps": pl.Float64, "predicted_itl_rps": pl.Float64,
@@ -156,6 +162,8 @@ def confirmation(label: str | None, relaxed: FrontierRow | None,
         return None, f"the knee names no limit to relax ({label or 'no label'})"
     ri = (relaxed.intervention if relaxed else None) or _NOT_COMPARED
     ci = (control.intervention if control else None) or _NOT_COMPARED
+    if ri.paired_verdict is not None and ci.paired_verdict is not None:
+        return paired_confirmation(ri, ci)
     r, c = ri.moved, ci.moved
     knob = IMPLICATED[label]
     if r is None or relaxed is None:
@@ -189,6 +197,20 @@ def confirmation(label: str | None, relaxed: FrontierRow | None,
         why += (f" (it moved {_pct_shift(ci)}, within the {_share(ci.least_shift)} "
                 "the server's drift allows)")
     return Confirmation.CONFIRMED, why
+
+
+def paired_confirmation(relaxed: Intervention, control: Intervention) -> tuple[Confirmation, str]:
+    """The verdict from both interventions' paired checks (filledfirst.frontier.paired):
+    confirmed when relaxing the limit named moved the server side by side and the control
+    did not, not confirmed when relaxing it did not, inconclusive otherwise."""
+    both = f"{relaxed.paired_why}; the control: {control.paired_why}"
+    if relaxed.paired_verdict is Confirmation.NOT_CONFIRMED:
+        return Confirmation.NOT_CONFIRMED, relaxed.paired_why or ""
+    if relaxed.paired_verdict is Confirmation.CONFIRMED and control.paired_verdict is Confirmation.NOT_CONFIRMED:
+        return Confirmation.CONFIRMED, both
+    if control.paired_verdict is Confirmation.CONFIRMED:
+        return Confirmation.INCONCLUSIVE, "the control moved it too: " + both
+    return Confirmation.INCONCLUSIVE, both
 
 
 def next_limit(label: str, relaxed: FrontierRow) -> Label | None:
@@ -345,8 +367,14 @@ def _interval(search: SearchRecord | None) -> dict[str, float | bool | None]:
 def _relaxation(search: SearchRecord | None) -> Intervention | None:
     """What an intervention relaxes (None for a setting of the config)."""
     i = search.intervention if search else None
-    return None if i is None else Intervention(parent=i.parent, knob=i.knob.value, relaxed_from=i.before,
-                                               relaxed_to=i.after, min_shift=i.min_shift)
+    if i is None:
+        return None
+    check = search.paired
+    found = None if check is None else paired.verdict(paired.blocks_of(check), i.min_shift, i.knob.value)
+    return Intervention(parent=i.parent, knob=i.knob.value, relaxed_from=i.before, relaxed_to=i.after,
+                        min_shift=i.min_shift, paired_verdict=found.verdict if found else None,
+                        paired_shift=found.shift if found else None, paired_shift_lo=found.shift_lo if found else None,
+                        paired_shift_hi=found.shift_hi if found else None, paired_why=found.why if found else None)
 
 
 _UNDIAGNOSED = DiagnosisRow(run_id="", experiment="")  # a probe with no diagnosis row: no signal crossed

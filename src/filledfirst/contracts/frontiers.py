@@ -47,6 +47,13 @@ class Intervention(msgspec.Struct, frozen=True, kw_only=True):
     interval_move: str | None = None
     # the parent's knee moved by relaxing this knob as the parent's model predicts it
     predicted_shift: float | None = None
+    # its paired check (filledfirst.frontier.paired): verdict, shift (the pairs' geometric
+    # mean, their lowest and highest) and why; None: not paired
+    paired_verdict: Confirmation | None = None
+    paired_shift: float | None = None
+    paired_shift_lo: float | None = None
+    paired_shift_hi: float | None = None
+    paired_why: str | None = None
 
 
 class Prediction(msgspec.Struct, frozen=True, kw_only=True):

@@ -190,6 +190,35 @@ class Intervention(_Record):
     # the least shift of the knee that counts as a move before the parent's drift widens it
     # (the frontier's interventions.min_shift)
     min_shift: float = schema_default("frontiers", "*", "interventions", "min_shift")
+    # measured side by side with the parent after its search (filledfirst.frontier.paired)
+    paired: bool = schema_default("frontiers", "*", "interventions", "paired")
+
+
+class Side(StrEnum):
+    """The setting a block of a paired check measured (filledfirst.frontier.paired)."""
+
+    PARENT = "parent"
+    RELAXED = "relaxed"
+
+
+class PairedBlock(_Record):
+    """A block of the paired check: a closed loop of one side, and from its scrapes the
+    share with the relaxed resource beyond the parent's limit in some engine and the share
+    with requests waiting (of the scrapes with anything running or waiting; None: none
+    scraped)."""
+
+    side: Side
+    loop: Reference
+    beyond_share: float | None = None
+    queue_share: float | None = None
+
+
+class PairedCheck(_Record):
+    """The intervention and its parent side by side, in blocks of the same closed loop
+    (filledfirst.frontier.paired.ORDER)."""
+
+    concurrency: int
+    blocks: list[PairedBlock]
 
 
 class SearchRecord(_Record):
@@ -211,6 +240,7 @@ class SearchRecord(_Record):
     drift: Drift | None = None
     intervention: Intervention | None = None  # None: a setting of the config, not a relaxation
     start_rps: float | None = None  # an intervention's first rate: its parent's knee
+    paired: PairedCheck | None = None  # an intervention's paired check, when asked for
 
     @property
     def key(self) -> str:

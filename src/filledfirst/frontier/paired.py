@@ -23,15 +23,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import StrEnum
 
 from filledfirst.contracts.frontiers import Confirmation
-
-
-class Side(StrEnum):
-    PARENT = "parent"
-    RELAXED = "relaxed"
-
+from filledfirst.contracts.search import PairedCheck, Side
 
 # B A A B: the relaxed search's server first (still running), two parent blocks on one
 # start, then the relaxed setting again.
@@ -59,6 +53,11 @@ class PairedVerdict:
     why: str
 
 
+def blocks_of(check: PairedCheck) -> list[Block]:
+    """A search.json's paired check as the verdict reads it."""
+    return [Block(b.side, b.loop.throughput_rps, b.beyond_share, b.queue_share) for b in check.blocks]
+
+
 def pairs(blocks: list[Block]) -> list[tuple[Block, Block]]:
     """The adjacent (parent, relaxed) pairs of blocks in ORDER (repeated): blocks 1-2, 3-4, ..."""
     out = []
@@ -84,7 +83,8 @@ def measured(blocks: list[Block]) -> tuple[float, float, float] | None:
 
 
 def _pct(x: float) -> str:
-    return f"{x:+.0%}"
+    """As the report writes a change: '+32 %'."""
+    return f"{100 * x:+.0f} %"
 
 
 def verdict(blocks: list[Block], least_shift: float, knob: str = "the limit") -> PairedVerdict:
@@ -109,8 +109,8 @@ def verdict(blocks: list[Block], least_shift: float, knob: str = "the limit") ->
         said += "; its queue share fell" if fell else "; its queue share did not fall"
     if used is False or hi < least_shift:
         return PairedVerdict(Confirmation.NOT_CONFIRMED, shift, lo, hi,
-                             said + f" (a move needs {least_shift:.0%} in every pair and the resource used)")
+                             said + f" (a move needs {100 * least_shift:.0f} % in every pair and the resource used)")
     if lo >= least_shift and used is not False:
         return PairedVerdict(Confirmation.CONFIRMED, shift, lo, hi, said)
     return PairedVerdict(Confirmation.INCONCLUSIVE, shift, lo, hi,
-                         said + f" (the pairs straddle the {least_shift:.0%} a move needs)")
+                         said + f" (the pairs straddle the {100 * least_shift:.0f} % a move needs)")

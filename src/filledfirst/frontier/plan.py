@@ -96,7 +96,7 @@ def tested(study: Study, name: str) -> dict[str, tuple[list[Intervention], list[
     if wanted is None:
         return {}
     names = list(own) if wanted.settings is True else list(wanted.settings or [])
-    return {s: relaxations(s, own[s], study.engine.launcher, wanted.min_shift, wanted.factor)
+    return {s: relaxations(s, own[s], study.engine.launcher, wanted.min_shift, wanted.factor, wanted.paired)
             for s in names if s in own}
 
 

@@ -240,6 +240,16 @@ def predicted_shift_text(i: Intervention) -> str:
     return text
 
 
+def paired_text(i: Intervention) -> str:
+    """'+58 % (pairs +55 % to +61 %): confirmed': the paired check's shift and verdict."""
+    if i.paired_verdict is None:
+        return DASH
+    if i.paired_shift is None:
+        return f"{i.paired_verdict} (a block failed)"
+    return (f"{numbers.change(i.paired_shift)} (pairs {numbers.change(i.paired_shift_lo)} to "
+            f"{numbers.change(i.paired_shift_hi)}): {i.paired_verdict}")
+
+
 class MovedLine(msgspec.Struct, frozen=True):
     """A line of What moved the knee: an intervention's row under its parent's."""
 
@@ -282,6 +292,7 @@ def moved_rows(rows: Sequence[FrontierRow]) -> list[tuple[FrontierRow, list[Move
     return out
 
 
+PAIRED_HEADER = "side by side (completions per second)"
 # A line of What moved the knee: (header, cell), in order.
 MOVED_COLUMNS: list[Column[MovedLine]] = [
     ("setting", lambda line: line.parent.setting),
@@ -291,6 +302,7 @@ MOVED_COLUMNS: list[Column[MovedLine]] = [
     ("knee before", lambda line: knee_interval(line.parent)),
     ("knee after", lambda line: knee_interval(line.row)),
     ("shift of the highest rate held", lambda line: _shift(line.i)),
+    (PAIRED_HEADER, lambda line: paired_text(line.i)),
     ("predicted shift", lambda line: predicted_shift_text(line.i)),
     ("least shift that counts", least_shift_text),
     ("verdict", _verdict),
@@ -301,8 +313,11 @@ MOVED_COLUMNS: list[Column[MovedLine]] = [
 def moved_table_html(rows: Sequence[FrontierRow]) -> str:
     """What moved the knee: a line per intervention of each verified setting, with the
     knee before and after, the shift of the highest rate that held, the verdict (on the
-    relaxed line) and what filled first at the new knee."""
-    return column_table(MOVED_COLUMNS, [line for _, mine in moved_rows(rows) for line in mine])
+    relaxed line) and what filled first at the new knee; the paired checks' column where
+    any was made."""
+    lines = [line for _, mine in moved_rows(rows) for line in mine]
+    paired = any(line.i.paired_verdict is not None for line in lines)
+    return column_table([c for c in MOVED_COLUMNS if paired or c[0] != PAIRED_HEADER], lines)
 
 
 # --- a frontier's knees side by side (a part's `knees`) -------------------------------------------

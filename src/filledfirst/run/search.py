@@ -78,6 +78,8 @@ from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watc
 from filledfirst.plan import ExperimentStep
 from filledfirst.request_metrics import SLO_ATTAINMENT, SLO_REQUESTS
 from filledfirst.run import folder
+from filledfirst.run.paired import PAIRED_PREFIX, run_paired
+from filledfirst.run.paired import concurrency as paired_concurrency
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 from filledfirst.trace.formats import Format
 
@@ -254,7 +256,6 @@ class Prober:
         from filledfirst.run.runner import run_on_server, spec_meta
 
         plan, setting = self.plan, self.setting
-        assert plan.estimate_batches
         name, out = f"{plan.name}/{setting}/{tag}", self.out / tag
         n = plan.reference_requests(concurrency)
         schedule = self.scratch / f"{tag}.parquet"
@@ -466,10 +467,30 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
             records.append(_search(probers[-1]))
         if hosted is not None and hosted.runs:
             _run_hosted(study, hosted, records, probers)
+        # Last: a paired check stops the job's server while its parent's runs.
+        for i, (task, prober) in enumerate(zip(tasks, probers)):
+            relaxed = records[i].intervention
+            if relaxed is not None and relaxed.paired and records[i].result.reason is not StopReason.PROBE_FAILED:
+                records[i] = _paired(study, task, prober, relaxed, records[i])
     finally:
         for prober in reversed(probers):  # the server's owner, first, last
             prober.close()
     return records
+
+
+def _paired(study: Study, task: SearchTask, prober: Prober, relaxed: Intervention,
+            record: SearchRecord) -> SearchRecord:
+    """The search's record with its paired check (filledfirst.run.paired), written again."""
+    n = paired_concurrency(prober.plan.settings, relaxed, task.setting)
+    if n is None:
+        log.warning("%s/%s: neither it nor %s states max_num_seqs: no closed loop to fill, no paired check",
+                    task.frontier, task.setting, relaxed.parent)
+        return record
+    parent = Prober(study, search_plan(study, task.frontier, relaxed.parent), relaxed.parent, prober.out,
+                    prober.fingerprint, task.trace_csv, task.shape_stats, prober.progress)
+    record = msgspec.structs.replace(record, paired=run_paired(prober, parent, relaxed, n))
+    record.write(Path(task.out) / SEARCH_JSON)
+    return record
 
 
 def warn_failed(tasks: list[SearchTask], records: list[SearchRecord]) -> None:
@@ -485,7 +506,7 @@ def _clean(out: Path) -> None:
     """A search folder ready for the search: what a SIGKILL left and the old search.json gone."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*"),
-                  *out.glob(f".{ESTIMATE}.*-*"), *out.glob(f".{CHECK}.*-*")]:
+                  *out.glob(f".{ESTIMATE}.*-*"), *out.glob(f".{CHECK}.*-*"), *out.glob(f".{PAIRED_PREFIX}*-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     (out / SEARCH_JSON).unlink(missing_ok=True)
 

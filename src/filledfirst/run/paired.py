@@ -1,0 +1,82 @@
+"""An intervention's paired check (filledfirst.frontier.paired), run at the end of its
+search's job: closed loops of the same requests on the intervention's server and on its
+parent's, in the blocks of `ORDER`, one server running at a time (the intervention's is
+stopped while the parent's runs, and started again after). Each block is an ordinary run
+folder beside the search's probes, `DIR/paired<i>-<side>`, not ingested (search.json
+keeps what each measured, `paired`), read back when an interrupted job runs again with
+the same spec, as the capacity estimate is.
+
+From each block's scrapes (its samples.parquet) come the shares the verdict needs that do
+not depend on speed: the scrapes with the relaxed resource beyond the parent's limit in
+some engine (sequences running above the parent's cap; KV tokens held above its budget)
+and those with requests waiting, both of the scrapes with anything running or waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import duckdb
+
+from filledfirst import metrics
+from filledfirst.contracts.search import Intervention, Knob, PairedBlock, PairedCheck, Side
+from filledfirst.frontier.paired import ORDER
+from filledfirst.run import folder
+
+log = logging.getLogger(__name__)
+
+PAIRED_PREFIX = "paired"
+
+
+def block_dir_name(block: int, side: Side) -> str:
+    return f"{PAIRED_PREFIX}{block}-{side}"
+
+
+def concurrency(settings: dict, relaxed: Intervention, setting: str) -> int | None:
+    """The blocks' closed loop: enough sequences to fill the larger of the two settings'
+    caps (None: neither states one)."""
+    caps = [settings[s].get("max_num_seqs") for s in (relaxed.parent, setting)]
+    return max((int(c) for c in caps if c), default=None)
+
+
+def block_evidence(run_dir: Path, knob: Knob, before: int) -> tuple[float | None, float | None]:
+    """(beyond share, queue share) of a block's scrapes (module doc); None without scrapes."""
+    path = str(Path(run_dir) / folder.SAMPLES).replace("'", "''")
+    held = "running" if knob is Knob.SEQS else "kv_used * blocks * block_size"
+    state = metrics.scheduler_state_sql(f"SELECT 'block' AS run_id, * FROM read_parquet('{path}')")
+    con = duckdb.connect()
+    try:
+        rows = con.execute(f"""
+        WITH scrape AS (SELECT t, sum(running) + sum(waiting) AS load, sum(waiting) AS waiting,
+                               bool_or(coalesce({held} > {int(before)}, false)) AS beyond
+                        FROM ({state}) GROUP BY t)
+        SELECT count(*) FILTER (load > 0), count(*) FILTER (load > 0 AND beyond),
+               count(*) FILTER (load > 0 AND waiting > 0)
+        FROM scrape""").fetchall()
+    finally:
+        con.close()
+    busy, beyond, queued = rows[0]
+    return (beyond / busy, queued / busy) if busy else (None, None)
+
+
+def run_paired(prober, parent, relaxed: Intervention, n: int) -> PairedCheck:
+    """The paired check of the intervention `prober` searched (its server may be running)
+    against `parent`, the prober of the setting it relaxes, in closed loops of `n`
+    (`concurrency`); stops the parent's server at the end."""
+    plan, setting = prober.plan, prober.setting
+    blocks = []
+    try:
+        for i, side in enumerate(ORDER, 1):
+            who, other = (prober, parent) if side is Side.RELAXED else (parent, prober)
+            other.shared.stop()  # one engine at a time
+            tag = block_dir_name(i, side)
+            log.info("%s/%s: paired check, block %d of %d: %s (%s)", plan.name, setting, i, len(ORDER), side,
+                     who.setting)
+            loop = who.reference(tag, n)
+            beyond, queued = (block_evidence(prober.out / tag, relaxed.knob, relaxed.before)
+                              if loop.status != "failed" else (None, None))
+            blocks.append(PairedBlock(side=side, loop=loop, beyond_share=beyond, queue_share=queued))
+    finally:
+        parent.close()
+    return PairedCheck(concurrency=n, blocks=blocks)

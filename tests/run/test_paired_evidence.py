@@ -1,0 +1,52 @@
+"""A paired check block's evidence read from its scrapes (filledfirst.run.paired), on
+vLLM /metrics pages written here: no server needed, the thing under test is our reading."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from filledfirst.contracts.records import SAMPLE_SCHEMA, to_table
+from filledfirst.contracts.search import Knob
+from filledfirst.metrics import parse_metrics
+from filledfirst.run import folder
+from filledfirst.run.paired import block_evidence, concurrency
+
+
+def page(running: int, waiting: int, kv: float, engine: int = 0) -> str:
+    e = f'engine="{engine}",model_name="m"'
+    return (f"vllm:num_requests_running{{{e}}} {running}\nvllm:num_requests_waiting{{{e}}} {waiting}\n"
+            f"vllm:kv_cache_usage_perc{{{e}}} {kv}\n"
+            f'vllm:cache_config_info{{block_size="16",{e},num_gpu_blocks="100"}} 1.0\n')
+
+
+def write(tmp_path, pages: list[str]):
+    samples = [s for t, text in enumerate(pages) for s in parse_metrics(text, float(t))]
+    pq.write_table(to_table(samples, SAMPLE_SCHEMA), tmp_path / folder.SAMPLES)
+    return tmp_path
+
+
+def test_the_shares_count_busy_scrapes_beyond_the_old_limit_and_with_a_queue(tmp_path):
+    # idle, then 4 running (beyond a cap of 2), 2 running with 2 waiting, 3 running; KV of
+    # 1,600 tokens: 50 % is 800 tokens held, beyond a budget of 640
+    run = write(tmp_path, [page(0, 0, 0.0), page(4, 0, 0.5), page(2, 2, 0.3), page(3, 0, 0.2)])
+    assert block_evidence(run, Knob.SEQS, 2) == (pytest.approx(2 / 3), pytest.approx(1 / 3))
+    assert block_evidence(run, Knob.KV, 640) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+
+
+def test_engines_are_judged_each_against_the_limit_and_queues_summed(tmp_path):
+    # two engines of cap 2: 2 + 2 running is no engine beyond it
+    run = write(tmp_path, [page(2, 0, 0.1, 0) + page(2, 1, 0.1, 1)])
+    assert block_evidence(run, Knob.SEQS, 2) == (0.0, 1.0)
+
+
+def test_no_busy_scrape_is_no_evidence(tmp_path):
+    assert block_evidence(write(tmp_path, [page(0, 0, 0.0)]), Knob.SEQS, 2) == (None, None)
+
+
+def test_the_loops_fill_the_larger_cap():
+    from filledfirst.contracts.search import Intervention
+
+    i = Intervention(parent="seq2", knob=Knob.SEQS, before=2, after=4, changes={"max_num_seqs": 4})
+    assert concurrency({"seq2": {"max_num_seqs": 2}, "x": {"max_num_seqs": 4}}, i, "x") == 4
+    assert concurrency({"seq2": {}, "x": {}}, i, "x") is None
