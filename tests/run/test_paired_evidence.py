@@ -3,6 +3,7 @@ vLLM /metrics pages written here: no server needed, the thing under test is our 
 
 from __future__ import annotations
 
+import dataclasses
 import pyarrow.parquet as pq
 import pytest
 
@@ -44,9 +45,17 @@ def test_no_busy_scrape_is_no_evidence(tmp_path):
     assert block_evidence(write(tmp_path, [page(0, 0, 0.0)]), Knob.SEQS, 2) == (None, None)
 
 
-def test_the_loops_fill_the_larger_cap():
+def test_the_loops_fill_what_the_larger_setting_holds():
+    from filledfirst.config import load_study
     from filledfirst.contracts.search import Intervention
+    from filledfirst.frontier.plan import frontier_plan
 
-    i = Intervention(parent="seq2", knob=Knob.SEQS, before=2, after=4, changes={"max_num_seqs": 4})
-    assert concurrency({"seq2": {"max_num_seqs": 2}, "x": {"max_num_seqs": 4}}, i, "x") == 4
-    assert concurrency({"seq2": {}, "x": {}}, i, "x") is None
+    from conftest import REPO
+
+    plan = frontier_plan(load_study([REPO / "config" / "cpu.yaml"]), "kv")
+    # 160 blocks of 128 tokens hold 14 requests of 1,400 tokens, 640 blocks 58: below the cap of 64
+    seqs, kv = plan.interventions["kv160_seqs_x4"], plan.interventions["kv160_kv_x4"]
+    assert concurrency(plan, seqs, "kv160_seqs_x4") == plan.kv_fit("kv160") < 64
+    assert plan.kv_fit("kv160") < concurrency(plan, kv, "kv160_kv_x4") == plan.kv_fit("kv160_kv_x4") <= 64
+    capless = Intervention(parent="kv160", knob=Knob.SEQS, before=1, after=2, changes={})
+    assert concurrency(dataclasses.replace(plan, settings={"kv160": {}, "x": {}}), capless, "x") is None

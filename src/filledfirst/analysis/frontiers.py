@@ -157,7 +157,9 @@ def confirmation(label: str | None, relaxed: FrontierRow | None,
     other limit filled first at it (`next_limit`): the limit relaxed no longer fills first,
     which is what relaxing it must do, and how far the knee could move was set by how close
     the next limit was, not by noise. That case asks more of the control: not above the
-    parent's interval even by the intervals alone."""
+    parent's interval even by the intervals alone. Where both interventions were also
+    measured side by side with the parent, their paired checks decide instead
+    (`paired_confirmation`): they do not depend on the machine's speed between searches."""
     if label not in IMPLICATED:
         return None, f"the knee names no limit to relax ({label or 'no label'})"
     ri = (relaxed.intervention if relaxed else None) or _NOT_COMPARED

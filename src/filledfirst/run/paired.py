@@ -22,6 +22,7 @@ import duckdb
 from filledfirst import metrics
 from filledfirst.contracts.search import Intervention, Knob, PairedBlock, PairedCheck, Side
 from filledfirst.frontier.paired import ORDER
+from filledfirst.frontier.plan import FrontierPlan
 from filledfirst.run import folder
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,14 @@ def block_dir_name(block: int, side: Side) -> str:
     return f"{PAIRED_PREFIX}{block}-{side}"
 
 
-def concurrency(settings: dict, relaxed: Intervention, setting: str) -> int | None:
-    """The blocks' closed loop: enough sequences to fill the larger of the two settings'
-    caps (None: neither states one)."""
-    caps = [settings[s].get("max_num_seqs") for s in (relaxed.parent, setting)]
-    return max((int(c) for c in caps if c), default=None)
+def concurrency(plan: FrontierPlan, relaxed: Intervention, setting: str) -> int | None:
+    """The blocks' closed loop: as many requests as the larger of the two settings holds at
+    once, each its cap or the requests of the shape its KV budget holds if fewer
+    (FrontierPlan.kv_fit: beyond them requests only wait on either side); None: neither
+    states a cap."""
+    held = [min(int(cap), plan.kv_fit(s) or int(cap))
+            for s in (relaxed.parent, setting) if (cap := plan.settings[s].get("max_num_seqs"))]
+    return max(held, default=None)
 
 
 def block_evidence(run_dir: Path, knob: Knob, before: int) -> tuple[float | None, float | None]:

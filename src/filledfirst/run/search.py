@@ -481,7 +481,7 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
 def _paired(study: Study, task: SearchTask, prober: Prober, relaxed: Intervention,
             record: SearchRecord) -> SearchRecord:
     """The search's record with its paired check (filledfirst.run.paired), written again."""
-    n = paired_concurrency(prober.plan.settings, relaxed, task.setting)
+    n = paired_concurrency(prober.plan, relaxed, task.setting)
     if n is None:
         log.warning("%s/%s: neither it nor %s states max_num_seqs: no closed loop to fill, no paired check",
                     task.frontier, task.setting, relaxed.parent)
