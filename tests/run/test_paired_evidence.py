@@ -4,6 +4,7 @@ vLLM /metrics pages written here: no server needed, the thing under test is our 
 from __future__ import annotations
 
 import dataclasses
+
 import pyarrow.parquet as pq
 import pytest
 
