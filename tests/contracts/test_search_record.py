@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from filledfirst.contracts.search import Knob, SearchRecord, StopReason
+from filledfirst.contracts.search import Knob, SearchRecord, Side, StopReason
 from filledfirst.errors import UserError
 
 # A search.json as `filledfirst frontier run` writes it (two probes and both closed loops).
@@ -26,6 +26,7 @@ WRITTEN = {
     "fingerprint": "9e2f6f0839d0a145",
     "frontier": "azure",
     "intervention": None,
+    "paired": None,
     "probe_lifetimes": 4.0,
     "probe_max_s": 120.0,
     "probe_s": 10.0,
@@ -52,7 +53,7 @@ WRITTEN = {
 # One written before searches had an interval, an estimate and a drift check: it still reads.
 WRITTEN_BEFORE = {k: v for k, v in WRITTEN.items()
                   if k not in ("check", "drift", "estimate", "estimate_rps", "probe_stretches", "intervention",
-                               "start_rps")} | {
+                               "start_rps", "paired")} | {
     "bounds": {k: WRITTEN["bounds"][k] for k in ("budget", "growth", "maximum", "precision", "repeats", "start",
                                                   "target")},
     "probes": [{k: v for k, v in p.items() if k not in ("attainment_hi", "attainment_lo", "backlog_growth", "met",
@@ -86,9 +87,16 @@ def test_an_intervention_keeps_what_it_relaxed_and_where_it_started():
     doc = {**WRITTEN, "setting": "default_seqs_x2", "estimate": None, "check": None, "drift": None,
            "estimate_rps": None, "start_rps": 16.0,
            "intervention": {"after": 128, "before": 64, "changes": {"max_num_seqs": 128}, "knob": "max_num_seqs",
-                            "min_shift": 0.3, "parent": "default"}}
+                            "min_shift": 0.3, "paired": True, "parent": "default"},
+           "paired": {"concurrency": 128, "blocks": [
+               {"side": side, "beyond_share": beyond, "queue_share": queue,
+                "loop": {**WRITTEN["check"], "run_dir": f"paired{i}-{side}", "concurrency": 128}}
+               for i, (side, beyond, queue) in enumerate((("relaxed", 0.8, 0.0), ("parent", 0.0, 0.9),
+                                                          ("parent", 0.0, 0.9), ("relaxed", 0.7, None)), 1)]}}
     search = SearchRecord.decode(doc, "s.json")
     assert search.intervention.knob is Knob.SEQS and search.intervention.parent == "default"
+    assert [b.side for b in search.paired.blocks] == [Side.RELAXED, Side.PARENT, Side.PARENT, Side.RELAXED]
+    assert search.paired.blocks[0].loop.run_dir == "paired1-relaxed"
     assert search.to_doc() == doc
 
 

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from filledfirst.engine.command import ServerCommand
-from filledfirst.engine.server import PortTaken, VllmServer, free_port, port_in_use, port_was_taken
+from filledfirst.engine.server import (
+    PortTaken,
+    ServerStartError,
+    VllmServer,
+    free_port,
+    port_in_use,
+    port_was_taken,
+)
 
 from helpers.stream_double import StreamDouble
 
@@ -131,3 +138,10 @@ def test_our_servers_are_reached_without_the_environments_proxy(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert target.connections >= 5
         assert proxy.connections == 0
+
+
+def test_a_launcher_not_on_path_is_a_start_error_that_says_so(tmp_path):
+    missing = "vllm-not-installed-here"
+    with pytest.raises(ServerStartError, match=f"cannot run '{missing}'.*must be on PATH"):
+        with _server(tmp_path, [missing, "serve", "m"], free_port("127.0.0.1")):
+            pass

@@ -172,15 +172,21 @@ class VllmServer:
         log.info("starting vLLM: %s", " ".join(redact_argv(self.cmd.argv)))
         with open(self.log_path, "ab") as logf:
             self._log_from = logf.tell()  # this start's lines begin here
-            self.proc = subprocess.Popen(
-                self.cmd.argv,
-                env={**os.environ, **self.cmd.env},
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, stopped as one
-                preexec_fn=server_preexec(self.nice),
-            )
+            try:
+                self.proc = subprocess.Popen(
+                    self.cmd.argv,
+                    env={**os.environ, **self.cmd.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, stopped as one
+                    preexec_fn=server_preexec(self.nice),
+                )
+            except (FileNotFoundError, PermissionError) as exc:
+                raise ServerStartError(
+                    f"cannot run {self.cmd.argv[0]!r} ({exc.strerror}): the launcher's command must be "
+                    "on PATH in the environment the study runs in (install vLLM there: `pip install vllm` "
+                    "on a GPU, `make install` on a CPU)") from None
         self._guardian = start_guardian(self.proc.pid)
         self._t_start = time.monotonic()
 
