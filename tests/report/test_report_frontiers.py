@@ -16,7 +16,7 @@ import vl_convert
 from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.contracts.diagnosis import DiagnosisRow
-from filledfirst.contracts.frontiers import FrontierRow, Intervention
+from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention
 from filledfirst.report import charts, frontiers, markup, render, sections
 from filledfirst.report.data import load
 from filledfirst.study import DiagnosisRules
@@ -338,3 +338,17 @@ def test_predicted_against_measured_and_the_predicted_shift():
     small = Intervention(parent="seq8", knob="KV tokens", predicted_shift=0.02, least_shift=0.3)
     assert frontiers.predicted_shift_text(small) == "+2 % (less than the least shift: predicted not to move it)"
 
+
+
+def test_a_paired_check_reads_as_what_relaxing_did():
+    paired_text = frontiers.paired_text
+    base = Intervention(parent="seq2", knob="max_num_seqs")
+    assert paired_text(base) == "—"
+    moved = msgspec.structs.replace(base, paired_verdict=Confirmation.CONFIRMED, paired_shift=0.75,
+                                    paired_shift_lo=0.73, paired_shift_hi=0.77)
+    assert paired_text(moved) == "+75 % (pairs +73 % to +77 %): moved"
+    still = msgspec.structs.replace(moved, paired_verdict=Confirmation.NOT_CONFIRMED, paired_shift=-0.1,
+                                    paired_shift_lo=-0.12, paired_shift_hi=-0.08)
+    assert paired_text(still).endswith(": did not move")
+    failed = msgspec.structs.replace(base, paired_verdict=Confirmation.INCONCLUSIVE)
+    assert paired_text(failed) == "inconclusive (a block failed)"

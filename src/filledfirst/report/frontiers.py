@@ -30,7 +30,7 @@ from filledfirst.analysis.diagnosis.rules import labelled
 from filledfirst.analysis.frontiers import broke_on_backlog, lo_ratio, meaning, moved, probe_runs
 from filledfirst.analysis.numbers import DASH
 from filledfirst.contracts.diagnosis import DiagnosisRow
-from filledfirst.contracts.frontiers import FrontierRow, Intervention
+from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
 from filledfirst.report import charts
 from filledfirst.report.markup import Column, column_table, esc, html_table
@@ -240,14 +240,20 @@ def predicted_shift_text(i: Intervention) -> str:
     return text
 
 
+# An intervention's paired verdict as what it says of that intervention: did relaxing move the server?
+_PAIRED_MOVE = {Confirmation.CONFIRMED: "moved", Confirmation.NOT_CONFIRMED: "did not move",
+                Confirmation.INCONCLUSIVE: "inconclusive"}
+
+
 def paired_text(i: Intervention) -> str:
-    """'+58 % (pairs +55 % to +61 %): confirmed': the paired check's shift and verdict."""
+    """'+58 % (pairs +55 % to +61 %): moved': the paired check's shift and verdict."""
     if i.paired_verdict is None:
         return DASH
+    said = _PAIRED_MOVE[Confirmation(i.paired_verdict)]
     if i.paired_shift is None:
-        return f"{i.paired_verdict} (a block failed)"
+        return f"{said} (a block failed)"
     return (f"{numbers.change(i.paired_shift)} (pairs {numbers.change(i.paired_shift_lo)} to "
-            f"{numbers.change(i.paired_shift_hi)}): {i.paired_verdict}")
+            f"{numbers.change(i.paired_shift_hi)}): {said}")
 
 
 class MovedLine(msgspec.Struct, frozen=True):
