@@ -15,11 +15,11 @@ from filledfirst.run import folder
 from filledfirst.run.paired import block_evidence, concurrency
 
 
-def page(running: int, waiting: int, kv: float, engine: int = 0) -> str:
+def page(running: int, waiting: int, kv: float, engine: int = 0, blocks: int = 100, cache: bool = True) -> str:
     e = f'engine="{engine}",model_name="m"'
-    return (f"vllm:num_requests_running{{{e}}} {running}\nvllm:num_requests_waiting{{{e}}} {waiting}\n"
-            f"vllm:kv_cache_usage_perc{{{e}}} {kv}\n"
-            f'vllm:cache_config_info{{block_size="16",{e},num_gpu_blocks="100"}} 1.0\n')
+    text = (f"vllm:num_requests_running{{{e}}} {running}\nvllm:num_requests_waiting{{{e}}} {waiting}\n"
+            f"vllm:kv_cache_usage_perc{{{e}}} {kv}\n")
+    return text + (f'vllm:cache_config_info{{block_size="16",{e},num_gpu_blocks="{blocks}"}} 1.0\n' if cache else "")
 
 
 def write(tmp_path, pages: list[str]):
@@ -37,9 +37,17 @@ def test_the_shares_count_busy_scrapes_beyond_the_old_limit_and_with_a_queue(tmp
 
 
 def test_engines_are_judged_each_against_the_limit_and_queues_summed(tmp_path):
-    # two engines of cap 2: 2 + 2 running is no engine beyond it
-    run = write(tmp_path, [page(2, 0, 0.1, 0) + page(2, 1, 0.1, 1)])
+    # two engines of cap 2: 2 + 2 running is no engine beyond it; each engine's series
+    # carries both engines' 200 blocks, so half-full is 800 tokens an engine, not 1,600
+    run = write(tmp_path, [page(2, 0, 0.5, 0, 200) + page(2, 1, 0.5, 1, 200)])
     assert block_evidence(run, Knob.SEQS, 2) == (0.0, 1.0)
+    assert block_evidence(run, Knob.KV, 1000) == (0.0, 1.0)
+    assert block_evidence(run, Knob.KV, 700) == (1.0, 1.0)
+
+
+def test_a_kv_budget_without_the_cache_settings_is_not_known(tmp_path):
+    run = write(tmp_path, [page(2, 0, 0.9, cache=False)])
+    assert block_evidence(run, Knob.KV, 10) == (None, 0.0)
 
 
 def test_no_busy_scrape_is_no_evidence(tmp_path):

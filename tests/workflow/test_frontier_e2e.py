@@ -185,8 +185,7 @@ def test_capacity_search_on_the_engine(tmp_path):
         assert r["least_shift"] == pytest.approx(widened(0.3, by["seq2"]["drift"]))
         assert r["parent"] == "seq2" and r["moved"] == moved(typed["seq2"], typed[setting], r["least_shift"])
         assert r["role"] == (None if implicated is None else "relaxed" if r["knob"] == implicated else "control")
-        found = paired.verdict(paired.blocks_of(SearchRecord.read(base / setting / "search.json").paired), 0.3,
-                               r["knob"])
+        found = paired.verdict(paired.blocks_of(SearchRecord.read(base / setting / "search.json").paired), 0.3)
         assert (r["paired_verdict"], r["paired_shift"]) == (found.verdict.value, found.shift)
     # the KV budget was never used beyond seq2's: side by side, not a move
     assert by["seq2_kv_x2"]["paired_verdict"] == "not confirmed"

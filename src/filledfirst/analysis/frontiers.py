@@ -164,7 +164,7 @@ def confirmation(label: str | None, relaxed: FrontierRow | None,
         return None, f"the knee names no limit to relax ({label or 'no label'})"
     ri = (relaxed.intervention if relaxed else None) or _NOT_COMPARED
     ci = (control.intervention if control else None) or _NOT_COMPARED
-    if ri.paired_verdict is not None and ci.paired_verdict is not None:
+    if ri.paired_shift is not None and ci.paired_shift is not None:  # both paired checks measured
         return paired_confirmation(ri, ci)
     r, c = ri.moved, ci.moved
     knob = IMPLICATED[label]
@@ -372,11 +372,31 @@ def _relaxation(search: SearchRecord | None) -> Intervention | None:
     if i is None:
         return None
     check = search.paired
-    found = None if check is None else paired.verdict(paired.blocks_of(check), i.min_shift, i.knob.value)
+    found = None if check is None else paired.verdict(paired.blocks_of(check), i.min_shift)
     return Intervention(parent=i.parent, knob=i.knob.value, relaxed_from=i.before, relaxed_to=i.after,
-                        min_shift=i.min_shift, paired_verdict=found.verdict if found else None,
-                        paired_shift=found.shift if found else None, paired_shift_lo=found.shift_lo if found else None,
-                        paired_shift_hi=found.shift_hi if found else None, paired_why=found.why if found else None)
+                        min_shift=i.min_shift, **({} if found is None else _paired_columns(found, i.knob.value)))
+
+
+def _paired_columns(found: paired.PairedVerdict, knob: str) -> dict[str, Any]:
+    """An intervention's paired_* columns."""
+    return {"paired_verdict": found.verdict, "paired_shift": found.shift, "paired_shift_lo": found.shift_lo,
+            "paired_shift_hi": found.shift_hi, "paired_why": paired_why(found, knob)}
+
+
+def paired_why(found: paired.PairedVerdict, knob: str) -> str:
+    """What an intervention's paired check found, in words."""
+    if found.shift is None:
+        return "a block of the paired check failed"
+    said = (f"side by side, relaxing {knob} moved the completions per second {numbers.change(found.shift)} "
+            f"(pairs {numbers.change(found.shift_lo)} to {numbers.change(found.shift_hi)})")
+    said += {True: "; the relaxed setting used it beyond the old limit",
+             False: "; the relaxed setting never used it beyond the old limit",
+             None: "; the scrapes do not show whether it was used beyond the old limit"}[found.used]
+    if found.fell is not None:
+        said += "; its queue share fell" if found.fell else "; its queue share did not fall"
+    if found.verdict is not Confirmation.CONFIRMED:
+        said += f" (a move needs {numbers.share(found.least_shift)} in every pair and the resource used)"
+    return said
 
 
 _UNDIAGNOSED = DiagnosisRow(run_id="", experiment="")  # a probe with no diagnosis row: no signal crossed

@@ -12,11 +12,13 @@ and once after, so the geometric mean of the pairs' ratios is the shift with the
 taken out (`measured`).
 
 The verdict (`verdict`) rests on that shift and on what does not depend on speed: whether the
-relaxed setting used its relaxed resource beyond the parent's limit (`beyond`: sequences
-running above the parent's cap, KV tokens held above its budget) and whether its queue share
-fell. Confirmed: every pair moved by at least the least shift and the relaxed resource was
-used beyond the old limit; not confirmed: no pair moved by the least shift, or the resource
-was never used beyond it (the limit did not hold the server back); inconclusive otherwise.
+relaxed setting used its relaxed resource beyond the parent's limit (sequences running
+above the parent's cap, KV tokens held above its budget). Confirmed: every pair moved by
+at least the least shift and the resource was used beyond the old limit; not confirmed:
+no pair moved by the least shift, or the resource was never used beyond it (the limit did
+not hold the server back); inconclusive otherwise (the pairs straddle the least shift, a
+block failed, or the scrapes cannot tell). Whether the queue share fell is reported
+beside it.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ class Block:
 
 @dataclass(frozen=True, slots=True)
 class PairedVerdict:
+    """The verdict and what it rests on (None where a block failed or nothing was scraped)."""
+
     verdict: Confirmation
-    shift: float | None  # relaxed over parent, the pairs' geometric mean, minus one
-    shift_lo: float | None  # the smallest pair's shift
-    shift_hi: float | None  # the largest pair's
-    why: str
+    least_shift: float
+    shift: float | None = None  # relaxed over parent, the pairs' geometric mean, minus one
+    shift_lo: float | None = None  # the smallest pair's shift
+    shift_hi: float | None = None  # the largest pair's
+    used: bool | None = None  # the relaxed resource used beyond the parent's limit in some relaxed block
+    fell: bool | None = None  # every relaxed block's queue share below every parent block's
 
 
 def blocks_of(check: PairedCheck) -> list[Block]:
@@ -82,35 +88,22 @@ def measured(blocks: list[Block]) -> tuple[float, float, float] | None:
     return mean - 1, min(ratios) - 1, max(ratios) - 1
 
 
-def _pct(x: float) -> str:
-    """As the report writes a change: '+32 %'."""
-    return f"{100 * x:+.0f} %"
-
-
-def verdict(blocks: list[Block], least_shift: float, knob: str = "the limit") -> PairedVerdict:
-    """The paired check's verdict on relaxing `knob` (module doc); `least_shift`: the
-    least shift that counts as a move."""
+def verdict(blocks: list[Block], least_shift: float) -> PairedVerdict:
+    """The paired check's verdict (module doc); `least_shift`: the least shift that counts
+    as a move."""
     found = measured(blocks)
     if found is None:
-        return PairedVerdict(Confirmation.INCONCLUSIVE, None, None, None, "a block of the paired check failed")
+        return PairedVerdict(Confirmation.INCONCLUSIVE, least_shift)
     shift, lo, hi = found
-    relaxed = [b for b in blocks if b.side is Side.RELAXED]
-    beyond = [b.beyond_share for b in relaxed if b.beyond_share is not None]
+    beyond = [b.beyond_share for b in blocks if b.side is Side.RELAXED and b.beyond_share is not None]
     used = None if not beyond else max(beyond) > 0
     queues = {side: [b.queue_share for b in blocks if b.side is side and b.queue_share is not None] for side in Side}
     fell = (None if not queues[Side.PARENT] or not queues[Side.RELAXED]
             else max(queues[Side.RELAXED]) < min(queues[Side.PARENT]))
-    said = (f"side by side, relaxing {knob} moved the completions per second {_pct(shift)} "
-            f"(pairs {_pct(lo)} to {_pct(hi)})")
-    if used is not None:
-        said += ("; the relaxed setting used it beyond the old limit" if used
-                 else "; the relaxed setting never used it beyond the old limit")
-    if fell is not None:
-        said += "; its queue share fell" if fell else "; its queue share did not fall"
     if used is False or hi < least_shift:
-        return PairedVerdict(Confirmation.NOT_CONFIRMED, shift, lo, hi,
-                             said + f" (a move needs {100 * least_shift:.0f} % in every pair and the resource used)")
-    if lo >= least_shift and used is not False:
-        return PairedVerdict(Confirmation.CONFIRMED, shift, lo, hi, said)
-    return PairedVerdict(Confirmation.INCONCLUSIVE, shift, lo, hi,
-                         said + f" (the pairs straddle the {100 * least_shift:.0f} % a move needs)")
+        said = Confirmation.NOT_CONFIRMED
+    elif lo >= least_shift and used:
+        said = Confirmation.CONFIRMED
+    else:
+        said = Confirmation.INCONCLUSIVE
+    return PairedVerdict(said, least_shift, shift, lo, hi, used, fell)

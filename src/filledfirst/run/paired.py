@@ -15,6 +15,7 @@ and those with requests waiting, both of the scrapes with anything running or wa
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -45,23 +46,45 @@ def concurrency(plan: FrontierPlan, relaxed: Intervention, setting: str) -> int 
 
 
 def block_evidence(run_dir: Path, knob: Knob, before: int) -> tuple[float | None, float | None]:
-    """(beyond share, queue share) of a block's scrapes (module doc); None without scrapes."""
+    """(beyond share, queue share) of a block's scrapes (module doc); None without busy
+    scrapes, and a beyond share of None when they do not say the resource (a KV budget
+    needs the cache settings)."""
     path = str(Path(run_dir) / folder.SAMPLES).replace("'", "''")
-    held = "running" if knob is Knob.SEQS else "kv_used * blocks * block_size"
+    # a data-parallel server's cache settings carry every engine's blocks, on each engine's series
+    held = "running" if knob is Knob.SEQS else "kv_used * (blocks / engines.n) * block_size"
     state = metrics.scheduler_state_sql(f"SELECT 'block' AS run_id, * FROM read_parquet('{path}')")
     con = duckdb.connect()
     try:
         rows = con.execute(f"""
-        WITH scrape AS (SELECT t, sum(running) + sum(waiting) AS load, sum(waiting) AS waiting,
-                               bool_or(coalesce({held} > {int(before)}, false)) AS beyond
-                        FROM ({state}) GROUP BY t)
-        SELECT count(*) FILTER (load > 0), count(*) FILTER (load > 0 AND beyond),
-               count(*) FILTER (load > 0 AND waiting > 0)
+        WITH state AS ({state}),
+             engines AS (SELECT count(DISTINCT engine) AS n FROM state),
+             scrape AS (SELECT t, sum(running) + sum(waiting) AS load, sum(waiting) AS waiting,
+                               bool_or({held} > {int(before)}) AS beyond
+                        FROM state, engines GROUP BY t)
+        SELECT count(*) FILTER (load > 0), count(*) FILTER (load > 0 AND beyond IS NOT NULL),
+               count(*) FILTER (load > 0 AND beyond), count(*) FILTER (load > 0 AND waiting > 0)
         FROM scrape""").fetchall()
     finally:
         con.close()
-    busy, beyond, queued = rows[0]
-    return (beyond / busy, queued / busy) if busy else (None, None)
+    busy, known, beyond, queued = rows[0]
+    if not busy:
+        return None, None
+    return (beyond / known if known else None), queued / busy
+
+
+def block_dirs(out: Path) -> list[Path]:
+    """The paired check's block folders in a search's folder, in ORDER."""
+    return [Path(out) / block_dir_name(i, side) for i, side in enumerate(ORDER, 1)]
+
+
+def _whole_pairs(out: Path) -> None:
+    """Remove both blocks of a pair of which one did not finish (an interrupted job): the
+    blocks of a pair are measured one right after the other, or not reused."""
+    dirs = block_dirs(out)
+    for pair in zip(dirs[::2], dirs[1::2]):
+        if not all((d / folder.RUN_JSON).is_file() for d in pair):
+            for d in pair:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def run_paired(prober, parent, relaxed: Intervention, n: int) -> PairedCheck:
@@ -69,6 +92,7 @@ def run_paired(prober, parent, relaxed: Intervention, n: int) -> PairedCheck:
     against `parent`, the prober of the setting it relaxes, in closed loops of `n`
     (`concurrency`); stops the parent's server at the end."""
     plan, setting = prober.plan, prober.setting
+    _whole_pairs(prober.out)
     blocks = []
     try:
         for i, side in enumerate(ORDER, 1):

@@ -78,7 +78,7 @@ from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watc
 from filledfirst.plan import ExperimentStep
 from filledfirst.request_metrics import SLO_ATTAINMENT, SLO_REQUESTS
 from filledfirst.run import folder
-from filledfirst.run.paired import PAIRED_PREFIX, run_paired
+from filledfirst.run.paired import block_dirs, run_paired
 from filledfirst.run.paired import concurrency as paired_concurrency
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 from filledfirst.trace.formats import Format
@@ -486,6 +486,8 @@ def _paired(study: Study, task: SearchTask, prober: Prober, relaxed: Interventio
         log.warning("%s/%s: neither it nor %s states max_num_seqs: no closed loop to fill, no paired check",
                     task.frontier, task.setting, relaxed.parent)
         return record
+    # its blocks' parts of the shared log begin here (after any later search's or hosted run's)
+    prober.log_from = prober.shared.log_offset()
     parent = Prober(study, search_plan(study, task.frontier, relaxed.parent), relaxed.parent, prober.out,
                     prober.fingerprint, task.trace_csv, task.shape_stats, prober.progress)
     record = msgspec.structs.replace(record, paired=run_paired(prober, parent, relaxed, n))
@@ -506,7 +508,7 @@ def _clean(out: Path) -> None:
     """A search folder ready for the search: what a SIGKILL left and the old search.json gone."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob(".server-*"), *out.glob(".p*.partial-*"), *out.glob(".p*.old-*"),
-                  *out.glob(f".{ESTIMATE}.*-*"), *out.glob(f".{CHECK}.*-*"), *out.glob(f".{PAIRED_PREFIX}*-*")]:
+                  *out.glob(f".{ESTIMATE}.*-*"), *out.glob(f".{CHECK}.*-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     (out / SEARCH_JSON).unlink(missing_ok=True)
 
@@ -537,7 +539,8 @@ def _search(prober: Prober) -> SearchRecord:
         search, records = resume(out, plan, setting, prober.fingerprint, first, against, least_shift)
         # A check measured before these probes would not be the search's end.
         if probe_to_the_end(prober, search, records):
-            shutil.rmtree(out / CHECK, ignore_errors=True)
+            for after in (out / CHECK, *block_dirs(out)):
+                shutil.rmtree(after, ignore_errors=True)
         result = search.result()
         assert result is not None
         if estimate is not None and first is not None and result.reason is not StopReason.PROBE_FAILED:
