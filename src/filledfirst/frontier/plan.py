@@ -51,10 +51,15 @@ class FrontierPlan:
         (`kv_fit`: beyond them the loop's requests only wait, or are preempted, and the
         loop lasts longer for the same rate); None: no estimate, for want of one or of a
         cap to fill, and none for an intervention, which starts from its parent's knee."""
-        cap = self.settings[setting].get("max_num_seqs")
-        if not (self.estimate_batches and cap and setting not in self.interventions):
+        if not self.estimate_batches or setting in self.interventions:
             return None
-        return min(int(cap), self.kv_fit(setting) or int(cap))
+        return self.holds(setting)
+
+    def holds(self, setting: str) -> int | None:
+        """How many requests of the shape the setting runs at once: its max_num_seqs, or
+        fewer when its KV budget holds fewer (`kv_fit`); None: no cap stated."""
+        cap = self.settings[setting].get("max_num_seqs")
+        return None if not cap else min(int(cap), self.kv_fit(setting) or int(cap))
 
     def kv_fit(self, setting: str) -> int | None:
         """How many of the shape's largest requests the setting's KV budget holds at once

@@ -36,13 +36,10 @@ def block_dir_name(block: int, side: Side) -> str:
 
 
 def concurrency(plan: FrontierPlan, relaxed: Intervention, setting: str) -> int | None:
-    """The blocks' closed loop: as many requests as the larger of the two settings holds at
-    once, each its cap or the requests of the shape its KV budget holds if fewer
-    (FrontierPlan.kv_fit: beyond them requests only wait on either side); None: neither
-    states a cap."""
-    held = [min(int(cap), plan.kv_fit(s) or int(cap))
-            for s in (relaxed.parent, setting) if (cap := plan.settings[s].get("max_num_seqs"))]
-    return max(held, default=None)
+    """The blocks' closed loop: as many requests as the larger of the two settings runs at
+    once (FrontierPlan.holds: beyond them requests only wait on either side); None:
+    neither states a cap."""
+    return max((n for s in (relaxed.parent, setting) if (n := plan.holds(s)) is not None), default=None)
 
 
 def block_evidence(run_dir: Path, knob: Knob, before: int) -> tuple[float | None, float | None]:
