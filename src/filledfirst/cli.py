@@ -509,13 +509,16 @@ def _add_report(sub) -> None:
     p.add_argument("--title", help="the report's title (the config's report.title); default: the .qmd's own")
     p.add_argument("--compare", metavar="HREF",
                    help="link the report to this study's comparison with its baseline (`filledfirst compare`)")
+    p.add_argument("--publish", action="store_true",
+                   help="for a page others read: host names and server command lines left out (report.publish)")
     p.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args) -> int:
     from filledfirst.report.render import render_report
 
-    render_report(args.source, args.db, args.out, engine=args.engine, title=args.title, compare=args.compare)
+    render_report(args.source, args.db, args.out, engine=args.engine, title=args.title, compare=args.compare,
+                  publish=args.publish)
     return 0
 
 
@@ -535,6 +538,8 @@ def _add_compare(sub) -> None:
                    help="fail when what filled first changed at a knee or in a run")
     p.add_argument("--no-fail", action="store_true", help="write the comparison and exit 0 whatever the gate says")
     p.add_argument("--title", help="the page's title")
+    p.add_argument("--publish", action="store_true", default=None,
+                   help="host names and server command lines left out of the setup (the config's report.publish)")
     p.set_defaults(func=_cmd_compare)
 
 
@@ -545,16 +550,17 @@ def _cmd_compare(args) -> int:
     from filledfirst.compare import compare, gate, page, store
     from filledfirst.study import Compare
 
-    section = Compare()
+    section, publish = Compare(), bool(args.publish)
     if args.configs:
         from filledfirst.config import load_study
 
-        section = load_study(args.configs).compare
+        study = load_study(args.configs)
+        section, publish = study.compare, study.report.publish if args.publish is None else args.publish
     section = msgspec.structs.replace(section, **{k: v for k, v in (
         ("knee_min_shift", args.knee_min_shift), ("run_min_change", args.run_min_change)) if v is not None})
     fail_on = msgspec.structs.replace(section.fail_on, **{k: v for k, v in (
         ("knee_drop", args.knee_drop), ("label_change", args.label_change)) if v is not None})
-    comparison = compare(args.base, args.candidate, section)
+    comparison = compare(args.base, args.candidate, section, publish)
     reasons = gate.reasons(comparison, fail_on)
     if args.db is not None:
         store.write(comparison, args.db)

@@ -114,7 +114,7 @@ def _night(study: Study, night: Night, baseline: Night | None, exit_status: int,
         return STUDY_FAILED
     reasons: list[str] = []
     if baseline is not None:
-        comparison = compare(baseline.results, night.results, study.compare)
+        comparison = compare(baseline.results, night.results, study.compare, study.report.publish)
         reasons = gate.reasons(comparison, study.compare.fail_on)
         store.write(comparison, night.results / "compare.duckdb")
         atomic.write_text(page.page_html(comparison, reasons, None), night.reports / "compare.html")

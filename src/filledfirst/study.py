@@ -331,6 +331,7 @@ def expand_sweeps(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 class Report(_Struct):
     title: str | None = None
+    publish: bool = _d("report", "publish")
 
 
 class CompareGate(_Struct):
@@ -508,6 +509,7 @@ class Section(_Struct):
     rows: list[str] = []  # empty: filledfirst.report.parts.DEFAULT_ROWS
     reference: dict[str, dict[str, str]] = {}
     reference_roles: list[ReferenceRole] = []
+    reference_from: str | None = None  # whose figures the reference columns are
     knees: str | None = None  # a frontier whose knees the section shows side by side
 
 

@@ -34,7 +34,7 @@ def dbs(tmp_path):
     cand = results_db(tmp_path / "cand.duckdb", cand_runs, [
         ("decode", "default", 11.0, 12.1, 10.4, "converged", "active-sequence limit", False),  # inside the noise
         ("decode", "seq8", 2.0, 2.2, 1.9, "converged", "active-sequence limit", False),  # halved
-        ("kv", "kv320", 2.4, 2.64, 2.28, "converged", "KV-capacity pressure", False)], vllm="0.33.0")
+        ("kv", "kv320", 2.4, 2.64, 2.28, "converged", "KV-capacity pressure", False)], vllm="0.33.0", host="node-b")
     return base, cand
 
 
@@ -61,8 +61,14 @@ def test_verdicts_of_knees_runs_and_one_side(dbs):
     assert sides == {("capacity search", "kv/kv160", "baseline"), ("capacity search", "kv/kv320", "candidate"),
                      ("experiment", "gone", "baseline"), ("experiment", "new", "candidate")}
     assert {"key": "versions.vllm_package", "base": "0.32.0", "candidate": "0.33.0"} in c.setup
+    assert {"key": "hardware.host", "base": "node-a", "candidate": "node-b"} in c.setup
     n = c.verdicts
     assert sum(n.values()) == len(c.knees) + len(c.runs)
+
+
+def test_a_published_comparison_names_no_host(dbs):
+    setup = compare(*dbs, RULES, publish=True).setup
+    assert [r["key"] for r in setup] == ["versions.vllm_package"]
 
 
 def test_the_gate(dbs):

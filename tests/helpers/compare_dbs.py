@@ -28,9 +28,10 @@ KNEE_COLUMNS = "frontier VARCHAR, setting VARCHAR, lo_rps DOUBLE, hi_rps DOUBLE,
                "probes BIGINT DEFAULT 4"
 
 
-def results_db(path, runs, knees, vllm="0.32.0"):
+def results_db(path, runs, knees, vllm="0.32.0", host="node-a"):
     for r in runs:
         r["meta"]["versions"] = {"vllm_package": vllm}
+        r["meta"]["hardware"] = {"host": host, "cores": 2}
     make_db(path, runs)
     write_diagnosis(path, DiagnosisRules())
     with duckdb.connect(str(path)) as con:

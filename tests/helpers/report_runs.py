@@ -25,6 +25,7 @@ RUN_LEGACY = "decode-legacy-0"
 RUN_FAILED = "kv-pressure-0"
 FAILED_RUN_ERROR = "server never became healthy: <script>alert(1)</script>"
 DISCONNECT_ERROR = "<b>connection reset</b> & gone"
+HOST = "gpu-node-17.internal"  # what a published report leaves out
 
 
 def run_meta(run_id: str, experiment: str, status: str, max_num_seqs: int, started: int,
@@ -41,7 +42,7 @@ def run_meta(run_id: str, experiment: str, status: str, max_num_seqs: int, start
                             str(max_num_seqs)],
                    "settings": {"max_num_seqs": max_num_seqs, "enable_prefix_caching": False}},
         "versions": {"vllm": "0.32.0", "python": "3.11"},
-        "hardware": {"cpu_count": 2, "memory_gib": 24, "gpu": None},
+        "hardware": {"host": HOST, "cpu": "AMD EPYC", "cores": 2, "memory_gib": 24, "gpus": []},
         "timings": {"startup_s": 21.5},
         "schedule": {"n_requests": 7, "span_s": 1.75},
         "part": part, "expect": None, "spec": {"loadgen": {}},

@@ -26,7 +26,7 @@ from filledfirst.study import DiagnosisRules
 
 from conftest import REPO
 from helpers.chromium import ChartDivs, chromium_run, screenshot
-from helpers.report_runs import FAILED_RUN_ERROR, QMD, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
+from helpers.report_runs import FAILED_RUN_ERROR, HOST, QMD, RUN_A, RUN_FAILED, RUN_LEGACY, report_db, report_runs
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +244,10 @@ def test_report_html(report):
     # the original study's tables, section by section, with its own figures marked as such
     assert "How does a long prefill affect other requests?" in html and "short new requests" in html
     assert "What happens when decode load rises?" in html and "original, 80 ms" in html and "4,737 ms" in html
+    assert "Reference: the original study's figures: Qwen2.5-7B-Instruct, bf16, one A100-40GB" in html
+    # dated, with what it ran on, and where
+    assert "Measured 2025-01-01 01:00 to 03:00 UTC (3 runs, 0 capacity-search probes)." in html
+    assert "This page was made " in html and HOST in html
     # the diagnosis: a label per run and the evidence table
     assert "what filled first" in html and "first crossings" in html and "KV ledger" in html
     # the failed run's error, escaped; no data string became markup
@@ -257,6 +261,15 @@ def test_report_html(report):
     assert render.remote_references(html) == []
     assert 'src=""' not in html
     assert "Traceback" not in html
+
+
+def test_a_published_report_names_no_host_and_no_command_line(db, tmp_path):
+    out = tmp_path / "published.html"
+    render.render_report(QMD, db, out, engine="fallback", publish=True)
+    html = out.read_text()
+    assert HOST not in html and "<summary>server command" not in html and "vllm.entrypoints" not in html
+    assert "host names and server command lines left out" in html
+    assert all(run in html for run in (RUN_A, RUN_LEGACY, RUN_FAILED)) and "tiny-qwen2" in html
 
 
 def test_non_finite_samples_are_null_counted_and_the_report_renders(tmp_path):

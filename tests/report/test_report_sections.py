@@ -6,6 +6,7 @@ test_report_frontiers')."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import duckdb
 import pytest
@@ -16,6 +17,7 @@ from filledfirst.store.ingest import ingest
 
 from helpers.report_runs import (
     FAILED_RUN_ERROR,
+    HOST,
     QMD,
     RUN_A,
     RUN_FAILED,
@@ -49,12 +51,50 @@ def probe_run(root):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def db(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    db = report_db(root / "study.duckdb", [*report_runs(root), probe_run(root)])
+    return report_db(root / "study.duckdb", [*report_runs(root), probe_run(root)])
+
+
+@pytest.fixture(scope="module")
+def data(db):
     con = duckdb.connect(str(db), read_only=True)
     yield load(con)
     con.close()
+
+
+@pytest.fixture(scope="module")
+def published(db):
+    con = duckdb.connect(str(db), read_only=True)
+    yield load(con, publish=True)
+    con.close()
+
+
+RENDERED = datetime(2026, 12, 6, 18, 30, tzinfo=UTC)
+
+
+def test_the_head_dates_the_study_and_says_what_it_ran_on(data):
+    head = "".join(sections.study_head(data, RENDERED))
+    # the runs started at 01:00 to 04:00 (helpers.report_runs; the probe last), each 3 s long
+    assert "Measured 2025-01-01 01:00 to 04:00 UTC (3 runs, 1 capacity-search probes)." in head
+    assert "This page was made 2026-12-06 18:30 UTC." in head
+    rows = dict(re.findall(r"<th scope='row'>([^<]+)</th><td>([^<]*)</td>", head))
+    assert rows["model"] == "tiny-qwen2 float32"
+    assert rows["engine"] == "differs between runs (Setup)"  # the probe ran on a newer vLLM
+    assert rows["devices"] == "AMD EPYC, 2 cores, 24 GiB" and rows["host"] == HOST
+    assert rows["versions"] == "Python 3.11"
+
+
+def test_a_published_report_leaves_out_host_names_and_command_lines(data, published):
+    every = [name for name in (*NOT_CAPACITY_SEARCH, "capacity_search")]
+    whole = "".join("".join(getattr(sections, name)(data)) for name in every)
+    assert HOST in whole and "server command" in whole  # the private report has both
+    shown = "".join("".join(getattr(sections, name)(published)) for name in every)
+    head = "".join(sections.study_head(published, RENDERED))
+    assert HOST not in shown + head and "server command" not in shown and "vllm.entrypoints" not in shown
+    assert "host names and server command lines left out" in head and "tiny-qwen2" in head
+    # the rest is the same page: the runs, their labels and their settings
+    assert all(run in shown for run in (RUN_A, RUN_LEGACY, RUN_FAILED)) and "max_num_seqs" in shown
 
 
 def test_load_tells_the_probes_from_the_experiments(data):
@@ -123,7 +163,7 @@ def test_capacity_search_folds_each_searchs_probes_until_diagnosed(data):
 
 def test_setup_shows_shared_keys_once_and_what_differs_per_run(data):
     by_run, common, differing = sections.shared_setup(data.documents)
-    assert common["model.name"] == "tiny-qwen2" and common["hardware.cpu_count"] == 2
+    assert common["model.name"] == "tiny-qwen2" and common["hardware.cores"] == 2
     assert differing == ["versions.vllm"] and "versions.vllm" not in common
     assert by_run[PROBE]["versions.vllm"] == "0.33.0"
     blocks = sections.setup(data)

@@ -13,9 +13,10 @@ rule report:
         title=f"--title {shlex.quote(STUDY.report.title)}" if STUDY.report.title else "",
         # the comparison sits beside the report
         compare=f"--compare {os.path.basename(COMPARE_HTML)}" if COMPARE_BASELINE else "",
+        publish="--publish" if STUDY.report.publish else "",
     shell:
         "{params.cli} report --db {input.db:q} --source {input.source:q} --out {output.html:q} {params.title} "
-        "{params.compare} > {log:q} 2>&1"
+        "{params.compare} {params.publish} > {log:q} 2>&1"
 
 
 if COMPARE_BASELINE:

@@ -20,6 +20,7 @@ from filledfirst.compare.figures import FIGURES, judge, offered_rps, samples
 from filledfirst.compare.knees import knee_rows, label_changed
 from filledfirst.compare.setup import setup_rows
 from filledfirst.compare.verdicts import Change
+from filledfirst.contracts import runmeta
 from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import widened
@@ -98,7 +99,9 @@ class Comparison:
         return out
 
 
-def compare(base: str | Path, candidate: str | Path, rules: Compare) -> Comparison:
+def compare(base: str | Path, candidate: str | Path, rules: Compare, publish: bool = False) -> Comparison:
+    """The candidate study against the baseline; `publish`: its setup rows without host
+    names and server command lines (filledfirst.contracts.runmeta.PRIVATE)."""
     paths = database(base), database(candidate)
     cons = [duckdb.connect(str(p), read_only=True) for p in paths]
     try:
@@ -113,7 +116,10 @@ def compare(base: str | Path, candidate: str | Path, rules: Compare) -> Comparis
         matched = {name: (b.runs[name], c.runs[name]) for name in b.runs if name in c.runs}
         experiments = {n: (b.documents.get(rb, {}), c.documents.get(rc, {})) for n, (rb, rc) in matched.items()}
         searches = {n: (b.searches[n], c.searches[n]) for n in b.searches if n in c.searches}
-        out.setup = setup_rows(b.documents, c.documents, experiments, searches)
+        shown = runmeta.without_private if publish else dict
+        out.setup = setup_rows(*({r: shown(d) for r, d in side.documents.items()} for side in (b, c)),
+                               {n: (shown(x), shown(y)) for n, (x, y) in experiments.items()},
+                               {n: (shown(x), shown(y)) for n, (x, y) in searches.items()})
         for name, (rb, rc) in matched.items():
             lb, lc = b.labels.get(rb), c.labels.get(rc)
             db, dc = b.drift(rb), c.drift(rc)

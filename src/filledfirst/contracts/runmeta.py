@@ -229,6 +229,31 @@ def unknown(run_id: str) -> RunMeta:
     return settled(RunMeta(run_id=run_id, experiment="", status=""))
 
 
+# What a published page leaves out of run.json (`report.publish`): where the study ran (host
+# and node names, an endpoint's address) and how its servers were started (command lines,
+# which carry local paths).
+PRIVATE = ("hardware.host", "hardware.batch_job.node", "server.argv", "server.url", "spec.server.url",
+           "spec.engine.host")
+
+
+def without_private(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without its PRIVATE keys (a copy: the stored one is left whole)."""
+    out = json.loads(json.dumps(doc))
+    for key in PRIVATE:
+        *path, last = key.split(".")
+        node: Any = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
+def published(meta: RunMeta) -> RunMeta:
+    """The record without what a published page leaves out (PRIVATE)."""
+    return decode(without_private(msgspec.to_builtins(meta)))
+
+
 # Columns of table `runs` lifted from run.json at ingest, beside the older ones (name ->
 # SQL type, value): what diagnosis and report select instead of opening the document.
 RUN_COLUMNS: dict[str, str] = {

@@ -10,6 +10,7 @@ import duckdb
 
 from filledfirst.analysis import prefix_cache, request_path, signals
 from filledfirst.analysis.diagnosis.storage import stored_rules
+from filledfirst.contracts import runmeta
 from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.contracts.runmeta import RunMeta
@@ -40,6 +41,7 @@ class ReportData:
     is_probe: frozenset[str]
     # analysis.prefix_cache.counts per run id, for the runs whose schedule had prefix blocks
     prefix_cache: dict[str, PrefixCacheRow]
+    published: bool = False  # host names and server command lines left out (runmeta.PRIVATE)
 
     @property
     def measured(self) -> list[RunRow]:
@@ -62,15 +64,21 @@ class ReportData:
         return {run_id: m.part for run_id, m in self.metas.items() if run_id not in self.is_probe}
 
 
-def load(con: duckdb.DuckDBPyConnection) -> ReportData:
+def load(con: duckdb.DuckDBPyConnection, publish: bool = False) -> ReportData:
+    """What the report shows of the database; `publish`: without host names and server
+    command lines (filledfirst.contracts.runmeta.PRIVATE), for a page others read."""
     metas = signals.run_metas(con)
+    documents = signals.run_meta(con)
+    if publish:
+        metas = {run_id: runmeta.published(m) for run_id, m in metas.items()}
+        documents = {run_id: runmeta.without_private(d) for run_id, d in documents.items()}
     is_probe = frozenset(run_id for run_id, m in metas.items() if m.frontier is not None)
     return ReportData(
         con=con,
         summary=RunRow.of(signals.run_summary(con)),
         roles=RoleRow.of(signals.role_summary(con)),
         metas=metas,
-        documents=signals.run_meta(con),
+        documents=documents,
         # The diagnosis table exists once `filledfirst diagnose` has run on the database.
         diagnosis=([DiagnosisRow.from_columns(d) for d in con.sql("SELECT * FROM diagnosis").pl().to_dicts()]
                    if table_exists(con, "diagnosis") else []),
@@ -82,4 +90,5 @@ def load(con: duckdb.DuckDBPyConnection) -> ReportData:
         study_parts=stored_parts(con),
         is_probe=is_probe,
         prefix_cache={x.run_id: x for x in PrefixCacheRow.of(prefix_cache.counts(con)) if x.n_with_ideal},
+        published=publish,
     )

@@ -57,12 +57,20 @@ def signals_table(part: Section, rows: Sequence[RunRow], prefix_cache: Mapping[s
     body = ([ROWS[k][0], *(ROWS[k][1](r, prefix_cache.get(r.run_id)) for r in rows),
              *(col.get(k, "") for col in part.reference.values())]
             for k in keys)
-    return html_table(["", *(r.experiment for r in rows), *part.reference], body)
+    return html_table(["", *(r.experiment for r in rows), *part.reference], body, caption=_reference_from(part))
+
+
+def _reference_from(part: Section) -> str | None:
+    """Whose the reference columns are, where the part has any."""
+    if not (part.reference or part.reference_roles):
+        return None
+    return f"Reference: {part.reference_from or 'another study'}; comparable with ours only on the same setup."
 
 
 def reference_roles_table(part: Section) -> str:
     return html_table(["role (reference)", "n", "TTFT p50", "TTFT p90", "ITL p50"],
-                      ([x.role, x.n, x.ttft_p50, x.ttft_p90, x.itl_p50] for x in part.reference_roles))
+                      ([x.role, x.n, x.ttft_p50, x.ttft_p90, x.itl_p50] for x in part.reference_roles),
+                      caption=_reference_from(part))
 
 
 def part_blocks(part: Section, rows: Sequence[RunRow], *, roles: Sequence[RoleRow],

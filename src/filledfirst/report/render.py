@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DB_ENV = "FILLEDFIRST_DB"
 COMPARE_ENV = "FILLEDFIRST_COMPARE"  # the href of the study's comparison with its baseline, if any
+PUBLISH_ENV = "FILLEDFIRST_PUBLISH"  # "1": host names and server command lines left out
 ENGINES = ("auto", "quarto", "fallback")
 CELL_TIMEOUT_S = 600
 
@@ -42,9 +43,10 @@ class RenderError(UserError):
 
 
 def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title: str | None = None,
-                  compare: str | None = None) -> None:
+                  compare: str | None = None, publish: bool = False) -> None:
     """Render `source` against `db` into `out` (whole or not at all); `title` in place of
-    the document's own; `compare`: the link to this study's comparison with its baseline."""
+    the document's own; `compare`: the link to this study's comparison with its baseline;
+    `publish`: without host names and server command lines."""
     source, db, out = Path(source).resolve(), Path(db).resolve(), Path(out).resolve()
     if engine not in ENGINES:
         raise RenderError(f"unknown report engine {engine!r}; use one of {ENGINES}")
@@ -56,9 +58,9 @@ def render_report(source: Path, db: Path, out: Path, engine: str = "auto", title
     if engine == "quarto" and quarto is None:
         raise RenderError("--engine quarto but `quarto` is not on PATH (conda-forge has it)")
     if quarto is not None and engine in ("auto", "quarto"):
-        html = _render_quarto(quarto, source, _report_env(db, compare), title)
+        html = _render_quarto(quarto, source, _report_env(db, compare, publish), title)
     else:
-        html = _render_fallback(source, _report_env(db, compare), title)
+        html = _render_fallback(source, _report_env(db, compare, publish), title)
     remote = remote_references(html)
     if remote:
         raise RenderError(f"rendered report loads remote resources, refusing: {remote[:3]}")
@@ -179,9 +181,10 @@ def _absolute_pythonpath() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in value.split(os.pathsep) if p)} if value else {}
 
 
-def _report_env(db: Path, compare: str | None) -> dict[str, str]:
+def _report_env(db: Path, compare: str | None, publish: bool) -> dict[str, str]:
     """What the report's cells read from the environment, whichever engine runs them."""
-    return {DB_ENV: str(db), **({COMPARE_ENV: compare} if compare else {}), **_absolute_pythonpath()}
+    return {DB_ENV: str(db), **({COMPARE_ENV: compare} if compare else {}), **({PUBLISH_ENV: "1"} if publish else {}),
+            **_absolute_pythonpath()}
 
 
 def _kernel_manager(kernel_dir: Path, report_env: dict[str, str]):

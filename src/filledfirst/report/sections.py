@@ -4,6 +4,7 @@ the prose and one loop per section, and what the report shows is tested here."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Mapping
 
 import msgspec
@@ -36,6 +37,48 @@ def _no_diagnosis() -> str:
 def page_head() -> list[str]:
     """Once per page, before any chart: the offline Vega bundle and the table style."""
     return [charts.vega_bundle_html() + markup.style_html()]
+
+
+def study_head(data: ReportData, rendered: datetime) -> list[str]:
+    """When the study was measured and this page made, and what it ran on, in one table:
+    model, engine, devices, versions (a key the runs disagree on says so; Setup has each
+    run's value)."""
+    starts = sorted(m.started_at for m in data.metas.values() if m.started_at)
+    ends = sorted(m.finished_at or m.started_at for m in data.metas.values() if m.finished_at or m.started_at)
+    when = (f"Measured {_span(starts[0], ends[-1])} UTC ({len(data.experiments)} runs, {len(data.probes)} "
+            f"capacity-search probes)" if starts else "No run recorded when it started")
+    left_out = "; host names and server command lines left out" if data.published else ""
+    out = [markup.para(f"{when}. This page was made {rendered.astimezone(UTC):%Y-%m-%d %H:%M} UTC{left_out}.")]
+    _, common, differing = shared_setup(data.documents)
+    if common or differing:
+        def value(*keys: str) -> str:
+            if any(k in differing for k in keys):
+                return _VARIES
+            return " ".join(run_json.fmt_value(common[k]) for k in keys if common.get(k) not in (None, [], ""))
+
+        gpus = common.get("hardware.gpus")
+        devices = (value("hardware.gpus") if gpus or "hardware.gpus" in differing else
+                   value("hardware.cpu") + (f", {common['hardware.cores']} cores" if "hardware.cores" in common else "")
+                   + (f", {common['hardware.memory_gib']} GiB" if "hardware.memory_gib" in common else ""))
+        rows = [("model", value("model.name", "model.dtype")),
+                ("engine", vllm if (vllm := value("versions.vllm")) in ("", _VARIES) else f"vLLM {vllm}"),
+                ("devices", devices),
+                ("host", value("hardware.host")),
+                ("versions", ", ".join(f"{name} {v}" for name, key in _VERSIONS if (v := value(key)))),
+                ("source", value("versions.filledfirst_commit"))]
+        out.append(markup.html_table(["setup", ""], [(k, v) for k, v in rows if v]))
+    return out
+
+
+_VARIES = "differs between runs (Setup)"
+# The versions the setup table names, beside the engine's.
+_VERSIONS = (("Python", "versions.python"), ("torch", "versions.torch"), ("filledfirst", "versions.filledfirst"))
+
+
+def _span(start: str, end: str) -> str:
+    """Two ISO times as 'YYYY-MM-DD HH:MM to HH:MM' (the second's date when it differs)."""
+    a, b = (datetime.fromisoformat(t).astimezone(UTC) for t in (start, end))
+    return f"{a:%Y-%m-%d %H:%M} to {b:%H:%M}" if a.date() == b.date() else f"{a:%Y-%m-%d %H:%M} to {b:%Y-%m-%d %H:%M}"
 
 
 def compare_link(href: str | None) -> list[str]:
