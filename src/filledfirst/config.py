@@ -12,6 +12,7 @@ import msgspec
 import yaml
 
 from filledfirst.errors import UserError
+from filledfirst.installed import engine_version
 from filledfirst.paths import SCHEMA_PATH, SECTIONS_DIR
 from filledfirst.schema import config_schema
 from filledfirst.study import ExperimentSpec, ServerSpec, Study, expand_sweeps, renamed_keys
@@ -217,7 +218,8 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
     or the search's path does (Snakemake re-runs the search; its probes measured before
     are not reused). Hashed from the config as written, as spec_document is: a probe's
     server, model, engine, scrape, its loadgen (the study's, open loop), the shape, and
-    the search's SLO, lengths and bounds; an intervention's, what it relaxes too."""
+    the search's SLO, lengths and bounds; an intervention's, what it relaxes too; and the
+    installed engine's version (spec_fingerprint)."""
     cfg = study.document
     from filledfirst.frontier.plan import search_plan, search_terms
 
@@ -235,6 +237,7 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
         **_model_engine_scrape(study),
         "workload": cfg["workloads"][f["workload"]],
         **search_terms(plan),
+        "engine_version": engine_version(),
     })
 
 
@@ -246,6 +249,15 @@ def workload_fingerprint(study: Study, workload: str) -> str:
 
 def fingerprint(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def spec_fingerprint(spec: dict) -> str:
+    """A run's identity (run.json's `spec_fingerprint`): its spec document, and for a
+    server it starts the installed engine's version (filledfirst.installed): a new vLLM
+    measures again. An endpoint's runs do not depend on what is installed here."""
+    if "url" in spec["server"]:
+        return fingerprint(spec)
+    return fingerprint({**spec, "engine_version": engine_version()})
 
 
 def server_identity(study: Study, experiment: str) -> dict:
@@ -317,7 +329,7 @@ def check_shareable(study: Study, experiments: list[str]) -> None:
 
 def group_fingerprint(study: Study, experiments: list[str]) -> str:
     """Changes when any experiment of the group, or the group's membership or order, does."""
-    return fingerprint([spec_document(study, e) for e in experiments])
+    return fingerprint([spec_fingerprint(spec_document(study, e)) for e in experiments])
 
 
 def search_server(study: Study, frontier: str, setting: str) -> ServerSpec:

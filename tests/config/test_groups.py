@@ -165,6 +165,23 @@ def test_group_fingerprint_follows_any_member(cfg):
     assert group_fingerprint(as_study(cfg), ["c", "a"]) != before  # order is part of the measurement
 
 
+def test_a_new_engine_version_is_a_new_measurement(cfg, monkeypatch):
+    from filledfirst import config
+
+    study = as_study(cfg)
+    searched = as_study(load_config([E2E, REPO / "tests" / "configs" / "frontier.yaml"]))
+    frontier = next(iter(searched.frontiers))
+    setting = next(iter(searched.frontiers[frontier].settings))
+    endpoint = {"url": "http://10.0.0.1:8000"}
+    spec, external = config.spec_document(study, "a"), {**config.spec_document(study, "a"), "server": endpoint}
+    before = (group_fingerprint(study, ["a", "c"]), config.search_fingerprint(searched, frontier, setting),
+              config.spec_fingerprint(spec), config.spec_fingerprint(external))
+    monkeypatch.setattr(config, "engine_version", lambda: "99.0.0")
+    after = (group_fingerprint(study, ["a", "c"]), config.search_fingerprint(searched, frontier, setting),
+             config.spec_fingerprint(spec), config.spec_fingerprint(external))
+    assert [b != a for b, a in zip(before, after)] == [True, True, True, False]  # an endpoint's is not ours
+
+
 @pytest.mark.parametrize("names, message", [
     (["a", "b"], "different server"),
     (["a", "nope"], "not in the config"),

@@ -260,12 +260,12 @@ def test_the_spec_fingerprint_is_the_config_as_written(outputs):
     still the one of the config as written."""
     import json
 
-    from filledfirst.config import fingerprint, spec_document
+    from filledfirst.config import spec_document, spec_fingerprint
 
     meta = json.loads((outputs["runs"] / "started" / "run.json").read_text())
     written = spec_document(as_study(planted_config()), "planted")
     assert meta["spec"]["engine"]["env"] == {k: redact.MARK for k in ENV}
-    assert meta["spec_fingerprint"] == fingerprint(written) != fingerprint(meta["spec"])
+    assert meta["spec_fingerprint"] == spec_fingerprint(written) != spec_fingerprint(meta["spec"])
 
 
 @pytest.mark.parametrize("name, secret", [

