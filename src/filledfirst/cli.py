@@ -40,7 +40,8 @@ def _schema_number(*path: str):
             raise argparse.ArgumentTypeError(f"{'a whole number' if whole else 'a finite number'}, got {text!r}")
         error = jsonschema.exceptions.best_match(check.iter_errors(value))
         if error is not None:
-            raise argparse.ArgumentTypeError(f"{error.message} (as {'.'.join(path)} in a config)")
+            key = f"an endpoint's server.{path[-1]}" if path[0] == "$defs" else ".".join(path)
+            raise argparse.ArgumentTypeError(f"{error.message} (as {key} in a config)")
         return value
 
     return parse
@@ -368,6 +369,12 @@ def _add_replay(sub) -> None:
     p.add_argument("--workers", type=_workers, default=LOADGEN.workers, metavar="N|auto",
                    help="processes to split the replay across, each with its own connections, on one clock "
                    "(auto: enough for the schedule's token rate)")
+    # The server's limits, as its owner knows them: vLLM's /metrics does not say them.
+    p.add_argument("--max-num-seqs", type=_schema_number("$defs", "external_server", "max_num_seqs"), metavar="N",
+                   help="the server's max_num_seqs (per engine): without it the diagnosis cannot tell a full cap")
+    p.add_argument("--max-num-batched-tokens", metavar="N",
+                   type=_schema_number("$defs", "external_server", "max_num_batched_tokens"),
+                   help="the server's per-step token budget: without it the diagnosis cannot tell full steps")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_replay)
 
@@ -387,6 +394,7 @@ def _workers(value: str) -> int | str:
 def _cmd_replay(args) -> int:
     from filledfirst.loadgen.settings import ReplaySettings
     from filledfirst.run.runner import replay_endpoint
+    from filledfirst.study import ExternalServer
 
     if args.prompt == "token_ids" and not args.token_ids:
         raise UserError("--token-ids LOW HIGH is required with token-id prompts (or give --prompt text)")
@@ -407,6 +415,8 @@ def _cmd_replay(args) -> int:
     status = replay_endpoint(
         args.url, args.schedule, args.out, settings,
         name=args.name, api_key_env=args.api_key_env, progress=not args.no_progress,
+        limits=ExternalServer(url=args.url, max_num_seqs=args.max_num_seqs,
+                              max_num_batched_tokens=args.max_num_batched_tokens).limits,
     )
     return 0 if status != "failed" else 1
 

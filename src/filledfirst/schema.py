@@ -20,8 +20,11 @@ def config_schema() -> dict:
 
 def schema_property(*path: str) -> dict:
     """The schema's property at `path` (section, then key; "*" for any name of a catalog:
-    `("experiments", "*", "share_server")`): its type, bounds, default and description."""
+    `("experiments", "*", "share_server")`; a shared definition's: `("$defs", name, key)`):
+    its type, bounds, default and description."""
     node: dict = config_schema()
+    if path and path[0] == "$defs":
+        node, path = node["$defs"][path[1]], path[2:]
     for key in path:
         node = node["additionalProperties"] if key == "*" else node["properties"][key]
     return node

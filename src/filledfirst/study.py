@@ -137,6 +137,15 @@ class ServerSettings(_Struct):
 class ExternalServer(_Struct):
     url: str
     api_key_env: str | None = None
+    # the limits it was started with, as its owner states them (its /metrics does not say them)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The stated limits as vLLM settings (run.json's server.settings)."""
+        return {k: v for k, v in (("max_num_seqs", self.max_num_seqs),
+                                  ("max_num_batched_tokens", self.max_num_batched_tokens)) if v is not None}
 
 
 class EngineStart(_Struct):

@@ -16,7 +16,7 @@ BAD = [
     ("--scrape-interval", "0"), ("--scrape-interval", "-0.25"), ("--scrape-interval", "nan"),
     ("--request-timeout", "0"), ("--request-timeout", "-5"), ("--request-timeout", "inf"),
     ("--connect-timeout", "0"), ("--first-token-timeout", "-1"), ("--drain-timeout", "0"),
-    ("--workers", "0"), ("--seed", "x"),
+    ("--workers", "0"), ("--seed", "x"), ("--max-num-seqs", "0"), ("--max-num-batched-tokens", "2.5"),
 ]
 
 
@@ -42,3 +42,5 @@ def test_in_bounds_numbers_pass():
     args = cli.build_parser().parse_args([*BASE, "--closed", "3", "--scrape-interval", "0.1", "--request-timeout",
                                           "2", "--drain-timeout", "1", "--connect-timeout", "0.5", "--seed", "-3"])
     assert (args.closed, args.scrape_interval, args.request_timeout, args.seed) == (3, 0.1, 2.0, -3)
+    limits = cli.build_parser().parse_args([*BASE, "--max-num-seqs", "8", "--max-num-batched-tokens", "2048"])
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (8, 2048)

@@ -261,11 +261,12 @@ def test_an_external_endpoint_is_a_group_of_its_own(cfg):
 
 
 @pytest.mark.parametrize("server", [
-    {"url": "http://10.0.0.7:8000", "max_num_seqs": 8},  # settings of a server we do not start
+    {"url": "http://10.0.0.7:8000", "enforce_eager": True},  # how to start a server we do not start
+    {"url": "http://10.0.0.7:8000", "max_num_seqs": 0},  # a limit it cannot have
     {"url": "10.0.0.7:8000"},  # no scheme
     {"api_key_env": "KEY"},  # a key without an endpoint
 ])
-def test_an_external_endpoint_takes_only_a_url_and_a_key_variable(cfg, server):
+def test_an_external_endpoint_takes_a_url_a_key_variable_and_its_limits(cfg, server):
     cfg["experiments"]["c"]["server"] = server
     with pytest.raises(UserError, match=r"experiments\.c\.server"):
         validate_config(cfg)

@@ -211,3 +211,53 @@ def test_two_worker_processes_give_what_one_gives_on_the_real_engine(server, tmp
     ingest([tmp_path / "w1", tmp_path / "w2"], db)
     labels = {d["experiment"]: d["label"] for d in write_diagnosis(db, DiagnosisRules()).to_dicts()}
     assert labels["w1"] == labels["w2"], labels
+
+
+def test_an_endpoint_told_its_cap_gets_the_pipelines_label(server, tmp_path):
+    """The e2e study's seq_limit experiment (tests/configs/e2e.yaml: its heavy schedule in a
+    closed loop of 16 on a cap of 8, which test_pipeline_e2e's own server start labels
+    active-sequence limit) replayed against this server, started by the project with the
+    same cap and told it: the same label. The same run not told its cap cannot have that
+    label, and its diagnosis says so instead of guessing."""
+    import shutil
+
+    from filledfirst.analysis.diagnosis import write_diagnosis
+    from filledfirst.analysis.diagnosis.labels import Label
+    from filledfirst.config import load_config
+    from filledfirst.study import DiagnosisRules
+    from filledfirst.workloads.synthetic import write_synthetic_schedule
+
+    from conftest import REPO
+
+    cfg = load_config([REPO / "tests" / "configs" / "e2e.yaml"])
+    experiment = cfg["experiments"]["seq_limit"]
+    cap = experiment["server"]["max_num_seqs"]
+    write_synthetic_schedule(cfg["workloads"][experiment["workload"]], tmp_path / "heavy.parquet")
+    told = tmp_path / "told"
+    proc = subprocess.run(
+        [sys.executable, "-m", "filledfirst", "replay", "--url", server.base_url, "--schedule",
+         str(tmp_path / "heavy.parquet"), "--out", str(told), "--model", "tiny", "--token-ids", "10", "2050",
+         "--closed", str(experiment["loadgen"]["concurrency"]), "--max-num-seqs", str(cap),
+         "--api-key-env", "FF_TEST_KEY", "--name", "told", "--no-progress"],
+        env={**os.environ, "FF_TEST_KEY": KEY}, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((told / "run.json").read_text())
+    assert meta["server"]["settings"] == {"max_num_seqs": cap}
+    # the same measurement without the cap stated: what a replay without --max-num-seqs records
+    untold = tmp_path / "untold"
+    shutil.copytree(told, untold)
+    meta.update(run_id=meta["run_id"] + "-untold", experiment="untold")
+    meta["server"]["settings"] = {}
+    (untold / "run.json").write_text(json.dumps(meta))
+    db = tmp_path / "told.duckdb"
+    ingest([told, untold], db)
+    write_diagnosis(db, DiagnosisRules())
+    con = duckdb.connect(str(db), read_only=True)
+    found = {e: (label, notes) for e, label, notes in con.execute(
+        "SELECT experiment, label, notes FROM diagnosis").fetchall()}
+    con.close()
+    assert found["told"][0] == Label.SEQ_LIMIT, found
+    assert found["untold"][0] != Label.SEQ_LIMIT, found
+    assert "max_num_seqs unknown (a server the study did not start: `replay --max-num-seqs`" in found["untold"][1]
+    assert f"so no label {Label.SEQ_LIMIT}" in found["untold"][1]

@@ -381,11 +381,13 @@ def _run_against_endpoint(study: Study, job: Job, external: dict, progress: bool
     """An experiment whose server someone else runs: nothing to start or stop."""
     doc = spec_document(study, job.experiment)
     settings = ReplaySettings.from_spec(ExperimentSpec.from_doc(doc))
-    key_env = external.get("api_key_env")
+    stated = study.experiments[job.experiment].external
+    assert stated is not None  # external_server found its url
+    key_env = stated.api_key_env
     settings.api_key = _api_key(key_env, f"experiments.{job.experiment}.server.api_key_env")
-    url = _without_credentials(external["url"])
+    url = _without_credentials(stated.url)
     # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
-    server = ServerInfo(launcher="external", url=url, api_key_env=key_env, settings={})
+    server = ServerInfo(launcher="external", url=url, api_key_env=key_env, settings=stated.limits)
     run = _Run(job.experiment, job.schedule, job.out, _experiment_meta(study.experiments[job.experiment], doc, server))
     try:
         check_endpoint(url, settings.api_key)
@@ -451,11 +453,12 @@ def _record_server(run: _Run, shared: SharedServer, waited: float | None) -> Non
 
 def replay_endpoint(
     url: str, schedule_path: Path, out: Path, settings: ReplaySettings, *,
-    name: str = "replay", api_key_env: str | None = None, progress: bool = True,
+    name: str = "replay", api_key_env: str | None = None, progress: bool = True, limits: dict[str, int] | None = None,
 ) -> str:
     """Replay a schedule against a running OpenAI-compatible server; /metrics is scraped there.
     An endpoint that cannot be reached or refuses the key raises EndpointError before
-    anything is written; a run whose every request failed returns `failed`."""
+    anything is written; a run whose every request failed returns `failed`. `limits`: the
+    server's limits as its owner states them (filledfirst.study.ExternalServer.limits)."""
     url = _without_credentials(url)
     settings.api_key = _api_key(api_key_env, f"--api-key-env {api_key_env}")
     check_endpoint(url, settings.api_key)  # nothing measured, no run folder: the caller fixes the URL or key
@@ -465,6 +468,6 @@ def replay_endpoint(
         "description": f"replay against {url}",
         "model": ModelInfo(name=settings.model),
         # The variable's name only: the key itself never reaches run.json, logs or DuckDB.
-        "server": ServerInfo(launcher="external", url=url, api_key_env=api_key_env, settings={}),
+        "server": ServerInfo(launcher="external", url=url, api_key_env=api_key_env, settings=dict(limits or {})),
     })
     return _replay_external(run, url, settings, progress)

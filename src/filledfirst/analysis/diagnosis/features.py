@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from filledfirst.analysis.diagnosis.kv_ledger import kv_ledger
+from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.scheduler import Bindings
 from filledfirst.analysis.numbers import share
 from filledfirst.contracts.runmeta import RunMeta
@@ -117,7 +118,7 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, bindings:
     if ledger.bytes_per_token is None and row["n_requests"]:
         notes.append(f"KV bytes per token not known ({why})")
     if row["cap"] is None:
-        notes.append("max_num_seqs unknown: no at-cap signal")
+        notes.append(f"max_num_seqs unknown{_STATE_IT}: no at-cap signal, so no label {Label.SEQ_LIMIT}")
     derived: dict[str, Any] = dict(
         window_start_s=row["start"], window_end_s=row["stop"],
         running_at_cap_share=None if row["cap"] is None else row["running_at_cap_share"],
@@ -142,12 +143,17 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, bindings:
     return Features(**{f.name: row[f.name] for f in fields(Features) if f.name not in derived}, **derived)
 
 
+# How a server the study did not start gets its limits known (its /metrics does not say them).
+_STATE_IT = " (a server the study did not start: `replay --max-num-seqs`, or its server.max_num_seqs)"
+
+
 def _budget(row: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
     budget, steps = row["budget"], row["queued_steps"]
     why = ("the server's log and settings do not say it" if budget is None
            else "no step histogram was scraped" if steps is None else None)
     if why and row["n_requests"]:
-        notes.append(f"the per-step token budget's use not measured: {why}")
+        hint = _STATE_IT.replace("max_num_seqs", "max_num_batched_tokens") if budget is None else ""
+        notes.append(f"the per-step token budget's use not measured: {why}{hint}, so no label {Label.TOKEN_BUDGET}")
     # A prompt's tokens count at the step it finishes (vLLM's step histogram): a stretch's
     # first step may carry a prompt mostly computed before it, so the mean can pass the
     # budget; kept as measured, so the bias shows.
