@@ -55,6 +55,18 @@ def _add_model(sub) -> None:
     t.add_argument("--layers", type=int, default=None, help="decoder layers (default 2)")
     t.add_argument("--hidden-size", type=int, default=None, help="hidden size, a multiple of 64 (default 128)")
     t.set_defaults(func=_cmd_model_tiny)
+    f = msub.add_parser("fetch", help="fetch a hub model into a local folder once (a gated one needs HF_TOKEN)")
+    f.add_argument("repo", help="the hub id, e.g. Qwen/Qwen2.5-7B-Instruct (the config's model.path)")
+    f.add_argument("out_dir", type=Path, help="the folder every server reads it from (model.download_to)")
+    f.add_argument("--revision", help="a branch, tag or commit (model.revision; default: the hub's default branch)")
+    f.set_defaults(func=_cmd_model_fetch)
+
+
+def _cmd_model_fetch(args) -> int:
+    from filledfirst.model.fetch import fetch
+
+    fetch(args.repo, args.out_dir, args.revision)
+    return 0
 
 
 def _cmd_model_tiny(args) -> int:

@@ -119,8 +119,11 @@ def validate_config(cfg: dict[str, Any]) -> None:
     ids = cfg["model"]["prompt_token_ids"]
     if ids["low"] >= ids["high"]:
         problems.append("model.prompt_token_ids: low must be below high")
-    if cfg["model"]["source"] in ("tiny", "path") and not cfg["model"].get("path"):
+    if not cfg["model"].get("path"):
         problems.append(f"model.path is required when model.source is {cfg['model']['source']}")
+    unused = [k for k in ("revision", "download_to") if k in cfg["model"] and cfg["model"]["source"] != "hub"]
+    if unused:
+        problems.append(f"model.{unused[0]} is for a hub model (source hub), not source {cfg['model']['source']}")
     if problems:
         raise UserError("invalid config:\n  " + "\n  ".join(problems))
 

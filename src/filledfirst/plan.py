@@ -172,8 +172,9 @@ class Plan(msgspec.Struct, frozen=True):
 
 
 def model_inputs(study: Study) -> list[str]:
-    """The locally built model folder, when the config serves one."""
-    return [study.model.path] if study.model.source == "tiny" and study.model.path else []
+    """The folder every server reads the model from: built (tiny), fetched (hub), or the
+    user's own (path: Snakemake then says it is missing before anything starts)."""
+    return [study.model.folder] if study.model.folder else []
 
 
 def build_plan(study: Study) -> Plan:

@@ -102,15 +102,35 @@ class TinyShape(_Struct):
     hidden_size: int | None = None
 
 
+# Where `filledfirst model fetch` puts a hub model unless model.download_to says otherwise.
+MODELS_DIR = "data/models"
+
+
+def model_folder(model: Mapping[str, Any]) -> str | None:
+    """The folder a model's weights are served from (the config's model section, or
+    run.json's): its own folder (source tiny or path), or the one a hub model is fetched
+    into once before any server starts (download_to, else data/models/<name>)."""
+    if model.get("source") == "hub":
+        return model.get("download_to") or f"{MODELS_DIR}/{model['name']}"
+    return model.get("path")
+
+
 class Model(_Struct):
     name: str
     source: Literal["tiny", "path", "hub"]
     dtype: str
     max_model_len: int
     prompt_token_ids: TokenIds
-    path: str | None = None
+    path: str | None = None  # a folder (tiny, path) or the hub id (hub)
+    revision: str | None = None  # of a hub model: a branch, tag or commit (None: the hub's default branch)
+    download_to: str | None = None  # where a hub model is fetched to (model_folder)
     load_format: str = _d("model", "load_format")
     tiny: TinyShape | None = None
+
+    @property
+    def folder(self) -> str | None:
+        """The folder the server reads the weights from (model_folder)."""
+        return model_folder(msgspec.to_builtins(self))
 
 
 class ServerSettings(_Struct):

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from filledfirst.cluster import runtime_minutes
-from filledfirst.config import load_config, server_groups
+from filledfirst.config import load_config, load_study, server_groups
 from filledfirst.study import as_study
 
 from conftest import REPO
@@ -97,6 +97,13 @@ def submit_to_fake_slurm(cfg_path: Path, tmp_path: Path, pipeline_env: dict, fak
     Snakemake submits the jobs that need nothing from another job, then stops."""
     work = tmp_path / "work"
     work.mkdir()
+    # a hub model is fetched where Snakemake runs before anything is submitted (the rule
+    # fetch_model, tested in tests/model/test_fetch.py): here, fetched before
+    model = load_study([cfg_path]).model
+    if model.source == "hub":
+        folder = work / model.folder
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
     log = tmp_path / "sbatch.jsonl"
     env = {**pipeline_env, "FAKE_SLURM_LOG": str(log),
            "PATH": f"{fake_slurm}{os.pathsep}{pipeline_env['PATH']}"}

@@ -22,14 +22,14 @@ def command_for(config: str, experiment: str):
 
 def test_gpu_config_runs_vllm_serve_with_the_seed_settings():
     cmd = command_for("config.yaml", "decode_low")
-    assert cmd.argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]
+    assert cmd.argv[:3] == ["vllm", "serve", "data/models/Qwen2.5-7B-Instruct"]  # fetched there first
     flags = " ".join(cmd.argv)
     assert "--dtype bfloat16" in flags
     assert "--max-model-len 32768" in flags
     assert "--max-num-seqs 256" in flags
     assert "--no-enable-prefix-caching" in cmd.argv
     assert "--host 127.0.0.1 --port 8123" in flags
-    assert "HF_HUB_OFFLINE" not in cmd.env  # a hub model may need to download
+    assert cmd.env["HF_HUB_OFFLINE"] == "1"  # no server start downloads anything
 
 
 def test_experiment_overrides_the_engine_default():

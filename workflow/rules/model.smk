@@ -17,3 +17,23 @@ if STUDY.model.source == "tiny":
             ),
         shell:
             "{params.cli} model tiny {output.model:q} {params.shape} > {log:q} 2>&1"
+
+
+if STUDY.model.source == "hub":
+
+    # On the machine that runs Snakemake (a cluster's login node, which has the network),
+    # once, before any server starts: every server then reads the folder.
+    localrules:
+        fetch_model,
+
+    rule fetch_model:
+        output:
+            model=directory(STUDY.model.folder),
+        log:
+            "results/logs/model.log",
+        params:
+            cli=FILLEDFIRST,
+            repo=STUDY.model.path,
+            revision=f"--revision {shlex.quote(STUDY.model.revision)}" if STUDY.model.revision else "",
+        shell:
+            "{params.cli} model fetch {params.repo:q} {output.model:q} {params.revision} > {log:q} 2>&1"

@@ -34,6 +34,8 @@ class ModelInfo(Document):
     max_model_len: Opt[int] = UNSET
     prompt_token_ids: Opt[dict[str, int]] = UNSET
     path: Opt[str] = UNSET
+    revision: Opt[str] = UNSET
+    download_to: Opt[str] = UNSET
     load_format: Opt[str] = UNSET
     tiny: Opt[dict[str, Any]] = UNSET
 

