@@ -179,6 +179,7 @@ class EngineStart(_Struct):
     seed: int = _d("engine", "seed")
     server_nice: int = _d("engine", "server_nice")
     env: dict[str, str] = {}
+    wrapper: list[str] = []  # the command the launcher's runs inside (a container)
 
 
 class Engine(EngineStart):

@@ -4,20 +4,24 @@
 import pytest
 
 from filledfirst.config import experiment_spec, load_config
-from filledfirst.engine.command import build_command
+from filledfirst.engine.command import build_command, server_command
 from filledfirst.errors import UserError
 from filledfirst.study import as_study
 
 from conftest import REPO
 
 
-def command_for(config: str, experiment: str):
+def command_for(config: str, experiment: str, **engine):
     cfg = load_config([REPO / "config" / config])
-    spec = experiment_spec(as_study(cfg), experiment)
-    return build_command(
-        launcher=spec.engine.launcher, model=spec.model, settings=spec.server,
-        host="127.0.0.1", port=8123, seed=0, extra_env={},
-    )
+    cfg["engine"].update(engine)
+    return server_command(experiment_spec(as_study(cfg), experiment).server_spec, "127.0.0.1", 8123)
+
+
+def test_a_wrapper_runs_the_launchers_command_inside_it():
+    wrapper = ["apptainer", "exec", "--nv", "--bind", "/scratch", "vllm.sif"]
+    cmd = command_for("config.yaml", "decode_low", wrapper=wrapper)
+    assert cmd.argv[:9] == [*wrapper, "vllm", "serve", "data/models/Qwen2.5-7B-Instruct"]
+    assert cmd.argv[len(wrapper):] == command_for("config.yaml", "decode_low").argv
 
 
 def test_gpu_config_runs_vllm_serve_with_the_seed_settings():

