@@ -202,3 +202,26 @@ def test_the_same_queue_with_the_cache_delivering_or_off_is_not_eviction(tmp_pat
     for run_id, kwargs in (("delivered", {"served": 0.9}), ("off", {"caching": False})):
         d = shared_documents(tmp_path, run_id, **kwargs)
         assert d["label"] == "compute-bound", (run_id, d["clue"])
+
+
+GENERATED = "vllm:generation_tokens_total"
+
+
+@pytest.mark.parametrize("pods", [1, 2])
+def test_scrapes_of_several_servers_behind_one_address_are_flagged(tmp_path, pods):
+    """/metrics behind a load balancer answers from a different server at each scrape: each
+    server's counter rises on its own, so the series the run recorded goes up and down. One
+    server's never goes down."""
+    run = reference_run(f"pods{pods}")
+    times = sorted({t for t, m, _ in run["samples"] if m == RUNNING})
+    # pod k has generated 5,000 x k tokens before the run, and 40 a second since
+    run["samples"] += [(t, GENERATED, 5000 * (i % pods) + 40 * t) for i, t in enumerate(times)]
+    d = run_of(tmp_path, **run)
+    mixed = [w for w in (d["warnings"] or "").split("; ") if w.startswith("mixed servers")]
+    if pods == 1:
+        assert mixed == []
+    else:
+        drops = (len(times) - 1) // 2  # every other scrape reads the pod that generated less
+        assert mixed == [f"mixed servers (the generated-token counter went down {drops} times between scrapes: "
+                         "the server restarted, or /metrics sits behind a load balancer and read several "
+                         "servers, whose scheduler signals are mixed here: scrape one server's own address)"]

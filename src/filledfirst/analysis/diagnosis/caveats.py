@@ -1,5 +1,6 @@
 """What a label comes with: the warnings that make a run's numbers less trustworthy
-(a partial run, a client that did not keep up, errors, Little's law not holding)."""
+(a partial run, a client that did not keep up, errors, scrapes of more than one server,
+Little's law not holding)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def warnings(f: Features, t: DiagnosisRules) -> list[str]:
                    f"{share(t.min_arrival_ratio)})")
     if failed is not None and failed > t.max_failed_share:
         out.append(f"errors ({share(failed)} of sent requests failed)")
+    if f.counter_drops:
+        out.append(f"mixed servers (the generated-token counter went down {f.counter_drops} times between "
+                   "scrapes: the server restarted, or /metrics sits behind a load balancer and read several "
+                   "servers, whose scheduler signals are mixed here: scrape one server's own address)")
     if not f.littles_ok:
         out.append(f"Little's law mismatch (L {f.littles_L_server:.1f} against lambda W {f.littles_lambda_W:.1f})")
     return out

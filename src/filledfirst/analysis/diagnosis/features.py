@@ -92,6 +92,7 @@ class Features:
     client_cpu_share: float | None
     client_cpu_ms_per_1k_tokens: float | None
     arrival_ratio: float | None  # sent over scheduled arrival rate, open loop
+    counter_drops: int | None  # times the generated-token counter went down between two scrapes
     # the prefix cache over the window's answered requests: whether the server cached
     # prefixes, the share of their prompt tokens an unbounded cache would have served (a
     # schedule with prefix structure), the share it served, and the one over the other

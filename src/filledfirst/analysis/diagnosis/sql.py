@@ -22,6 +22,7 @@ from filledfirst.analysis import request_path, signals
 from filledfirst.analysis.diagnosis.window import WINDOW_TABLE
 from filledfirst.metrics import (
     CACHE_CONFIG_INFO,
+    GENERATION_TOKENS,
     ITERATION_TOKENS,
     KV_USAGE,
     PREEMPTIONS,
@@ -96,6 +97,14 @@ _PREEMPTIONS = signals.preemptions_sql(f"""
         FROM ({signals.SAMPLES}) s JOIN {WINDOW_TABLE} w USING (run_id)
         WHERE s.metric IN ({sql_list(PREEMPTIONS)}) AND s.t <= w.stop
     ) WHERE anchor IS NULL OR t >= anchor""")
+
+# A counter that goes down between two scrapes of one series: the server restarted, or the
+# scrapes read different servers (a load balancer in front of several).
+_COUNTER_DROPS = f"""
+SELECT run_id, count(*) FILTER (WHERE value < before) AS counter_drops FROM (
+    SELECT run_id, value, lag(value) OVER (PARTITION BY run_id, metric, labels ORDER BY t) AS before
+    FROM ({signals.SAMPLES}) WHERE metric IN ({sql_list(GENERATION_TOKENS)}))
+GROUP BY run_id"""
 
 _REQUESTS = f"""
 WITH r AS (
@@ -229,6 +238,7 @@ def measure(con: duckdb.DuckDBPyConnection, summary: pl.DataFrame, window: pl.Da
             signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAM, 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
             signals.query(con, signals.CLIENT).drop("client_cpu_s"),
+            signals.query(con, _COUNTER_DROPS),
         ]
     finally:
         con.unregister(WINDOW_TABLE)
