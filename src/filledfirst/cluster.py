@@ -23,7 +23,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from filledfirst.config import server_settings
 from filledfirst.deadline import run_deadline_s
+from filledfirst.engine import devices
+from filledfirst.frontier.plan import searched_settings
 from filledfirst.plan import Job
 from filledfirst.study import Cluster, Study
 
@@ -42,10 +45,15 @@ def _external(study: Study, experiment: str) -> bool:
 
 
 def gpus_per_job(study: Study) -> int:
-    """`cluster.gpus_per_job`, else one GPU for the gpu launcher and none for the cpu one."""
+    """`cluster.gpus_per_job`, else for the gpu launcher the most GPUs any server of the
+    study takes (its tensor_parallel_size, else one), and none for the cpu one."""
     if study.cluster.gpus_per_job is not None:
         return study.cluster.gpus_per_job
-    return 1 if study.engine.launcher == "gpu" else 0
+    if study.engine.launcher != "gpu":
+        return 0
+    servers = [server_settings(study, e) for e, exp in study.experiments.items() if exp.external is None]
+    servers += [s for name in study.frontiers for s in searched_settings(study, name)[0].values()]
+    return max((devices.needed(s) for s in servers), default=1)
 
 
 def job_request(study: Study, members: list[str] | None = None) -> dict[str, int | str]:

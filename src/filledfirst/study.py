@@ -145,6 +145,7 @@ class ServerSettings(_Struct):
     num_gpu_blocks_override: int | None = None
     kv_tokens: int | None = None  # the KV budget in tokens: filledfirst.engine.command.kv_blocks
     block_size: int | None = None
+    tensor_parallel_size: int | None = None  # GPUs per server (filledfirst.engine.devices)
     kv_cache_space_gib: int | None = None
     enforce_eager: bool | None = None
     extra_args: list[str] | None = None

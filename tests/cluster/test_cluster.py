@@ -41,6 +41,10 @@ def test_gpu_default_follows_the_launcher(cfg):
     gpu["engine"]["launcher"] = "gpu"
     gpu["engine"]["server"].pop("kv_cache_space_gib")
     assert gpus_per_job(as_study(gpu)) == 1
+    # a server sharded over two GPUs: every job asks for the most any server takes
+    first = next(iter(gpu["experiments"]))
+    gpu["experiments"][first].setdefault("server", {})["tensor_parallel_size"] = 2
+    assert gpus_per_job(as_study(gpu)) == 2
     gpu["cluster"]["gpus_per_job"] = 0  # a GPU-less cluster
     assert job_request(as_study(gpu))["gpu"] == 0
 

@@ -21,6 +21,7 @@ _VALUE_FLAGS = {
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "num_gpu_blocks_override": "--num-gpu-blocks-override",
     "block_size": "--block-size",
+    "tensor_parallel_size": "--tensor-parallel-size",
 }
 _BOOL_FLAGS = {
     "enable_prefix_caching": "enable-prefix-caching",

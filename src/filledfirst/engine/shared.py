@@ -7,12 +7,14 @@ run copies the part written while it was the current one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
 from pathlib import Path
 
 from filledfirst import redact
+from filledfirst.engine import devices
 from filledfirst.engine.command import ServerCommand, server_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
 from filledfirst.study import EngineStart, ServerSpec
@@ -50,6 +52,7 @@ class SharedServer:
         # A start that failed is not retried: the same settings would fail the same way,
         # after up to startup_timeout_s each.
         self.start_error: ServerStartError | None = None
+        self.lease: devices.Lease | None = None  # the GPUs the running server holds (filledfirst.engine.devices)
 
     @property
     def engine(self) -> EngineStart:
@@ -93,14 +96,22 @@ class SharedServer:
 
     def _start_on(self, experiment: str, host: str, port: int) -> None:
         engine = self.engine
-        self.cmd = server_command(self.spec, host, port)
+        cmd = server_command(self.spec, host, port)
+        if devices.leased(engine.launcher, engine.env):  # its own GPUs, whatever else runs here
+            self.lease = devices.lease(devices.needed(self.spec.server))
+            cmd = dataclasses.replace(cmd, env={**cmd.env, devices.VISIBLE: ",".join(self.lease.devices)})
+        self.cmd = cmd
         self.base_url = f"http://{host}:{port}"
         self.start_offset = self.log_offset()
         server = VllmServer(
             self.cmd, host=host, port=port, log_path=self.log_path,
             startup_timeout_s=engine.startup_timeout_s, nice=engine.server_nice,
         )
-        server.__enter__()  # healthy, or stopped again and raised
+        try:
+            server.__enter__()  # healthy, or stopped again and raised
+        except BaseException:
+            self._release()
+            raise
         self.server, self.started_by, self.startup_s = server, experiment, server.startup_s
         self.version = server.version()
         self.token_budget = self._logged_budget()
@@ -137,6 +148,12 @@ class SharedServer:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        self._release()
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def log_offset(self) -> int:
         try:

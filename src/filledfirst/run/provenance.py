@@ -12,6 +12,7 @@ import sys
 import psutil
 
 import filledfirst
+from filledfirst.engine.devices import in_batch_job
 from filledfirst.installed import engine_version, package_version
 
 
@@ -77,7 +78,7 @@ def batch_job() -> dict | None:
     node, CPUs, and the GPUs it was given (CUDA_VISIBLE_DEVICES, which vLLM uses;
     `gpus` lists all of the node's)."""
     env = os.environ
-    if "SLURM_JOB_ID" not in env:
+    if not in_batch_job():
         return None
     return {
         "slurm_job_id": env["SLURM_JOB_ID"],
@@ -88,11 +89,13 @@ def batch_job() -> dict | None:
 
 
 def _gpus() -> list[str]:
+    """Every GPU of the machine: index, name, memory, driver. The ones a server used are
+    its CUDA_VISIBLE_DEVICES (run.json's server.env; a batch job's, batch_job)."""
     if not shutil.which("nvidia-smi"):
         return []
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
