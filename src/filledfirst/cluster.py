@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from filledfirst.config import server_settings
 from filledfirst.deadline import run_deadline_s
 from filledfirst.engine import devices
+from filledfirst.errors import UserError
 from filledfirst.frontier.plan import searched_settings
 from filledfirst.plan import Job
 from filledfirst.study import Cluster, Study
@@ -58,20 +59,26 @@ def gpus_per_job(study: Study) -> int:
 
 def job_request(study: Study, members: list[str] | None = None) -> dict[str, int | str]:
     """The fixed part of an experiment job's resources: `engine` (the one-server-at-a-time
-    token), and in the SLURM plugin's names `gpu` (sbatch --gpus), `gpu_model`
-    (--gpus=MODEL:N), `cpus_per_task`, `mem_mb`.
+    token), and in the SLURM plugin's names `gpu` (sbatch --gpus) and `gpu_model`
+    (--gpus=MODEL:N), or `gres` (--gres=gpu:N) with cluster.gpu_request gres,
+    `cpus_per_task`, `mem_mb`, `slurm_partition`, `slurm_account`.
     A job that replays against an external endpoint (`server.url`) starts no server and
     asks for no GPU."""
     cluster = study.cluster
     external = bool(members) and all(_external(study, e) for e in members)
-    out: dict[str, int | str] = {
-        ENGINE: 0 if external else 1,
-        "gpu": 0 if external else gpus_per_job(study),
-        "cpus_per_task": cluster.cpus_per_job,
-        "mem_mb": cluster.mem_mb,
-    }
-    if out["gpu"] and cluster.gpu_model:
-        out["gpu_model"] = cluster.gpu_model
+    gpus = 0 if external else gpus_per_job(study)
+    out: dict[str, int | str] = {ENGINE: 0 if external else 1, "cpus_per_task": cluster.cpus_per_job,
+                                 "mem_mb": cluster.mem_mb}
+    if cluster.gpu_request == "gres":  # the plugin refuses gres beside gpu
+        if gpus:
+            out["gres"] = f"gpu:{cluster.gpu_model}:{gpus}" if cluster.gpu_model else f"gpu:{gpus}"
+    else:
+        out["gpu"] = gpus
+        if gpus and cluster.gpu_model:
+            out["gpu_model"] = cluster.gpu_model
+    for key, value in (("slurm_partition", cluster.partition), ("slurm_account", cluster.account)):
+        if value:
+            out[key] = value
     return out
 
 
@@ -112,6 +119,12 @@ def experiment_seconds(study: Study, experiment: str, schedule: str | Path) -> f
 def runtime_minutes(study: Study, members: list[str], schedules: list[str | Path]) -> int:
     """The time limit of the job running `members` (in order, one schedule each), in
     whole minutes: one server start-up, then every experiment's bound."""
+    return _minutes(_runtime_parts(study, members, schedules))
+
+
+def _runtime_parts(study: Study, members: list[str], schedules: list[str | Path]) -> list[tuple[str, float]]:
+    """What an experiment job's time limit adds up, in seconds: its start-up, then each
+    experiment's bound."""
     if len(members) != len(schedules):
         raise ValueError(f"{len(members)} experiments but {len(schedules)} schedules")
     startup = study.cluster.startup_allowance_s
@@ -119,8 +132,24 @@ def runtime_minutes(study: Study, members: list[str], schedules: list[str | Path
         startup = study.engine.startup_timeout_s
     if all(_external(study, e) for e in members):
         startup = 0  # nothing to start
-    total = float(startup) + sum(experiment_seconds(study, e, s) for e, s in zip(members, schedules))
-    return max(1, math.ceil(total / 60))
+    return [("start-up", float(startup)), *((e, experiment_seconds(study, e, s)) for e, s in zip(members, schedules))]
+
+
+def _minutes(parts: list[tuple[str, float]]) -> int:
+    return max(1, math.ceil(sum(seconds for _, seconds in parts) / 60))
+
+
+def within_limit(study: Study, job: str, parts: list[tuple[str, float]]) -> int:
+    """The job's time limit in minutes, refused with its arithmetic (UserError) when it is
+    longer than the partition takes (cluster.max_runtime_min)."""
+    minutes, most = _minutes(parts), study.cluster.max_runtime_min
+    if most is not None and minutes > most:
+        sums = " + ".join(f"{name} {seconds / 60:.0f}" for name, seconds in parts)
+        raise UserError(f"job {job} needs a time limit of {minutes} min ({sums}) and the partition takes at most "
+                        f"{most} (cluster.max_runtime_min): give some of its experiments share_server: false "
+                        "(a job each), shorten their schedules or the searches' budget and probe lengths, or use "
+                        "a partition with a longer limit")
+    return minutes
 
 
 def hosted_seconds(study: Study, experiment: str, trace_csv: str | Path | None = None) -> float:
@@ -184,13 +213,15 @@ def job_resources(study: Study, job: Job) -> dict:
         members = [e.experiment for e in job.experiments]
         schedules = [e.schedule for e in job.experiments]
         return {**job_request(study, members),
-                "runtime": lambda wildcards, input: runtime_minutes(study, members, schedules)}
-    search = sum(frontier_runtime_minutes(study, s.frontier) for s in job.searches)
+                "runtime": lambda wildcards, input: within_limit(study, job.name,
+                                                                 _runtime_parts(study, members, schedules))}
+    searches = [(f"search {s.frontier}/{s.setting}", 60.0 * frontier_runtime_minutes(study, s.frontier))
+                for s in job.searches]
     if not job.experiments:
-        return {**job_request(study), "runtime": search}
+        return {**job_request(study), "runtime": within_limit(study, job.name, searches)}
 
     def runtime(wildcards, input) -> int:
-        seconds = sum(hosted_seconds(study, e.experiment, e.trace_csv) for e in job.experiments)
-        return search + math.ceil(seconds / 60)
+        hosted = [(e.experiment, hosted_seconds(study, e.experiment, e.trace_csv)) for e in job.experiments]
+        return within_limit(study, job.name, searches + hosted)
 
     return {**job_request(study), "runtime": runtime}

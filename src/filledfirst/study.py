@@ -385,6 +385,10 @@ class Compare(_Struct):
 class Cluster(_Struct):
     gpus_per_job: int | None = None  # None: 1 with the gpu launcher, 0 with the cpu one
     gpu_model: str | None = None
+    gpu_request: Literal["gpus", "gres"] = _d("cluster", "gpu_request")
+    partition: str | None = None
+    account: str | None = None
+    max_runtime_min: int | None = None  # None: no limit known
     cpus_per_job: int = _d("cluster", "cpus_per_job")
     mem_mb: int = _d("cluster", "mem_mb")
     startup_allowance_s: float | None = None  # None: engine.startup_timeout_s

@@ -62,7 +62,37 @@ def test_schema_and_code_defaults_agree(cfg):
     props = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["cluster"]["properties"]
     assert props["cpus_per_job"]["default"] == cluster.DEFAULT_CPUS
     assert props["mem_mb"]["default"] == cluster.DEFAULT_MEM_MB
-    assert cfg["cluster"] == {"cpus_per_job": cluster.DEFAULT_CPUS, "mem_mb": cluster.DEFAULT_MEM_MB}
+    assert cfg["cluster"] == {"cpus_per_job": cluster.DEFAULT_CPUS, "mem_mb": cluster.DEFAULT_MEM_MB,
+                              "gpu_request": "gpus"}
+
+
+def test_a_site_that_wants_gres_a_partition_and_an_account_gets_them():
+    cfg = load_config([REPO / "config" / "config.yaml"])
+    cfg["cluster"].update(gpu_request="gres", gpu_model="a100", partition="gpu", account="proj-7")
+    asked = job_request(as_study(cfg))
+    assert asked == {"engine": 1, "gres": "gpu:a100:1", "cpus_per_task": 8, "mem_mb": 65536,
+                     "slurm_partition": "gpu", "slurm_account": "proj-7"}  # no gpu beside gres: SLURM refuses both
+
+
+def test_a_job_longer_than_the_partition_takes_is_refused_with_its_arithmetic():
+    from filledfirst.cluster import job_resources
+    from filledfirst.errors import UserError
+    from filledfirst.frontier.plan import frontier_runtime_minutes
+    from filledfirst.plan import build_plan
+
+    cfg = load_config([REPO / "config" / "cpu.yaml"])
+    study = as_study(cfg)
+    job = next(j for j in build_plan(study).jobs if j.searches and not j.experiments)  # an intervention's
+    minutes = sum(frontier_runtime_minutes(study, s.frontier) for s in job.searches)
+    assert job_resources(study, job)["runtime"] == minutes  # no limit known: asked as it is
+    cfg["cluster"]["max_runtime_min"] = minutes
+    assert job_resources(as_study(cfg), job)["runtime"] == minutes  # exactly the limit fits
+    cfg["cluster"]["max_runtime_min"] = minutes - 1
+    with pytest.raises(UserError) as refused:
+        job_resources(as_study(cfg), job)
+    said = str(refused.value)
+    assert said.startswith(f"job {job.name} needs a time limit of {minutes} min (search ")
+    assert f"and the partition takes at most {minutes - 1} (cluster.max_runtime_min)" in said
 
 
 def test_bad_cluster_settings_are_refused(cfg):

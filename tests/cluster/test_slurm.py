@@ -59,6 +59,9 @@ FAKE = {
     # records its arguments, answers like `sbatch --parsable`
     "sbatch": """
         import json, os, sys
+        limit = os.environ.get("FAKE_SLURM_MAX_MIN")  # the partition's MaxTime, as sbatch enforces it
+        if limit and int(sys.argv[sys.argv.index("-t") + 1]) > int(limit):
+            sys.exit("sbatch: error: Batch job submission failed: Requested time limit is invalid")
         log = os.environ["FAKE_SLURM_LOG"]
         n = sum(1 for _ in open(log)) if os.path.exists(log) else 0
         with open(log, "a") as f:
@@ -77,6 +80,7 @@ FAKE = {
     "scontrol": 'print("MaxArraySize            = 1001\\nMinJobAge               = 3600 sec")',
     "sacct": 'import sys; sys.exit("sacct: stand-in has no accounting")',
     "scancel": "",
+    "sacctmgr": 'print("proj-7")',
 }
 
 
@@ -91,7 +95,8 @@ def fake_slurm(tmp_path):
     return bin_dir
 
 
-def submit_to_fake_slurm(cfg_path: Path, tmp_path: Path, pipeline_env: dict, fake_slurm: Path) -> tuple[list, str]:
+def submit_to_fake_slurm(cfg_path: Path, tmp_path: Path, pipeline_env: dict, fake_slurm: Path,
+                         max_min: int | None = None) -> tuple[list, str]:
     """Run the study with the SLURM profile against the stand-in commands: every sbatch
     call (options by name) and Snakemake's output. The stand-in fails every job, so
     Snakemake submits the jobs that need nothing from another job, then stops."""
@@ -106,7 +111,8 @@ def submit_to_fake_slurm(cfg_path: Path, tmp_path: Path, pipeline_env: dict, fak
         (folder / "config.json").write_text("{}")
     log = tmp_path / "sbatch.jsonl"
     env = {**pipeline_env, "FAKE_SLURM_LOG": str(log),
-           "PATH": f"{fake_slurm}{os.pathsep}{pipeline_env['PATH']}"}
+           "PATH": f"{fake_slurm}{os.pathsep}{pipeline_env['PATH']}",
+           **({"FAKE_SLURM_MAX_MIN": str(max_min)} if max_min else {})}
     env.pop("SLURM_CONF", None)
     proc = subprocess.run(
         profile_argv(cfg_path, "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
@@ -208,6 +214,26 @@ def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env,
     assert by_group["seq_limit"]["-t"] == "30"
     # The 16-experiment group: 900 s + sum of last arrivals + 16 x 600 s drain.
     assert int(by_group["interference"]["-t"]) > int(by_group["kv_reduced"]["-t"]) > 30
+
+
+def test_a_site_with_gres_a_partition_an_account_and_a_time_limit(tmp_path, pipeline_env, fake_slurm):
+    """A site whose sbatch wants --gres, a partition and an account, and refuses a time
+    limit beyond the partition's: each job asks for them, and none beyond the limit."""
+    import yaml
+
+    cfg_path = without_searches(tmp_path)
+    cfg = yaml.safe_load(cfg_path.read_text())
+    most = 3000  # the partition's MaxTime in minutes, above what every job of this study needs
+    cfg["cluster"] = {**cfg.get("cluster", {}), "gpu_request": "gres", "partition": "gpu-long",
+                      "account": "proj-7", "max_runtime_min": most}
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm, max_min=most)
+    assert len(calls) == len(server_groups(as_study(load_config([cfg_path])))), out[-6000:]
+    for opts in calls:
+        assert opts["--gres"] == "gpu:1" and "--gpus" not in opts  # SLURM refuses both
+        assert opts["-p"] == "gpu-long" and opts["-A"] == "proj-7"
+        assert 0 < int(opts["-t"]) <= most
+    assert "Requested time limit is invalid" not in out
 
 
 # --- 2. a real SLURM cluster on this machine ------------------------------------------
