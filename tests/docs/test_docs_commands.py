@@ -71,6 +71,23 @@ def test_every_documented_command_exists(path):
     assert wrong == [], f"{path.relative_to(REPO)} documents what the CLI does not have"
 
 
+CONFIGFILE = re.compile(r"--configfile\s+(\S+\.yaml)")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_config_is_a_valid_study(path):
+    """The configs a page's commands run (`snakemake ... --configfile config/X.yaml`) exist
+    and are studies the workflow accepts."""
+    from filledfirst.config import load_study
+    from filledfirst.plan import build_plan
+
+    code = "\n".join(block for _, block in FENCE.findall(path.read_text()))
+    code += "\n".join(CODE_SPAN.findall(FENCE.sub("", path.read_text())))
+    for name in dict.fromkeys(CONFIGFILE.findall(code)):
+        if name.startswith("config/"):  # the shipped ones; a page's own example is the reader's
+            assert build_plan(load_study([REPO / name])).jobs, name
+
+
 def test_the_pages_do_document_commands():
     """The check reads something: the README's command table and the CLI reference."""
     assert len(command_lines((REPO / "README.md").read_text())) >= 10

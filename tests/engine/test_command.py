@@ -176,3 +176,10 @@ def test_detection_reads_vllms_own_arguments(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         command.vllm_has_per_request_metrics.cache_clear()
+
+
+def test_the_gpu_smoke_test_serves_its_small_model_from_the_fetched_folder():
+    cmd = command_for("gpu-smoke.yaml", "seq_limit")
+    assert cmd.argv[:3] == ["vllm", "serve", "data/models/Qwen2.5-0.5B-Instruct"]
+    flags = " ".join(cmd.argv)
+    assert "--max-num-seqs 8" in flags and "--gpu-memory-utilization 0.5" in flags and "--dtype bfloat16" in flags
