@@ -196,44 +196,38 @@ def without_searches(tmp_path: Path) -> Path:
 
 
 def test_gpu_study_asks_slurm_for_a_gpu_per_server_group(tmp_path, pipeline_env, fake_slurm):
+    """On a site whose sbatch wants --gres, a partition and an account, and refuses a time
+    limit beyond the partition's (the searches' jobs ask for --gpus, and the cluster's
+    default partition: test_gpu_study_submits_one_job_per_capacity_search_first)."""
+    import yaml
+
     cfg_path = without_searches(tmp_path)
-    calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm)
+    site = yaml.safe_load(cfg_path.read_text())
+    most = 3000  # the partition's MaxTime in minutes, above what every job of this study needs
+    site["cluster"] = {**site.get("cluster", {}), "gpu_request": "gres", "partition": "gpu-long",
+                       "account": "proj-7", "max_runtime_min": most}
+    cfg_path.write_text(yaml.safe_dump(site, sort_keys=False))
+    calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm, max_min=most)
     work = tmp_path / "work"
     cfg = load_config([cfg_path])
     groups = server_groups(as_study(cfg))
     by_group = {opts["--comment"].removeprefix("rule_run_group_"): opts for opts in calls}
     # One sbatch per server group and nothing else: schedules, ingest and report are local.
     assert len(calls) == len(groups) and set(by_group) == set(groups), out[-6000:]
+    assert "Requested time limit is invalid" not in out
     for group, members in groups.items():
         opts = by_group[group]
         schedules = [work / "data" / "schedules" / f"{cfg['experiments'][e]['workload']}.parquet" for e in members]
-        assert_gpu_job(opts, work, f"run_group_{group}")
+        assert opts["--gres"] == "gpu:1" and "--gpus" not in opts  # SLURM refuses both
+        assert opts["-p"] == "gpu-long" and opts["-A"] == "proj-7"
+        assert opts["--cpus-per-task"] == "8" and opts["--mem"] == "65536"
         assert opts["-t"] == str(runtime_minutes(as_study(cfg), members, schedules))
+        assert int(opts["-t"]) <= most
     # The time limit follows the schedule: start-up 900 s, then natural12's last arrival
     # (600 requests every 0.5 s: 299.5 s) and the 600 s drain -> 30 min.
     assert by_group["seq_limit"]["-t"] == "30"
     # The 16-experiment group: 900 s + sum of last arrivals + 16 x 600 s drain.
     assert int(by_group["interference"]["-t"]) > int(by_group["kv_reduced"]["-t"]) > 30
-
-
-def test_a_site_with_gres_a_partition_an_account_and_a_time_limit(tmp_path, pipeline_env, fake_slurm):
-    """A site whose sbatch wants --gres, a partition and an account, and refuses a time
-    limit beyond the partition's: each job asks for them, and none beyond the limit."""
-    import yaml
-
-    cfg_path = without_searches(tmp_path)
-    cfg = yaml.safe_load(cfg_path.read_text())
-    most = 3000  # the partition's MaxTime in minutes, above what every job of this study needs
-    cfg["cluster"] = {**cfg.get("cluster", {}), "gpu_request": "gres", "partition": "gpu-long",
-                      "account": "proj-7", "max_runtime_min": most}
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    calls, out = submit_to_fake_slurm(cfg_path, tmp_path, pipeline_env, fake_slurm, max_min=most)
-    assert len(calls) == len(server_groups(as_study(load_config([cfg_path])))), out[-6000:]
-    for opts in calls:
-        assert opts["--gres"] == "gpu:1" and "--gpus" not in opts  # SLURM refuses both
-        assert opts["-p"] == "gpu-long" and opts["-A"] == "proj-7"
-        assert 0 < int(opts["-t"]) <= most
-    assert "Requested time limit is invalid" not in out
 
 
 # --- 2. a real SLURM cluster on this machine ------------------------------------------

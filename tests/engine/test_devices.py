@@ -5,7 +5,6 @@ that cannot have its devices does not start, saying why."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,25 +14,13 @@ import pytest
 from filledfirst.engine import devices, shared
 from filledfirst.engine.server import ServerStartError
 
+from helpers.gpus import install
+
 
 @pytest.fixture
 def gpus(tmp_path, monkeypatch):
-    """A machine with `n` GPUs: nvidia-smi lists them; the locks in a folder of the test's."""
-    def machine(n: int):
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir(exist_ok=True)
-        smi = bin_dir / "nvidia-smi"
-        smi.write_text(f"#!{sys.executable}\n" + textwrap.dedent(f"""
-            import sys
-            assert "--query-gpu=index" in sys.argv, sys.argv
-            print("\\n".join(str(i) for i in range({n})))
-        """))
-        smi.chmod(0o755)
-        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        monkeypatch.delenv(devices.VISIBLE, raising=False)
-        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-        monkeypatch.setattr(devices, "lock_dir", lambda: tmp_path / "locks")
-    return machine
+    """A machine with `n` GPUs of 80 GB (helpers.gpus)."""
+    return lambda n: install(tmp_path, monkeypatch, [81_920] * n)
 
 
 def test_each_server_takes_devices_no_other_holds(gpus):

@@ -45,6 +45,28 @@ def visible_devices() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def memory(devices: list[str]) -> tuple[str, float] | None:
+    """The smallest of `devices` (indices): its name and memory in bytes, from nvidia-smi;
+    None where it cannot say."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not devices:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    cards = []
+    for line in out.splitlines():
+        index, name, mib = (part.strip() for part in line.split(",", 2)) if line.count(",") >= 2 else ("", "", "")
+        if index in devices and mib.replace(".", "", 1).isdigit():
+            cards.append((float(mib) * 2**20, f"GPU {index} ({name})"))
+    if not cards:
+        return None
+    size, name = min(cards)
+    return name, size
+
+
 @dataclass
 class Lease:
     """Devices held for one server: released by `release`, or by the process ending."""

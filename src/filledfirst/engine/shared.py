@@ -17,6 +17,7 @@ from filledfirst import redact
 from filledfirst.engine import devices
 from filledfirst.engine.command import ServerCommand, server_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
+from filledfirst.model.fit import kv_fit_problem
 from filledfirst.study import EngineStart, ServerSpec
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,12 @@ class SharedServer:
             self.lease = devices.lease(devices.needed(self.spec.server))
             cmd = dataclasses.replace(cmd, env={**cmd.env, devices.VISIBLE: ",".join(self.lease.devices)})
         self.cmd = cmd
+        if engine.launcher == "gpu":
+            try:
+                self._check_kv_fits()
+            except ServerStartError:
+                self._release()
+                raise
         self.base_url = f"http://{host}:{port}"
         self.start_offset = self.log_offset()
         server = VllmServer(
@@ -115,6 +122,17 @@ class SharedServer:
         self.server, self.started_by, self.startup_s = server, experiment, server.startup_s
         self.version = server.version()
         self.token_budget = self._logged_budget()
+
+    def _check_kv_fits(self) -> None:
+        """A fixed KV budget its GPUs cannot hold stops here, not minutes into a start
+        (filledfirst.model.fit)."""
+        card = devices.memory(self.lease.devices if self.lease else devices.visible_devices())
+        if card is None:
+            return
+        model = self.spec.model
+        problem = kv_fit_problem(model.folder, model.dtype, self.spec.server, card[1], card[0])
+        if problem:
+            raise ServerStartError(problem)
 
     def _logged_budget(self) -> int | None:
         """The token budget this start's log names (the first mention after its offset)."""
