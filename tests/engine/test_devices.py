@@ -62,6 +62,12 @@ def test_the_visible_devices_bound_what_is_leased(gpus, monkeypatch):
         devices.lease(3)
 
 
+def test_a_machine_whose_gpus_cannot_be_listed_leaves_them_to_vllm(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi (e.g. a ROCm machine)
+    monkeypatch.delenv(devices.VISIBLE, raising=False)
+    assert devices.lease(2).devices == []
+
+
 def test_only_a_gpu_server_outside_a_batch_job_leases(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert devices.leased("gpu", {}) and not devices.leased("cpu", {})

@@ -82,8 +82,11 @@ class Lease:
 
 def lease(n: int, where: Path | None = None) -> Lease:
     """`n` devices no other server of this user holds; ServerStartError, with what is
-    visible and held, when there are not that many free."""
+    visible and held, when there are not that many free. None listed (no nvidia-smi and no
+    CUDA_VISIBLE_DEVICES, e.g. a ROCm machine): an empty lease, the devices left to vLLM."""
     devices = visible_devices()
+    if not devices:
+        return Lease([])
     if len(devices) < n:
         raise ServerStartError(f"a server needs {n} GPU(s) (tensor_parallel_size) and this machine shows "
                                f"{len(devices)} ({VISIBLE} or nvidia-smi)")

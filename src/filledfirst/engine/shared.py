@@ -100,7 +100,8 @@ class SharedServer:
         cmd = server_command(self.spec, host, port)
         if devices.leased(engine.launcher, engine.env):  # its own GPUs, whatever else runs here
             self.lease = devices.lease(devices.needed(self.spec.server))
-            cmd = dataclasses.replace(cmd, env={**cmd.env, devices.VISIBLE: ",".join(self.lease.devices)})
+            if self.lease.devices:
+                cmd = dataclasses.replace(cmd, env={**cmd.env, devices.VISIBLE: ",".join(self.lease.devices)})
         self.cmd = cmd
         if engine.launcher == "gpu":
             try:
