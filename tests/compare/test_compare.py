@@ -66,9 +66,15 @@ def test_verdicts_of_knees_runs_and_one_side(dbs):
     assert sum(n.values()) == len(c.knees) + len(c.runs)
 
 
-def test_a_published_comparison_names_no_host(dbs):
-    setup = compare(*dbs, RULES, publish=True).setup
-    assert [r["key"] for r in setup] == ["versions.vllm_package"]
+def test_a_published_comparison_names_no_host_and_no_full_path(dbs, tmp_path):
+    from filledfirst.compare.page import page_html
+
+    published = compare(*dbs, RULES, publish=True)
+    assert [r["key"] for r in published.setup] == ["versions.vllm_package"]
+    html = page_html(published, [])
+    assert str(tmp_path) not in html and "node-a" not in html
+    assert "Comparison: cand.duckdb against base.duckdb" in html  # from the folder both share
+    assert str(tmp_path) in page_html(compare(*dbs, RULES), [])  # the private page names them whole
 
 
 def test_the_gate(dbs):

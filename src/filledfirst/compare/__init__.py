@@ -8,6 +8,7 @@ page (filledfirst.compare.page)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,15 @@ class Comparison:
     labels: list[dict[str, Any]] = field(default_factory=list)  # one row per matched experiment
     one_side: list[dict[str, Any]] = field(default_factory=list)  # kind, name, side
     warnings: list[str] = field(default_factory=list)
+    published: bool = False  # for a page others read: no host names, command lines or full paths
+
+    def shown(self, side: Path) -> str:
+        """A side's database as the page names it: its path, or published, its path from
+        the folder both sides share (a night's folder, not where the server keeps it)."""
+        if not self.published:
+            return str(side)
+        common = Path(os.path.commonpath([self.base, self.candidate]))
+        return str(side.relative_to(common)) if side != common else side.name
 
     @property
     def verdicts(self) -> dict[str, int]:
@@ -107,11 +117,11 @@ def compare(base: str | Path, candidate: str | Path, rules: Compare, publish: bo
     try:
         sides = [Side.read(con, p) for con, p in zip(cons, paths)]
         b, c = sides
-        out = Comparison(base=paths[0], candidate=paths[1], rules=rules)
+        out = Comparison(base=paths[0], candidate=paths[1], rules=rules, published=publish)
         for side, name in ((b, "baseline"), (c, "candidate")):
             if not side.diagnosed:
-                out.warnings.append(f"the {name} ({side.path}) has no diagnosis: run `filledfirst diagnose` on it "
-                                    "for its labels and knees")
+                out.warnings.append(f"the {name} ({out.shown(side.path)}) has no diagnosis: run `filledfirst "
+                                    "diagnose` on it for its labels and knees")
         out.knees, only_b, only_c = knee_rows(b.knees, c.knees, rules)
         matched = {name: (b.runs[name], c.runs[name]) for name in b.runs if name in c.runs}
         experiments = {n: (b.documents.get(rb, {}), c.documents.get(rc, {})) for n, (rb, rc) in matched.items()}
