@@ -161,8 +161,8 @@ def change_chart(rows: Sequence[Mapping[str, Any]]) -> alt.LayerChart:
 def page_html(c: Comparison, reasons: Sequence[str], title: str | None = None) -> str:
     title = title or f"Comparison: {c.shown(c.candidate)} against {c.shown(c.base)}"
     body = [charts.vega_bundle_html(), markup.style_html(), _h(1, title),
-            markup.para(f"Baseline: {c.shown(c.base)}. Candidate: {c.shown(c.candidate)}. A knee changed when the two intervals do "
-                        f"not overlap and its highest rate held moved by at least "
+            markup.para(f"Baseline: {c.shown(c.base)}. Candidate: {c.shown(c.candidate)}. A knee changed when the "
+                        f"two intervals do not overlap and its highest rate held moved by at least "
                         f"{c.rules.knee_min_shift:.0%}, widened by each search's drift; a run's figure changed "
                         f"when its {c.rules.confidence:.0%} bootstrap interval over requests excludes no change and it "
                         f"moved by at least {c.rules.run_min_change:.0%}, widened by the drift of the search whose "
