@@ -383,7 +383,7 @@ class Compare(_Struct):
 
 
 class Cluster(_Struct):
-    gpus_per_job: int | None = None  # None: 1 with the gpu launcher, 0 with the cpu one
+    gpus_per_job: int | None = None  # None: filledfirst.cluster.gpus_per_job's default
     gpu_model: str | None = None
     gpu_request: Literal["gpus", "gres"] = _d("cluster", "gpu_request")
     partition: str | None = None

@@ -1,6 +1,6 @@
 """A stand-in nvidia-smi (this machine has no GPU): `install(tmp_path, monkeypatch, mib)`
-puts one on PATH that lists a GPU of `mib` MiB per entry, answering the two queries
-filledfirst asks (indices; index, name and memory), and points the device locks
+puts one on PATH that lists a GPU of `mib` MiB per entry, answering the query
+filledfirst asks (index, name, memory, driver), and points the device locks
 (filledfirst.engine.devices) at a folder of the test's, outside any batch job."""
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ def install(tmp_path, monkeypatch, mib: list[int]) -> None:
     smi.write_text(f"#!{sys.executable}\n" + textwrap.dedent(f"""
         import sys
         cards = {list(mib)!r}
-        if "--query-gpu=index" in sys.argv:
-            print("\\n".join(str(i) for i in range(len(cards))))
-        elif "--query-gpu=index,name,memory.total" in sys.argv:
-            print("\\n".join(f"{{i}}, NVIDIA Stand-in, {{m}}" for i, m in enumerate(cards)))
+        if "--query-gpu=index,name,memory.total,driver_version" in sys.argv:
+            print("\\n".join(f"{{i}}, NVIDIA Stand-in, {{m}}, 550.54" for i, m in enumerate(cards)))
         else:
             sys.exit(f"stand-in nvidia-smi: unexpected {{sys.argv[1:]}}")
     """))

@@ -29,42 +29,50 @@ def lock_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"filledfirst-gpus-{os.getuid()}"
 
 
+@dataclass(frozen=True)
+class Gpu:
+    index: str
+    name: str
+    memory_mib: float
+    driver: str
+
+
+def gpus() -> list[Gpu]:
+    """Every GPU nvidia-smi lists (none without it, or where it fails): what a start leases
+    from, what a KV budget is checked against, and what run.json records."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,name,memory.total,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10,
+                             check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    found = []
+    for line in out.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 4 and parts[2].replace(".", "", 1).isdigit():
+            found.append(Gpu(parts[0], parts[1], float(parts[2]), parts[3]))
+    return found
+
+
 def visible_devices() -> list[str]:
     """The devices this process may use: CUDA_VISIBLE_DEVICES where set, else every GPU
     nvidia-smi lists (by index); none without either."""
     if os.environ.get(VISIBLE) is not None:
         return [d.strip() for d in os.environ[VISIBLE].split(",") if d.strip()]
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    return [g.index for g in gpus()]
 
 
 def memory(devices: list[str]) -> tuple[str, float] | None:
-    """The smallest of `devices` (indices): its name and memory in bytes, from nvidia-smi;
-    None where it cannot say."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None or not devices:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    cards = []
-    for line in out.splitlines():
-        index, name, mib = (part.strip() for part in line.split(",", 2)) if line.count(",") >= 2 else ("", "", "")
-        if index in devices and mib.replace(".", "", 1).isdigit():
-            cards.append((float(mib) * 2**20, f"GPU {index} ({name})"))
+    """The smallest of `devices` (indices): its name and memory in bytes; None where
+    nvidia-smi cannot say."""
+    cards = [g for g in gpus() if g.index in devices]
     if not cards:
         return None
-    size, name = min(cards)
-    return name, size
+    card = min(cards, key=lambda g: g.memory_mib)
+    return f"GPU {card.index} ({card.name})", card.memory_mib * 2**20
 
 
 @dataclass

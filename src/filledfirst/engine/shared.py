@@ -103,19 +103,15 @@ class SharedServer:
             if self.lease.devices:
                 cmd = dataclasses.replace(cmd, env={**cmd.env, devices.VISIBLE: ",".join(self.lease.devices)})
         self.cmd = cmd
-        if engine.launcher == "gpu":
-            try:
-                self._check_kv_fits()
-            except ServerStartError:
-                self._release()
-                raise
         self.base_url = f"http://{host}:{port}"
         self.start_offset = self.log_offset()
-        server = VllmServer(
-            self.cmd, host=host, port=port, log_path=self.log_path,
-            startup_timeout_s=engine.startup_timeout_s, nice=engine.server_nice,
-        )
-        try:
+        try:  # a start that does not come up gives its GPUs back
+            if engine.launcher == "gpu":
+                self._check_kv_fits()
+            server = VllmServer(
+                self.cmd, host=host, port=port, log_path=self.log_path,
+                startup_timeout_s=engine.startup_timeout_s, nice=engine.server_nice,
+            )
             server.__enter__()  # healthy, or stopped again and raised
         except BaseException:
             self._release()

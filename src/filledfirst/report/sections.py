@@ -44,7 +44,7 @@ def study_head(data: ReportData, rendered: datetime) -> list[str]:
     model, engine, devices, versions (a key the runs disagree on says so; Setup has each
     run's value)."""
     starts = sorted(m.started_at for m in data.metas.values() if m.started_at)
-    ends = sorted(m.finished_at or m.started_at for m in data.metas.values() if m.finished_at or m.started_at)
+    ends = sorted(t for m in data.metas.values() if (t := m.finished_at or m.started_at))
     when = (f"Measured {_span(starts[0], ends[-1])} UTC ({len(data.experiments)} runs, {len(data.probes)} "
             f"capacity-search probes)" if starts else "No run recorded when it started")
     left_out = "; host names and server command lines left out" if data.published else ""

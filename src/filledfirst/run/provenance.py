@@ -12,7 +12,7 @@ import sys
 import psutil
 
 import filledfirst
-from filledfirst.engine.devices import in_batch_job
+from filledfirst.engine.devices import gpus, in_batch_job
 from filledfirst.installed import engine_version, package_version
 
 
@@ -91,13 +91,4 @@ def batch_job() -> dict | None:
 def _gpus() -> list[str]:
     """Every GPU of the machine: index, name, memory, driver. The ones a server used are
     its CUDA_VISIBLE_DEVICES (run.json's server.env; a batch job's, batch_job)."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return [f"{g.index}, {g.name}, {g.memory_mib:g} MiB, {g.driver}" for g in gpus()]
