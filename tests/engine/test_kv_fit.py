@@ -13,6 +13,7 @@ from filledfirst.engine import devices, shared
 from filledfirst.engine.server import ServerStartError
 from filledfirst.model.fit import kv_fit_problem
 
+from conftest import REPO
 from helpers.gpus import install
 
 GIB = 2**30
@@ -82,3 +83,23 @@ def test_a_server_whose_budget_cannot_fit_never_starts(model, card, monkeypatch)
     with pytest.raises(ServerStartError, match="the KV budget does not fit GPU 0"):
         server._start_on("kv", "127.0.0.1", 1)
     assert server.lease is None and devices.lease(1).devices == ["0"]
+
+
+@pytest.mark.parametrize("name", CARDS_MIB)
+def test_every_kv_budget_of_the_gpu_study_fits_each_card(model, name):
+    """The GPU study's reduced KV (its experiments', its searches' and their interventions':
+    twice the budget) is set in tokens, so it is the same on any card from 24 GB up, and
+    each fits beside Qwen2.5-7B's weights there."""
+    from filledfirst.config import experiment_spec, load_study
+    from filledfirst.frontier.plan import frontier_plan
+    from filledfirst.model.kv import kv_blocks
+
+    study = load_study([REPO / "config" / "config.yaml"])
+    settings = [experiment_spec(study, e).server for e in study.experiments]
+    settings += [s for f in study.frontiers for s in frontier_plan(study, f).settings.values()]
+    budgets = {kv_blocks("gpu", s) * 16: s for s in settings if kv_blocks("gpu", s) is not None}
+    # the reduced KV, twice it (the KV intervention) and the long-prompt-at-the-head run's
+    assert sorted(budgets) == [40_960, 49_152, 98_304]
+    assert not any("gpu_memory_utilization" in s and s["gpu_memory_utilization"] != 0.9 for s in settings)
+    for tokens, s in budgets.items():
+        assert kv_fit_problem(model, "bfloat16", s, CARDS_MIB[name] * 2**20) is None, tokens
