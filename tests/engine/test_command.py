@@ -88,7 +88,7 @@ def test_gpu_study_has_every_original_experiment_with_its_server_setting():
     argv = lambda exp: " ".join(command_for("config.yaml", exp).argv)  # noqa: E731
     assert "--gpu-memory-utilization 0.9 " in argv("decode_low") + " "
     # the reduced KV: a budget in tokens (49,152 in 16-token blocks), the same on any card
-    assert "--num-gpu-blocks-override 3072" in argv("kv_reduced") and "--num-gpu-blocks-override 3072" in argv("kv_heavy")
+    assert all("--num-gpu-blocks-override 3072" in argv(e) for e in ("kv_reduced", "kv_heavy"))
     assert "--max-num-seqs 8" in argv("seq_limit") and "--max-num-seqs 256" in argv("decode_high")
     # the per-step token budget: stated for every run, the token-budget pair on either side of it
     assert "--max-num-batched-tokens 2048" in argv("decode_low")
