@@ -6,7 +6,7 @@ the old holding rule against the new one, side by side in one run.
 (from the repository root, after `make demo` has built the tiny model; about 15 minutes)
 
 Both rules search the same frontier of the config (default: config/cpu.yaml's `decode`,
-setting `seq2`) with the same SLO, target and probe lengths from lifetimes, on one vLLM
+setting `capped`) with the same SLO, target and probe lengths from lifetimes, on one vLLM
 start, alternating (old, new, old, new, ...) so that a drift of the machine falls on both:
 
 - old: grow from `start` by `growth`, bisect; a probe holds when its share of requests
@@ -32,7 +32,7 @@ from filledfirst.run.search import CHECK, ESTIMATE, probe_to_the_end
 
 
 def main() -> None:
-    ap = arguments(__doc__.splitlines()[0], "seq2")
+    ap = arguments(__doc__.splitlines()[0], "capped")
     ap.add_argument("--repeat", type=int, default=3, help="searches per rule")
     args = ap.parse_args()
     _, new, prober = make_prober(args)

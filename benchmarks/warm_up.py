@@ -4,7 +4,7 @@ loop against the first. Tells a server that warms up (a rise over the first loop
 plateau) from a machine whose speed wanders (no order in the changes).
 
     make install && HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/warm_up.py --out /tmp/warm \
-        --frontier kv --setting kv160 --loops 6
+        --frontier kv --setting reduced --loops 6
 
 (from the repository root, after `make demo` has built the tiny model; a few minutes)
 """
@@ -18,7 +18,7 @@ from search_bench import prober as make_prober
 
 
 def main() -> None:
-    ap = arguments(__doc__.splitlines()[0], "seq2")
+    ap = arguments(__doc__.splitlines()[0], "capped")
     ap.add_argument("--loops", type=int, default=6, help="closed loops, back to back")
     args = ap.parse_args()
     _, plan, prober = make_prober(args)

@@ -32,20 +32,42 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def load_config(paths: list[Path]) -> dict:
-    cfg: dict = {}
-    for path in paths:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise UserError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise UserError(f"config file {path} is not valid YAML: {exc}") from None
-        if isinstance(loaded, dict) and isinstance(loaded.get("sections"), str):
-            loaded = {**loaded, "sections": _sections_file(loaded["sections"], Path(path))}
-        cfg = deep_merge(cfg, loaded)
+    cfg = config_files(paths)
     refuse_renamed(cfg)
     validate_config(cfg)
     return expand_sweeps(cfg)
+
+
+def config_files(paths: list[Path] | list[str]) -> dict:
+    """The config files merged in order, each over the study it extends, not yet checked."""
+    cfg: dict = {}
+    for path in paths:
+        cfg = deep_merge(cfg, config_file(Path(path)))
+    return cfg
+
+
+def config_file(path: Path, layered: tuple[Path, ...] = ()) -> dict:
+    """One config file as written, over the study it `extends` (a file named relative to
+    it, itself read the same way): a machine's overlay over the study both machines run."""
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        return loaded
+    if isinstance(loaded.get("sections"), str):
+        loaded = {**loaded, "sections": _sections_file(loaded["sections"], path)}
+    base = loaded.pop("extends", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str):
+        raise UserError(f"{path}: extends: the file of the study this one is layered over, got {base!r}")
+    under = (path.parent / base).resolve()
+    if under in layered or under == path.resolve():
+        raise UserError(f"{path}: extends: {base} extends it in turn")
+    return deep_merge(config_file(path.parent / base, (*layered, path.resolve())), loaded)
 
 
 def _sections_file(name: str, named_in: Path) -> dict:

@@ -13,9 +13,12 @@ from filledfirst.schema import config_schema
 HEADER = """# Configuring a study
 
 A study is one YAML file (or several given one after the other with `--configfile`,
-later files overriding earlier ones key by key). It is checked against
-`src/filledfirst/schemas/config.schema.yaml` before anything runs; unknown keys are errors.
-`config/config.yaml` is the GPU study, `config/cpu.yaml` the same study scaled to a CPU.
+later files overriding earlier ones key by key). A file may begin with `extends: <file>`
+(relative to it): it is then layered over that file the same way, key by key, a list
+replaced whole. The study is checked against `src/filledfirst/schemas/config.schema.yaml`
+before anything runs; unknown keys are errors. `config/study.yaml` is the original study,
+defined once; `config/config.yaml` (a GPU) and `config/cpu.yaml` (a CPU) extend it with a
+machine's model, engine and sizes.
 
 This file is generated from the schema (`python -m filledfirst.configdoc > config/README.md`);
 a test fails when the two disagree. A default is the schema's, or, where the schema cannot

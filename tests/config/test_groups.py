@@ -91,16 +91,16 @@ def test_every_experiment_in_exactly_one_group_or_search_of_the_shipped_configs(
 def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server():
     c = load_config([REPO / "config" / "cpu.yaml"])
     hosted = hosted_experiments(as_study(c))
-    assert hosted["prefix/cache_on_kv160"] == ["prefix_evicted"]
+    assert hosted["prefix/cache_on_reduced"] == ["prefix_evicted"]
     assert hosted["prefix/cache_on"] == ["mooncake_cache_on"]
-    assert hosted["decode/seq2"] == ["seq_limit"]
+    assert hosted["decode/capped"] == ["seq_limit"]
     # in config order, after the search
     assert hosted["decode/default"] == ["interference", "interference_control", "decode_low", "decode_high"]
     # placed on decode/default's knee, but on 160 KV blocks: a server group with the other
     # experiment on 160 blocks, in config order
     assert "kv_reduced" not in {e for exps in hosted.values() for e in exps}
     assert server_groups(as_study(c))["kv_reduced"] == ["kv_reduced", "kv_head"]
-    # on seq2's knee with the default server: in the default group, not hosted by seq2
+    # on the capped knee with the default server: in the default group, not hosted by it
     assert "seq_default" in server_groups(as_study(c))["seq_default"]
     # no interventions host: nothing is placed on their knees
     assert not [k for k in hosted if "_x2" in k]
@@ -109,7 +109,7 @@ def test_a_search_hosts_the_experiments_placed_on_its_knee_that_need_its_server(
 def test_an_experiment_or_a_study_that_does_not_share_gets_servers_of_its_own():
     c = load_config([REPO / "config" / "cpu.yaml"])
     c["experiments"]["prefix_evicted"]["share_server"] = False
-    assert "prefix/cache_on_kv160" not in hosted_experiments(as_study(c))
+    assert "prefix/cache_on_reduced" not in hosted_experiments(as_study(c))
     assert server_groups(as_study(c))["prefix_evicted"] == ["prefix_evicted"]
     assert len(server_groups(as_study(c))["seq_default"]) > 1
     c["share_server"] = False
@@ -142,7 +142,7 @@ def _plans(cfg):
 
 
 def test_a_hosted_experiments_bound_takes_the_lowest_knee_its_search_can_report():
-    """prefix_evicted: 200 requests at twice the kv160 knee; at the search's start (1/s) the
+    """prefix_evicted: 200 requests at twice the reduced KV knee; at the search's start (1/s) the
     arrivals span 100 s, allowed twice that, then the drain."""
     from filledfirst.cluster import hosted_seconds
     from filledfirst.deadline import run_deadline_s

@@ -178,7 +178,46 @@ def test_config_readme_has_no_empty_section():
     assert not empty
 
 
-@pytest.mark.parametrize("configfile, lines", [("config/cpu.yaml", 363), ("config/config.yaml", 363)])
+@pytest.mark.parametrize("configfile, lines",
+                         [("config/study.yaml", 320), ("config/cpu.yaml", 170), ("config/config.yaml", 50)])
 def test_the_shipped_studies_stay_short(configfile, lines):
     """Each shipped study reads in one sitting: a sweep is one entry, comments say what a key does."""
     assert len((REPO / configfile).read_text().splitlines()) <= lines
+
+
+def test_both_machines_run_the_one_study_they_extend():
+    """config/config.yaml (a GPU) and config/cpu.yaml (a CPU) differ in model, engine, sizes
+    and limits' values, never in what is run and what each run is expected to show."""
+    from filledfirst.frontier.plan import frontier_plan
+
+    gpu, cpu = (load_study([REPO / "config" / name]) for name in ("config.yaml", "cpu.yaml"))
+    base = yaml.safe_load((REPO / "config" / "study.yaml").read_text())
+    assert "model" not in base and "engine" not in base
+    for machine in (gpu, cpu):
+        assert {w for w in machine.workloads if not w.startswith("sweep_")} == set(base["workloads"])
+        assert set(machine.experiments) >= set(base["experiments"])
+    assert {n: (e.workload, e.section, e.expect) for n, e in gpu.experiments.items() if n in base["experiments"]} \
+        == {n: (e.workload, e.section, e.expect) for n, e in cpu.experiments.items() if n in base["experiments"]}
+    for name in base["frontiers"]:
+        g, c = frontier_plan(gpu, name), frontier_plan(cpu, name)
+        own = list(base["frontiers"][name]["settings"])
+        assert g.workload_name == c.workload_name and list(g.settings)[:len(own)] == list(c.settings)[:len(own)] == own
+        # the same limits relaxed (by how much is the machine's: a CPU's step grows with its load)
+        assert sorted((i.parent, i.knob) for i in g.interventions.values()) \
+            == sorted((i.parent, i.knob) for i in c.interventions.values())
+    assert gpu.model.name != cpu.model.name and gpu.engine.launcher != cpu.engine.launcher
+
+
+def test_a_file_extends_another_key_by_key(tmp_path):
+    from filledfirst.config import config_files
+
+    (tmp_path / "base.yaml").write_text("a: {b: 1, c: [1, 2]}\nd: 3\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "over.yaml").write_text("extends: ../base.yaml\na: {c: [9]}\ne: 4\n")
+    assert config_files([tmp_path / "sub" / "over.yaml"]) == {"a": {"b": 1, "c": [9]}, "d": 3, "e": 4}
+    (tmp_path / "base.yaml").write_text("extends: sub/over.yaml\n")
+    with pytest.raises(UserError, match="base.yaml: extends: sub/over.yaml extends it in turn"):
+        config_files([tmp_path / "sub" / "over.yaml"])
+    (tmp_path / "sub" / "over.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(UserError, match="nowhere.yaml does not exist"):
+        config_files([tmp_path / "sub" / "over.yaml"])

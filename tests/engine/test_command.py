@@ -2,8 +2,9 @@
 
 
 import pytest
+import yaml
 
-from filledfirst.config import experiment_spec, load_config
+from filledfirst.config import config_files, experiment_spec, load_config
 from filledfirst.engine.command import build_command, server_command
 from filledfirst.errors import UserError
 from filledfirst.study import as_study
@@ -50,8 +51,8 @@ def test_cpu_config_uses_the_module_launcher_and_kv_space():
 
 
 def test_dummy_load_format_is_passed(tmp_path):
-    cfg_text = (REPO / "config" / "config.yaml").read_text().replace("load_format: auto", "load_format: dummy")
-    (tmp_path / "c.yaml").write_text(cfg_text)
+    # an overlay of the GPU study's own
+    (tmp_path / "c.yaml").write_text(f"extends: {REPO / 'config' / 'config.yaml'}\nmodel: {{load_format: dummy}}\n")
     cfg = load_config([tmp_path / "c.yaml"])
     spec = experiment_spec(as_study(cfg), "decode_low")
     cmd = build_command(launcher="gpu", model=spec.model, settings=spec.server, host="h", port=1, seed=0,
@@ -68,14 +69,15 @@ def test_config_values_never_pass_through_a_shell():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda t: t.replace("max_num_seqs: 64", "max_num_seqs: 64\n    max_num_seq: 3"), "max_num_seq"),
-        (lambda t: t.replace("workload: decode_half_knee\n    section", "workload: nope\n    section"),
-         "experiments.decode_low.workload"),
-        (lambda t: t.replace("launcher: cpu", "launcher: tpu"), "tpu"),
+        (lambda c: c["engine"]["server"].update(max_num_seq=3), "max_num_seq"),
+        (lambda c: c["experiments"]["decode_low"].update(workload="nope"), "experiments.decode_low.workload"),
+        (lambda c: c["engine"].update(launcher="tpu"), "tpu"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, mutate, message):
-    (tmp_path / "c.yaml").write_text(mutate((REPO / "config" / "cpu.yaml").read_text()))
+    cfg = config_files([REPO / "config" / "cpu.yaml"])
+    mutate(cfg)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(UserError, match=message):
         load_config([tmp_path / "c.yaml"])
 

@@ -34,6 +34,7 @@ def test_a_wheel_runs_a_study_config_from_anywhere(tmp_path):
     study = tmp_path / "elsewhere" / "cpu.yaml"
     study.parent.mkdir()
     shutil.copy(REPO / "config" / "cpu.yaml", study)
+    shutil.copy(REPO / "config" / "study.yaml", study.parent)  # the study it extends, beside it
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     code = ("import sys, filledfirst; from filledfirst.config import load_study\n"

@@ -63,8 +63,8 @@ def test_the_loops_fill_what_the_larger_setting_holds():
 
     plan = frontier_plan(load_study([REPO / "config" / "cpu.yaml"]), "kv")
     # 160 blocks of 128 tokens hold 14 requests of 1,400 tokens, 640 blocks 58: below the cap of 64
-    seqs, kv = plan.interventions["kv160_seqs_x4"], plan.interventions["kv160_kv_x4"]
-    assert concurrency(plan, seqs, "kv160_seqs_x4") == plan.kv_fit("kv160") < 64
-    assert plan.kv_fit("kv160") < concurrency(plan, kv, "kv160_kv_x4") == plan.kv_fit("kv160_kv_x4") <= 64
-    capless = Intervention(parent="kv160", knob=Knob.SEQS, before=1, after=2, changes={})
-    assert concurrency(dataclasses.replace(plan, settings={"kv160": {}, "x": {}}), capless, "x") is None
+    seqs, kv = plan.interventions["reduced_seqs_x4"], plan.interventions["reduced_kv_x4"]
+    assert concurrency(plan, seqs, "reduced_seqs_x4") == plan.kv_fit("reduced") < 64
+    assert plan.kv_fit("reduced") < concurrency(plan, kv, "reduced_kv_x4") == plan.kv_fit("reduced_kv_x4") <= 64
+    capless = Intervention(parent="reduced", knob=Knob.SEQS, before=1, after=2, changes={})
+    assert concurrency(dataclasses.replace(plan, settings={"reduced": {}, "x": {}}), capless, "x") is None

@@ -249,7 +249,7 @@ HOSTILE = {
 
 
 def _config_with(tmp_path: Path, edit) -> Path:
-    cfg = yaml.safe_load((REPO / "config" / "cpu.yaml").read_text())
+    cfg = config_module.config_files([REPO / "config" / "cpu.yaml"])
     edit(cfg)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -305,7 +305,7 @@ def _host(argv: list[str]) -> str:
 def test_servers_listen_on_loopback_unless_the_config_says_otherwise(tmp_path, monkeypatch, configfile, edit, expected):
     path = REPO / "config" / configfile
     if edit:
-        cfg = yaml.safe_load(path.read_text())
+        cfg = config_module.config_files([path])
         edit(cfg)
         path = tmp_path / configfile
         path.write_text(yaml.safe_dump(cfg))

@@ -8,7 +8,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from filledfirst.cluster import job_resources
-from filledfirst.config import SCHEMA_PATH, schema_problem
+from filledfirst.config import SCHEMA_PATH, config_files, schema_problem
+from filledfirst.errors import UserError
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.plan import build_plan
 from filledfirst.study import Study, SyntheticWorkload, TraceWorkload
@@ -25,6 +26,16 @@ if workflow.config_settings.config:
         "--config overrides are not passed on to the jobs; put them in a config file " "and give it with --configfile"
     )
 
+CONFIGFILES = [str(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
+# Snakemake reads each file as written; a machine's overlay extends the study it is layered
+# over (config/cpu.yaml extends config/study.yaml), read here as every job reads it.
+try:
+    RESOLVED = config_files(CONFIGFILES)
+except UserError as exc:
+    raise WorkflowError(str(exc)) from None
+config.clear()
+config.update(RESOLVED)
+
 try:
     validate(config, str(SCHEMA_PATH), set_default=True)
 except WorkflowError as exc:
@@ -36,7 +47,6 @@ STUDY = Study.from_dict(config)
 # same plan from the same config files and runs the job it is named after.
 PLAN = build_plan(STUDY)
 
-CONFIGFILES = [str(f) for f in (workflow.overwrite_configfiles or workflow.configfiles)]
 CONFIG_ARGS = " ".join(f"--config {shlex.quote(f)}" for f in CONFIGFILES)
 FILLEDFIRST = f"{shlex.quote(sys.executable)} -m filledfirst"
 
