@@ -396,7 +396,7 @@ def hist_db(tmp_path, name, scrapes):
 
 
 def quantile(con, q):
-    return signals.histogram_quantile(con, TTFT_HIST, q).to_dicts()[0]
+    return signals.histogram_quantile(con, (TTFT_HIST,), q).to_dicts()[0]
 
 
 def test_histogram_quantile_edges(tmp_path):

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from filledfirst.contracts.records import REQUEST_SCHEMA, STATUSES, TOKEN_SCHEMA, ScheduledRequest, to_table
+from filledfirst.engines.vllm import PER_REQUEST
 from filledfirst.loadgen.stream import MAX_LINE_BYTES, UNREADABLE, SSEData
-from filledfirst.metrics import PER_REQUEST
 
 from helpers.stream_client import DONE, replay_against, run_against, scripted
 from helpers.stream_double import StreamDouble

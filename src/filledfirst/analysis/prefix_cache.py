@@ -17,7 +17,8 @@ import duckdb
 import polars as pl
 
 from filledfirst.analysis import signals
-from filledfirst.metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, sql_list
+from filledfirst.engines.vllm import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+from filledfirst.metrics import sql_list
 
 IDEAL, ANSWERS, SERVER = "ideal (unbounded cache)", "served (answers)", "served (server's counters)"
 

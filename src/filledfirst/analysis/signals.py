@@ -56,7 +56,7 @@ import polars as pl
 from filledfirst import metrics
 from filledfirst.contracts import runmeta
 from filledfirst.contracts.runmeta import RunMeta
-from filledfirst.metrics import PREEMPTIONS, SCRAPE_ERROR, TTFT_HISTOGRAM, sql_list
+from filledfirst.metrics import PREEMPTIONS, SCRAPE_ERROR, TTFT_HISTOGRAMS, sql_list
 from filledfirst.rates import arrival_rate_sql
 from filledfirst.request_metrics import FAILED, ITL_GAPS, NOT_SENT, OK, REQUEST_TTFT, ttft_ms
 
@@ -290,7 +290,7 @@ _BUCKETS = f"""
 SELECT run_id, t, value,
        regexp_extract(labels, '(^|,)le=([^,]+)', 2) AS le,
        regexp_replace(labels, '(^|,)le=[^,]+', '') AS series
-FROM ({SAMPLES}) WHERE metric = ?"""
+FROM ({SAMPLES}) WHERE list_contains(?, metric)"""
 _HISTOGRAM_DELTAS = f"""
 WITH per_series AS ({increase(_BUCKETS, "run_id, series, le")})
 SELECT run_id, CAST(le AS DOUBLE) AS le, sum(delta) AS cum
@@ -298,10 +298,11 @@ FROM per_series GROUP BY run_id, le ORDER BY run_id, CAST(le AS DOUBLE)
 """
 
 
-def histogram_quantile(con: duckdb.DuckDBPyConnection, histogram: str, q: float) -> pl.DataFrame:
-    """Per run: the q-quantile of a server histogram (e.g. `vllm:time_to_first_token_seconds`)
-    over the run, with the bucket it fell in and the number of observations."""
-    deltas = query(con, _HISTOGRAM_DELTAS, [histogram + "_bucket"])
+def histogram_quantile(con: duckdb.DuckDBPyConnection, histograms: tuple[str, ...], q: float) -> pl.DataFrame:
+    """Per run: the q-quantile of a server histogram (its family names, one per engine that
+    has it: filledfirst.metrics.TTFT_HISTOGRAMS) over the run, with the bucket it fell in and
+    the number of observations."""
+    deltas = query(con, _HISTOGRAM_DELTAS, [[h + "_bucket" for h in histograms]])
     rows = []
     for (run_id,), g in deltas.group_by(["run_id"], maintain_order=True):
         les, cums = g["le"].to_list(), g["cum"].to_list()
@@ -327,13 +328,13 @@ def histogram_quantile(con: duckdb.DuckDBPyConnection, histogram: str, q: float)
 
 
 def ttft_against_server(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """Our TTFT p50 (from send, as the server sees it) beside the median of vLLM's own TTFT
-    histogram for the same run: a check of the client, and of what HTTP adds."""
+    """Our TTFT p50 (from send, as the server sees it) beside the median of the server's own
+    TTFT histogram for the same run: a check of the client, and of what HTTP adds."""
     ours = query(con, f"""
         SELECT run_id, quantile_cont(ttft_from_send_ms, 0.5) AS client_ttft_p50_ms,
                count(ttft_from_send_ms) AS n_client
         FROM ({REQUEST_TTFT}) GROUP BY run_id""")
-    server = histogram_quantile(con, TTFT_HISTOGRAM, 0.5).select(
+    server = histogram_quantile(con, TTFT_HISTOGRAMS, 0.5).select(
         "run_id",
         (pl.col("value") * 1000).alias("server_ttft_p50_ms"),
         (pl.col("bucket_lo") * 1000).alias("bucket_lo_ms"),

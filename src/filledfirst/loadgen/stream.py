@@ -11,9 +11,9 @@ from typing import Annotated, Any, Callable
 import msgspec
 
 from filledfirst.contracts.records import RecordColumns, RequestRecord, TokenRecord
+from filledfirst.engines.vllm import PER_REQUEST, PER_REQUEST_METRICS
 from filledfirst.loadgen.fdlimit import out_of_files_error
 from filledfirst.loadgen.http1 import ConnectTimeout, Disconnected, HTTPFailure, InvalidAnswer, OutOfFiles, Pool
-from filledfirst.metrics import PER_REQUEST, PER_REQUEST_METRICS
 
 log = logging.getLogger(__name__)
 

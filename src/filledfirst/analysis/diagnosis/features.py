@@ -15,6 +15,7 @@ from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.scheduler import Bindings
 from filledfirst.analysis.numbers import share
 from filledfirst.contracts.runmeta import RunMeta
+from filledfirst.engines import ENGINES
 from filledfirst.study import DiagnosisRules
 
 
@@ -120,6 +121,9 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, bindings:
         notes.append(f"KV bytes per token not known ({why})")
     if row["cap"] is None:
         notes.append(f"max_num_seqs unknown{_STATE_IT}: no at-cap signal, so no label {Label.SEQ_LIMIT}")
+    engine = next((e for e in ENGINES if e.prefix == row.get("engine_prefix")), None)
+    if engine is not None:
+        notes += [f"{engine.name}'s metrics do not tell {what}" for what in engine.cannot]
     derived: dict[str, Any] = dict(
         window_start_s=row["start"], window_end_s=row["stop"],
         running_at_cap_share=None if row["cap"] is None else row["running_at_cap_share"],

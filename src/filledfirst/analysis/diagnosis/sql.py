@@ -21,15 +21,18 @@ from filledfirst import request_metrics
 from filledfirst.analysis import request_path, signals
 from filledfirst.analysis.diagnosis.window import WINDOW_TABLE
 from filledfirst.metrics import (
-    CACHE_CONFIG_INFO,
-    GENERATION_TOKENS,
-    ITERATION_TOKENS,
+    CACHE_INFO,
+    GENERATED,
     KV_USAGE,
     PREEMPTIONS,
-    QUEUE_TIME_HISTOGRAM,
+    PREFIXES,
+    QUEUE_TIME_HISTOGRAMS,
     RUNNING,
     SCRAPE_ERROR,
+    STEP_TOKENS,
+    STEPS,
     WAITING,
+    series_sql,
     sql_list,
 )
 from filledfirst.study import DiagnosisRules
@@ -103,7 +106,7 @@ _PREEMPTIONS = signals.preemptions_sql(f"""
 _COUNTER_DROPS = f"""
 SELECT run_id, count(*) FILTER (WHERE value < before) AS counter_drops FROM (
     SELECT run_id, value, lag(value) OVER (PARTITION BY run_id, metric, labels ORDER BY t) AS before
-    FROM ({signals.SAMPLES}) WHERE metric IN ({sql_list(GENERATION_TOKENS)}))
+    FROM ({signals.SAMPLES}) WHERE {series_sql(GENERATED)})
 GROUP BY run_id"""
 
 _REQUESTS = f"""
@@ -191,10 +194,10 @@ FROM other GROUP BY run_id
 _BUDGET_STEPS = f"""
 WITH c AS (  -- per scrape and engine: steps and their tokens so far
     SELECT s.run_id, s.labels AS series, s.t, any_value(w.start) AS start,
-           max(s.value) FILTER (s.metric = '{ITERATION_TOKENS}_count') AS steps,
-           max(s.value) FILTER (s.metric = '{ITERATION_TOKENS}_sum') AS tokens
+           max(s.value) FILTER (s.metric IN ({sql_list(STEPS)})) AS steps,
+           max(s.value) FILTER (s.metric IN ({sql_list(STEP_TOKENS)})) AS tokens
     FROM ({signals.SAMPLES}) s JOIN {WINDOW_TABLE} w USING (run_id)
-    WHERE s.metric IN ({sql_list((ITERATION_TOKENS + "_count", ITERATION_TOKENS + "_sum"))})
+    WHERE s.metric IN ({sql_list(STEPS + STEP_TOKENS)})
       AND w.budget IS NOT NULL AND s.t <= w.stop
     GROUP BY s.run_id, s.labels, s.t
 ),
@@ -211,9 +214,16 @@ WHERE d.t_prev IS NOT NULL AND d.t > d.start
 GROUP BY d.run_id
 """
 
+# Which engine's names a run's samples carry (filledfirst.engines: each its own prefix).
+_ENGINE = f"""
+SELECT run_id, min(prefix) AS engine_prefix
+FROM (SELECT run_id, split_part(metric, ':', 1) || ':' AS prefix FROM samples)
+WHERE prefix IN ({sql_list(PREFIXES)}) GROUP BY run_id
+"""
+
 # Every engine's cache settings at the last scrape that had them.
 _CACHE_INFO = f"""
-WITH c AS (SELECT * FROM samples WHERE metric = '{CACHE_CONFIG_INFO}'),
+WITH c AS (SELECT * FROM samples WHERE metric IN ({sql_list(CACHE_INFO)})),
 last AS (SELECT run_id, max(t) AS t FROM c GROUP BY run_id)
 SELECT run_id, list(DISTINCT labels ORDER BY labels) AS cache_labels FROM c JOIN last USING (run_id, t) GROUP BY run_id
 """
@@ -234,8 +244,9 @@ def measure(con: duckdb.DuckDBPyConnection, summary: pl.DataFrame, window: pl.Da
             signals.query(con, _QUEUE_SHARE).select(
                 "run_id", pl.col("queue_share").alias("window_queue_share"), pl.col("n_timed").alias("window_timed")),
             signals.query(con, _CACHE_INFO),
+            signals.query(con, _ENGINE),
             signals.query(con, _BUDGET_STEPS),
-            signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAM, 0.5).select(
+            signals.histogram_quantile(con, QUEUE_TIME_HISTOGRAMS, 0.5).select(
                 "run_id", (pl.col("value") * 1000).alias("queue_time_p50_ms")),
             signals.query(con, signals.CLIENT).drop("client_cpu_s"),
             signals.query(con, _COUNTER_DROPS),
