@@ -64,10 +64,10 @@ def config_file(path: Path, layered: tuple[Path, ...] = ()) -> dict:
         return loaded
     if not isinstance(base, str):
         raise UserError(f"{path}: extends: the file of the study this one is layered over, got {base!r}")
-    under = (path.parent / base).resolve()
-    if under in layered or under == path.resolve():
+    under, layered = path.parent / base, (*layered, path.resolve())
+    if under.resolve() in layered:
         raise UserError(f"{path}: extends: {base} extends it in turn")
-    return deep_merge(config_file(path.parent / base, (*layered, path.resolve())), loaded)
+    return deep_merge(config_file(under, layered), loaded)
 
 
 def _sections_file(name: str, named_in: Path) -> dict:

@@ -10,39 +10,9 @@ left empty, and said in `cannot`), listed in ENGINES, and its tests on recorded 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from filledfirst.engines import llamacpp, sglang, vllm
 from filledfirst.engines.names import EngineMetrics
 
-__all__ = ["ENGINES", "EngineMetrics", "detect", "by_name"]
+__all__ = ["ENGINES", "EngineMetrics"]
 
 ENGINES: tuple[EngineMetrics, ...] = (vllm.METRICS, sglang.METRICS, llamacpp.METRICS)
-
-
-def by_name(name: str) -> EngineMetrics:
-    for engine in ENGINES:
-        if engine.name == name:
-            return engine
-    raise KeyError(f"no engine {name!r} ({', '.join(e.name for e in ENGINES)})")
-
-
-@dataclass(frozen=True)
-class Detected:
-    engine: EngineMetrics | None
-    why: str
-
-
-def detect(page: str) -> Detected:
-    """Which engine served a `/metrics` page: the one whose prefix its samples carry most."""
-    counts = {e.name: 0 for e in ENGINES}
-    for line in page.splitlines():
-        if line and not line.startswith("#"):
-            for e in ENGINES:
-                if line.startswith(e.prefix):
-                    counts[e.name] += 1
-    best = max(counts, key=lambda n: counts[n])
-    if counts[best] == 0:
-        names = ", ".join(f"{e.prefix}*" for e in ENGINES)
-        return Detected(None, f"no sample of a known engine ({names})")
-    return Detected(by_name(best), f"{counts[best]} {by_name(best).prefix}* samples")

@@ -36,10 +36,3 @@ class EngineMetrics:
     ttft_histogram: str | None  # the server's time to first token, seconds (family name)
     queue_histogram: str | None  # the server's time a request waited to be scheduled, seconds
     cannot: tuple[str, ...] = ()  # what its metrics do not tell, in the report's words
-
-    def names(self) -> tuple[str, ...]:
-        """Every name this engine's signals read (histograms by family)."""
-        series = self.prompt_computed + self.generated
-        hist = tuple(h for h in (self.ttft_histogram, self.queue_histogram) if h)
-        return (self.running + self.waiting + self.kv_used + self.preemptions + self.steps + self.step_tokens
-                + self.kv_tokens + self.cache_info + tuple(s.metric for s in series) + hist)

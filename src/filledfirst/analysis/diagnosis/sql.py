@@ -25,7 +25,6 @@ from filledfirst.metrics import (
     GENERATED,
     KV_USAGE,
     PREEMPTIONS,
-    PREFIXES,
     QUEUE_TIME_HISTOGRAMS,
     RUNNING,
     SCRAPE_ERROR,
@@ -214,11 +213,11 @@ WHERE d.t_prev IS NOT NULL AND d.t > d.start
 GROUP BY d.run_id
 """
 
-# Which engine's names a run's samples carry (filledfirst.engines: each its own prefix).
+# Which engine's names a run's samples carry (filledfirst.engines: each its own prefix),
+# read off its running gauge, which every engine has.
 _ENGINE = f"""
-SELECT run_id, min(prefix) AS engine_prefix
-FROM (SELECT run_id, split_part(metric, ':', 1) || ':' AS prefix FROM samples)
-WHERE prefix IN ({sql_list(PREFIXES)}) GROUP BY run_id
+SELECT run_id, min(split_part(metric, ':', 1) || ':') AS engine_prefix
+FROM samples WHERE metric IN ({sql_list(RUNNING)}) GROUP BY run_id
 """
 
 # Every engine's cache settings at the last scrape that had them.
