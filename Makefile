@@ -18,6 +18,7 @@ CORES ?= 1
 STAMP := $(VENV)/.installed
 CHROMIUM_STAMP := $(VENV)/.chromium
 SLURM_STAMP := $(VENV)/.slurm
+LLAMA_STAMP := $(VENV)/.llama-server
 
 .PHONY: demo test install lint clean-results
 
@@ -25,7 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/snakemake --cores $(CORES) all --configfile config/cpu.yaml
 	@echo "report: $(CURDIR)/reports/report.html   database: $(CURDIR)/results/filledfirst.duckdb"
 
-test: $(STAMP) $(CHROMIUM_STAMP) $(SLURM_STAMP)
+test: $(STAMP) $(CHROMIUM_STAMP) $(SLURM_STAMP) $(LLAMA_STAMP)
 	$(PY) -m pytest
 
 # ruff and snakefmt (settings in pyproject.toml), then Snakemake's own lint of the workflow.
@@ -34,7 +35,7 @@ lint: $(STAMP)
 	$(VENV)/bin/snakefmt --check workflow
 	$(PY) tools/workflow_lint.py --configfile config/cpu.yaml
 
-install: $(STAMP)
+install: $(STAMP) $(LLAMA_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +48,12 @@ $(STAMP): pyproject.toml requirements/cpu-constraints.txt | $(PY)
 	$(PY) -m pip install -c requirements/cpu-constraints.txt -e ".[cpu,test,slurm]"
 	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 	$(PY) tools/pip_check.py
+	touch $@
+
+# llama.cpp's server, built from the tree llama-cpp-python's source package carries (about
+# 11 min on 2 cores, once per machine: the build is kept in ~/.cache/filledfirst/llama.cpp).
+$(LLAMA_STAMP): tools/build_llama_server.py | $(STAMP)
+	$(PY) tools/build_llama_server.py --prefix $(VENV)
 	touch $@
 
 # The report test opens the HTML in a real headless browser (Debian's chromium).

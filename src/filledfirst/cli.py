@@ -60,6 +60,20 @@ def _add_model(sub) -> None:
     f.add_argument("out_dir", type=Path, help="the folder every server reads it from (model.download_to)")
     f.add_argument("--revision", help="a branch, tag or commit (model.revision; default: the hub's default branch)")
     f.set_defaults(func=_cmd_model_fetch)
+    g = msub.add_parser("gguf", help="write a model folder as one GGUF file, for llama.cpp's server")
+    g.add_argument("folder", type=Path, help="the model's folder (Hugging Face layout)")
+    g.add_argument("out", type=Path, help="the .gguf file to write")
+    g.add_argument("--outtype", default="f32", help="the weights' type in the file (default f32, as served by vLLM)")
+    g.add_argument("--pre-tokenizer", help="the BPE pre-tokenizer's name where the converter does not recognise it "
+                   "(the tiny model: qwen2)")
+    g.set_defaults(func=_cmd_model_gguf)
+
+
+def _cmd_model_gguf(args) -> int:
+    from filledfirst.model.gguf import write_gguf
+
+    print(write_gguf(args.folder, args.out, outtype=args.outtype, pre_tokenizer=args.pre_tokenizer))
+    return 0
 
 
 def _cmd_model_fetch(args) -> int:

@@ -24,6 +24,7 @@ from filledfirst.config import (
     server_groups,
     workload_fingerprint,
 )
+from filledfirst.engines import llamacpp
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import frontier_plan
 from filledfirst.frontier.relative import knee_searches, split_of
@@ -172,14 +173,20 @@ class Plan(msgspec.Struct, frozen=True):
 
 
 def model_inputs(study: Study) -> list[str]:
-    """The folder every server reads the model from: built (tiny), fetched (hub), or the
-    user's own (path: Snakemake then says it is missing before anything starts)."""
-    return [study.model.folder] if study.model.folder else []
+    """What every server reads the model from: its folder, built (tiny), fetched (hub), or
+    the user's own (path: Snakemake then says it is missing before anything starts); for
+    llama.cpp's server the GGUF file written from it (or the user's own .gguf)."""
+    folder = study.model.folder
+    if not folder:
+        return []
+    return [llamacpp.gguf_file(folder)] if study.engine.launcher == "llamacpp" else [folder]
 
 
 def build_plan(study: Study) -> Plan:
     """The study's jobs: search jobs in config order (frontiers, then their settings), then
     experiment jobs in config order; and every workload's schedule."""
+    if not (study.experiments or study.frontiers):
+        raise UserError("nothing to run: the study has no experiments, sweeps or frontiers")
     hosted = hosted_experiments(study)
     jobs = [_search_job(study, [split_of(m) for m in members], hosted)
             for members in search_groups(study).values()]

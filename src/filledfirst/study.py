@@ -173,7 +173,7 @@ class EngineStart(_Struct):
     """How to start the server, without its vLLM settings: an experiment's spec keeps
     those apart, merged (`ExperimentSpec.server`)."""
 
-    launcher: Literal["cpu", "gpu"]
+    launcher: Literal["cpu", "gpu", "llamacpp"]
     host: str = _d("engine", "host")
     port: int | None = None  # None: a free port per start
     startup_timeout_s: float = _d("engine", "startup_timeout_s")
@@ -325,6 +325,7 @@ class Sweep(_Struct):
     output_tokens: int
     requests_per_worker: int = _d("sweeps", "*", "requests_per_worker")
     section: str | None = None
+    server: dict[str, Any] | None = None  # settings over engine.server, as an experiment's
 
     def expanded(self, name: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         """`<name>_c<N>` -> (its workload, its experiment), as a config would write them."""
@@ -334,9 +335,16 @@ class Sweep(_Struct):
                      "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens}
             experiment = {"description": f"closed loop, {n} worker{'s' if n != 1 else ''}",
                           "workload": f"{name}_c{n}", "loadgen": {"mode": "closed", "concurrency": n},
-                          **({"section": self.section} if self.section is not None else {})}
+                          **({"section": self.section} if self.section is not None else {}),
+                          **({"server": self.server} if self.server is not None else {})}
             out[f"{name}_c{n}"] = ({"kind": "synthetic", "phases": [phase]}, experiment)
         return out
+
+
+def sweep_of(experiment: str) -> str:
+    """The sweep an experiment `<sweep>_c<N>` belongs to (the name itself for another)."""
+    head, sep, n = experiment.rpartition("_c")
+    return head if sep and n.isdigit() else experiment
 
 
 def expand_sweeps(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -536,6 +544,14 @@ class ReferenceRole(_Struct):
     itl_p50: str = ""
 
 
+class ReferenceSweep(_Struct):
+    concurrency: str
+    ttft_p50: str = ""
+    ttft_p95: str = ""
+    tok_s_per_request: str = ""
+    total_tok_s: str = ""
+
+
 class Section(_Struct):
     """One of the study's sections: a table of the report (filledfirst.report.parts)."""
 
@@ -544,6 +560,7 @@ class Section(_Struct):
     rows: list[str] = []  # empty: filledfirst.report.parts.DEFAULT_ROWS
     reference: dict[str, dict[str, str]] = {}
     reference_roles: list[ReferenceRole] = []
+    reference_sweep: list[ReferenceSweep] = []
     reference_from: str | None = None  # whose figures the reference columns are
     knees: str | None = None  # a frontier whose knees the section shows side by side
 
@@ -552,8 +569,8 @@ class Study(_Struct):
     study: StudyInfo
     model: Model
     engine: Engine
-    workloads: dict[str, Workload]
-    experiments: dict[str, Experiment]
+    workloads: dict[str, Workload] = {}
+    experiments: dict[str, Experiment] = {}
     traces: dict[str, Trace] = {}
     loadgen: Loadgen = Loadgen()
     scrape: Scrape = Scrape()

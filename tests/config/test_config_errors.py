@@ -18,7 +18,7 @@ E2E = REPO / "tests" / "configs" / "e2e.yaml"
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda c: c["engine"].update(launcher="cuda"),
-     "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu']"),
+     "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu', 'llamacpp']"),
     (lambda c: c["experiments"]["seq_limit"]["server"].update(max_num_seqs=0),
      "experiments.seq_limit.server.max_num_seqs: 0 is less than the minimum of 1"),
     (lambda c: c["experiments"]["seq_limit"].update(isolated=True),
@@ -31,7 +31,8 @@ E2E = REPO / "tests" / "configs" / "e2e.yaml"
      "experiments.seq_limit.server.url: 'http://me:secret@10.0.0.7:8000' does not match"),
     (lambda c: c["experiments"]["reference"].update(section="kv"),
      "experiments.reference.section: 'kv' is not in sections (['azure', 'compute', 'concurrency_sweep', "
-     "'decode_load', 'interference', 'kv_capacity', 'prefix_cache', 'sequence_limit', 'token_budget'])"),
+     "'decode_load', 'interference', 'kv_capacity', 'llamacpp_sweep', 'prefix_cache', 'sequence_limit', "
+     "'token_budget'])"),
     (lambda c: c["experiments"].update({"seq limit;rm": c["experiments"]["seq_limit"]}),
      "experiments: 'seq limit;rm' does not match '^[A-Za-z_][A-Za-z0-9_]*$'"),
 ])
@@ -52,5 +53,5 @@ def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path):
                           env={"PATH": f"{sys.exec_prefix}/bin:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    assert "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu']" in out, out[-2000:]
+    assert "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu', 'llamacpp']" in out, out[-2000:]
     assert not (tmp_path / "results").exists()  # nothing ran

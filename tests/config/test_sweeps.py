@@ -65,3 +65,14 @@ def test_a_sweeps_section_must_exist(tmp_path):
     cfg["sweeps"] = {"sweep": {**SWEEP, "section": "nope"}}
     with pytest.raises(UserError, match=r"sweeps.sweep.section: 'nope' is not in sections"):
         load(tmp_path, cfg, "nosection")
+
+
+def test_a_sweep_may_run_on_settings_of_its_own(tmp_path):
+    # the same concurrencies at one slot and at four: two sweeps, two servers
+    cfg = yaml.safe_load(E2E.read_text())
+    cfg["sweeps"] = {"one": {**SWEEP, "server": {"max_num_seqs": 1}}, "four": {**SWEEP, "server": {"max_num_seqs": 4}}}
+    study = as_study(load(tmp_path, cfg, "two"))
+    assert study.experiments["one_c4"].server == {"max_num_seqs": 1}
+    assert study.experiments["four_c1"].server == {"max_num_seqs": 4}
+    groups = [set(members) for members in server_groups(study).values()]
+    assert {"one_c1", "one_c2", "one_c4"} in groups and {"four_c1", "four_c2", "four_c4"} in groups

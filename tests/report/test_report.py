@@ -356,9 +356,11 @@ def test_sweep_chart_draws_and_marks_failed_levels():
     assert svg.count("<path") > 3 and "TTFT against concurrency" in svg
     html = tables.sweep_table(rows)
     assert html.count("<tr>") == 4 and "40.0 ms" in html
-    assert html.count(tables.NOT_REPORTED) == 3  # no per-request timings from the server
-    html = tables.sweep_table([msgspec.structs.replace(r, queue_share=0.1 * r.concurrency) for r in rows])
-    assert tables.NOT_REPORTED not in html and "vLLM&#x27;s queue share of TTFT" in html and "40 %" in html
+    assert html.count(tables.NOT_REPORTED) == 6  # no per-request timings from the server, no diagnosis
+    html = tables.sweep_table([msgspec.structs.replace(r, queue_share=0.1 * r.concurrency,
+                                                       label=f"label {r.concurrency}") for r in rows])
+    assert tables.NOT_REPORTED not in html and "queue share of TTFT" in html and "40 %" in html
+    assert "what filled first" in html and "label 4" in html
 
 
 def test_goodput_chart_marks_runs_with_failures():
@@ -494,7 +496,7 @@ def test_a_study_with_sections_of_its_own(tmp_path, db):
         metas = signals.run_metas(c)
     part_of = {RUN_A: "warm_up", RUN_LEGACY: "decode_load"}
     blocks = parts.parts_html(study.sections, summary, part_of, roles=[], rates={}, queue_shares={}, metas=metas,
-                             prefix_cache={}, frontier_rows=[])
+                             prefix_cache={}, frontier_rows=[], labels={})
     html = "".join(blocks)
     assert html.index("Does a cold server differ?") < html.index("decode_load")  # the study's, then the rest
     own_table = blocks[1]

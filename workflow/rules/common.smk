@@ -11,7 +11,7 @@ from filledfirst.cluster import job_resources
 from filledfirst.config import SCHEMA_PATH, config_files, schema_problem
 from filledfirst.errors import UserError
 from filledfirst.paths import RESULTS_DB, results_database
-from filledfirst.plan import build_plan
+from filledfirst.plan import build_plan, model_inputs
 from filledfirst.study import Study, SyntheticWorkload, TraceWorkload
 
 # Only when no --configfile is given: otherwise Snakemake would merge the GPU study's

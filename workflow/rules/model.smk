@@ -37,3 +37,23 @@ if STUDY.model.source == "hub":
             revision=f"--revision {shlex.quote(STUDY.model.revision)}" if STUDY.model.revision else "",
         shell:
             "{params.cli} model fetch {params.repo:q} {output.model:q} {params.revision} > {log:q} 2>&1"
+
+
+if STUDY.engine.launcher == "llamacpp" and not STUDY.model.folder.endswith(".gguf"):
+
+    # llama.cpp's server reads the model as one GGUF file, written beside its folder.
+    localrules:
+        gguf_model,
+
+    rule gguf_model:
+        input:
+            model=STUDY.model.folder,
+        output:
+            gguf=model_inputs(STUDY)[0],
+        log:
+            "results/logs/model-gguf.log",
+        params:
+            cli=FILLEDFIRST,
+            pre="--pre-tokenizer qwen2" if STUDY.model.source == "tiny" else "",
+        shell:
+            "{params.cli} model gguf {input.model:q} {output.gguf:q} {params.pre} > {log:q} 2>&1"

@@ -70,6 +70,7 @@ class DiagnosisRow(msgspec.Struct, frozen=True, kw_only=True):
     held_by: str | None = None
     step_ms: float | None = None
     prefill_share: float | None = None
+    engine: str | None = None  # whose metrics its scrapes carry (filledfirst.engines)
 
     @classmethod
     def from_columns(cls, row: dict[str, Any]) -> DiagnosisRow:

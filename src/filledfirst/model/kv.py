@@ -88,8 +88,9 @@ def kv_bytes_per_token(elements_per_token: float | None, why: str | None, config
     return elements_per_token * nbytes, ""
 
 
-# vLLM's KV block size when none is given (vllm.platforms: the CPU's, a CUDA GPU's).
-DEFAULT_BLOCK_SIZE = {"cpu": 128, "gpu": 16}
+# vLLM's KV block size when none is given (vllm.platforms: the CPU's, a CUDA GPU's);
+# llama.cpp keeps its KV in cells of one token.
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "gpu": 16, "llamacpp": 1}
 
 
 def block_size(launcher: str, settings: Mapping[str, Any]) -> int:

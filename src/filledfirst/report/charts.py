@@ -168,13 +168,14 @@ def run_chart(points: pl.DataFrame, series: pl.DataFrame, max_num_seqs: int | No
 
 
 def sweep_chart(rows: Sequence[SweepLine]) -> alt.HConcatChart:
-    """Seed 001's sweep: TTFT p50 and p95 against concurrency, and total tokens/s.
-    Failed requests show as a count in the tooltip and mark their level in red."""
+    """Seed 001's sweep: TTFT p50 and p95 against concurrency, and total tokens/s, a line
+    per sweep (dashed apart). Failed requests show as a count in the tooltip and mark their
+    level in red."""
     data = pl.DataFrame(
-        [{"concurrency": r.concurrency, "failed": r.run.n_failed,
+        [{"sweep": r.sweep, "concurrency": r.concurrency, "failed": r.run.n_failed,
           "TTFT p50": r.run.ttft_p50_ms, "TTFT p95": r.rates.ttft_p95_ms, "total tok/s": r.rates.total_tok_s}
          for r in rows],
-        schema={"concurrency": pl.Int64, "failed": pl.Int64, "TTFT p50": pl.Float64,
+        schema={"sweep": pl.String, "concurrency": pl.Int64, "failed": pl.Int64, "TTFT p50": pl.Float64,
                 "TTFT p95": pl.Float64, "total tok/s": pl.Float64},
     )
     x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrency (workers)")
@@ -184,13 +185,15 @@ def sweep_chart(rows: Sequence[SweepLine]) -> alt.HConcatChart:
         .transform_fold(["TTFT p50", "TTFT p95"], as_=["stat", "ms"])
         .mark_line(point=True)
         .encode(x=x, y=alt.Y("ms:Q", title="TTFT (ms, log)", scale=alt.Scale(type="log")),
-                color=alt.Color("stat:N", title=None), tooltip=["concurrency:Q", "stat:N", "ms:Q", "failed:Q"])
+                color=alt.Color("stat:N", title=None), strokeDash=alt.StrokeDash("sweep:N"),
+                tooltip=["sweep:N", "concurrency:Q", "stat:N", "ms:Q", "failed:Q"])
         .properties(width=300, height=200, title="TTFT against concurrency")
     )
     tput = (
         alt.Chart(data)
         .mark_line(point=True)
-        .encode(x=x, y=alt.Y("total tok/s:Q"), tooltip=["concurrency:Q", "total tok/s:Q", "failed:Q"])
+        .encode(x=x, y=alt.Y("total tok/s:Q"), strokeDash=alt.StrokeDash("sweep:N"),
+                tooltip=["sweep:N", "concurrency:Q", "total tok/s:Q", "failed:Q"])
         .properties(width=300, height=200, title="total output tokens/s")
     )
     if data["failed"].sum() == 0:

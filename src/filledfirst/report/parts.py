@@ -18,7 +18,7 @@ from filledfirst.report.markup import html_table
 from filledfirst.report.rows import PrefixCacheRow, RoleRow, RunRates, RunRow, SweepLine
 from filledfirst.report.tables import cap_suffix, requests_cell
 from filledfirst.schema import schema_default
-from filledfirst.study import Section
+from filledfirst.study import Section, sweep_of
 
 _Row = tuple[str, Callable[[RunRow, PrefixCacheRow | None], str]]
 
@@ -62,9 +62,16 @@ def signals_table(part: Section, rows: Sequence[RunRow], prefix_cache: Mapping[s
 
 def _reference_from(part: Section) -> str | None:
     """Whose the reference columns are, where the part has any."""
-    if not (part.reference or part.reference_roles):
+    if not (part.reference or part.reference_roles or part.reference_sweep):
         return None
     return f"Reference: {part.reference_from or 'another study'}; comparable with ours only on the same setup."
+
+
+def reference_sweep_table(part: Section) -> str:
+    return html_table(["concurrency (reference)", "TTFT p50", "TTFT p95", "tok/s per request", "total tok/s"],
+                      ([x.concurrency, x.ttft_p50, x.ttft_p95, x.tok_s_per_request, x.total_tok_s]
+                       for x in part.reference_sweep),
+                      caption=_reference_from(part))
 
 
 def reference_roles_table(part: Section) -> str:
@@ -76,9 +83,10 @@ def reference_roles_table(part: Section) -> str:
 def part_blocks(part: Section, rows: Sequence[RunRow], *, roles: Sequence[RoleRow],
                 rates: Mapping[str, RunRates], queue_shares: Mapping[str, float | None],
                 metas: Mapping[str, RunMeta], prefix_cache: Mapping[str, PrefixCacheRow],
-                frontier_rows: Sequence[FrontierRow]) -> list[str]:
+                frontier_rows: Sequence[FrontierRow], labels: Mapping[str, str | None]) -> list[str]:
     """The HTML of one part: heading, its table, and what goes with it (`prefix_cache`:
-    analysis.prefix_cache.counts per run id; `frontier_rows`: table `frontiers`)."""
+    analysis.prefix_cache.counts per run id; `frontier_rows`: table `frontiers`; `labels`:
+    the diagnosis' label per run id)."""
     from filledfirst.report import charts
 
     out = [markup.heading(part.title)]
@@ -91,11 +99,14 @@ def part_blocks(part: Section, rows: Sequence[RunRow], *, roles: Sequence[RoleRo
         sweep = sorted(
             (SweepLine(run=r, rates=rates.get(r.run_id) or RunRates(run_id=r.run_id),
                        queue_share=queue_shares.get(r.run_id),
-                       concurrency=metas[r.run_id].concurrency if r.run_id in metas else None)
+                       concurrency=metas[r.run_id].concurrency if r.run_id in metas else None,
+                       label=labels.get(r.run_id), sweep=sweep_of(r.experiment or r.run_id))
              for r in rows),
-            key=lambda x: x.concurrency or 0,
+            key=lambda x: (x.sweep, x.concurrency or 0),
         )
         out.append(tables.sweep_table(sweep))
+        if part.reference_sweep:
+            out.append(reference_sweep_table(part))
         out.append(charts.embed(charts.sweep_chart(sweep)))
         return out
     out.append(signals_table(part, rows, prefix_cache))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from filledfirst.analysis import numbers
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.contracts.diagnosis import DiagnosisRow
+from filledfirst.engines import ENGINES
 from filledfirst.report.markup import html_table, para
 from filledfirst.report.tables import NOT_REPORTED, reported_share
 from filledfirst.study import DiagnosisRules
@@ -40,6 +41,20 @@ def patterns_table(diagnosis: Sequence[DiagnosisRow]) -> str:
         verdict = "" if not expect else ("as designed" if expect == d.label else f"designed for {expect}")
         body.append([d.experiment, d.label, verdict, what, d.clue or "", d.warnings or ""])
     return html_table(["run", "what filled first", "", "what is happening (seed)", "measured clue", "warnings"], body)
+
+
+def engines_cannot(rows: Sequence[DiagnosisRow]) -> list[str]:
+    """A paragraph per engine that served runs here and whose metrics leave something
+    out: what, and so which labels its runs could not be given."""
+    out = []
+    for engine in ENGINES:
+        runs = [d.experiment for d in rows if d.engine == engine.name]
+        if engine.cannot and runs:
+            shown = ", ".join(runs[:6]) + (f" and {len(runs) - 6} more" if len(runs) > 6 else "")
+            out.append(para(
+                f"{engine.name}'s metrics do not tell {'; '.join(engine.cannot)}: a label that needs them is not "
+                f"given to its runs ({shown})."))
+    return out
 
 
 def evidence_intro(rules: DiagnosisRules) -> str:
@@ -88,7 +103,7 @@ def evidence_table(diagnosis: Sequence[DiagnosisRow], rules: DiagnosisRules) -> 
         ])
     return html_table(
         ["run", "loaded window", "scrape coverage", "at the cap", "waiting", f"KV >= {rules.kv_full_pct:g} %",
-         "vLLM's queue share of TTFT", "what held the waiting", "first crossings",
+         "the server's queue share of TTFT", "what held the waiting", "first crossings",
          "Little's law L / λW", "goodput", "KV ledger"],
         body,
     )

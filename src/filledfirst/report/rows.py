@@ -164,3 +164,5 @@ class SweepLine(msgspec.Struct, frozen=True, kw_only=True):
     run: RunRow
     rates: RunRates
     queue_share: float | None = None
+    label: str | None = None  # the diagnosis' (None: not diagnosed)
+    sweep: str = ""  # the sweep it is a run of (a section may show several)

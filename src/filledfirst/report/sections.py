@@ -127,8 +127,8 @@ def what_filled_first(data: ReportData) -> list[str]:
     if not data.diagnosis:
         return [_no_diagnosis()]
     designed = [d for d in data.diagnosis if d.run_id not in data.is_probe]
-    out = [patterns.patterns_table(designed), patterns.evidence_intro(data.rules),
-           patterns.evidence_table(designed, data.rules)]
+    out = [patterns.patterns_table(designed), *patterns.engines_cannot(data.diagnosis),
+           patterns.evidence_intro(data.rules), patterns.evidence_table(designed, data.rules)]
     open_loop = [
         (d, data.rates[d.run_id]) for d in designed
         if d.run_id in data.rates and d.goodput_rps is not None
@@ -142,7 +142,7 @@ def what_filled_first(data: ReportData) -> list[str]:
 def part_by_part(data: ReportData) -> list[str]:
     return parts.parts_html(data.study_parts, data.measured, data.part_of, roles=data.roles, rates=data.rates,
                             queue_shares=data.queue_shares, metas=data.metas, prefix_cache=data.prefix_cache,
-                            frontier_rows=data.frontier_rows)
+                            frontier_rows=data.frontier_rows, labels={d.run_id: d.label for d in data.diagnosis})
 
 
 def capacity_search_heading(data: ReportData) -> list[str]:

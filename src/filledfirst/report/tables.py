@@ -231,14 +231,14 @@ def interference_table(roles: Sequence[RoleRow], experiments: Mapping[str, str])
 def sweep_table(rows: Sequence[SweepLine]) -> str:
     """A line per run of the sweep, by concurrency."""
     body = (
-        [str(r.concurrency), f"{r.run.n_requests:,}", f"{r.run.n_failed:,}", numbers.ms(r.run.ttft_p50_ms),
+        [r.sweep, str(r.concurrency), f"{r.run.n_requests:,}", f"{r.run.n_failed:,}", numbers.ms(r.run.ttft_p50_ms),
          numbers.ms(r.rates.ttft_p95_ms), numbers.count(r.rates.tok_s_per_request),
-         numbers.count(r.rates.total_tok_s), reported_share(r.queue_share)]
+         numbers.count(r.rates.total_tok_s), reported_share(r.queue_share), r.label or NOT_REPORTED]
         for r in rows
     )
     return html_table(
-        ["concurrency", "requests", "failed", "TTFT p50", "TTFT p95", "tok/s per request", "total tok/s",
-         "vLLM's queue share of TTFT"], body
+        ["sweep", "concurrency", "requests", "failed", "TTFT p50", "TTFT p95", "tok/s per request", "total tok/s",
+         "the server's queue share of TTFT", "what filled first"], body
     )
 
 

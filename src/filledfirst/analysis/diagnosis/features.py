@@ -108,6 +108,7 @@ class Features:
     step_ms: float | None  # the mean step time while requests waited for the step in flight
     prefill_share: float | None  # of the tokens those steps computed
     notes: tuple[str, ...]  # what could not be checked and why
+    engine: str | None  # whose metrics the run's scrapes carry (filledfirst.engines), None: none scraped
 
 
 def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, bindings: Bindings) -> Features:
@@ -143,7 +144,7 @@ def features(row: Mapping[str, Any], meta: RunMeta, r: DiagnosisRules, bindings:
         bindings=bindings, waited_request_s=bindings.waited if row["n_requests"] else None,
         bound=", ".join(f"{c} {share(part)}" for c, part in bindings.shares if part >= 0.005) or None,
         step_ms=bindings.step_ms, prefill_share=bindings.prefill_share,
-        notes=tuple(notes),
+        notes=tuple(notes), engine=engine.name if engine is not None else None,
     )
     return Features(**{f.name: row[f.name] for f in fields(Features) if f.name not in derived}, **derived)
 

@@ -35,7 +35,7 @@ SCHEMA = {
     "token_budget": pl.Int64, "budget_queued_steps": pl.Int64, "budget_fill": pl.Float64,
     "prefix_caching": pl.Boolean, "ideal_hit_share": pl.Float64, "measured_hit_share": pl.Float64,
     "cache_efficiency": pl.Float64, "waited_request_s": pl.Float64, "bound": pl.String, "held_by": pl.String,
-    "step_ms": pl.Float64, "prefill_share": pl.Float64,
+    "step_ms": pl.Float64, "prefill_share": pl.Float64, "engine": pl.String,
 }
 
 
