@@ -20,7 +20,7 @@ CHROMIUM_STAMP := $(VENV)/.chromium
 SLURM_STAMP := $(VENV)/.slurm
 LLAMA_STAMP := $(VENV)/.llama-server
 
-.PHONY: demo test install lint clean-results
+.PHONY: demo demo-llamacpp test install lint clean-results
 
 demo: $(STAMP)
 	$(VENV)/bin/snakemake --cores $(CORES) all --configfile config/cpu.yaml
@@ -28,6 +28,12 @@ demo: $(STAMP)
 
 test: $(STAMP) $(CHROMIUM_STAMP) $(SLURM_STAMP) $(LLAMA_STAMP)
 	$(PY) -m pytest
+
+# The sweep of the original study's Ollama table on llama.cpp's server, in its own folder.
+LLAMACPP_DIR := llamacpp
+demo-llamacpp: $(STAMP) $(LLAMA_STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES) all --configfile $(CURDIR)/config/llamacpp.yaml --directory $(LLAMACPP_DIR)
+	@echo "report: $(CURDIR)/$(LLAMACPP_DIR)/reports/report.html   database: $(CURDIR)/$(LLAMACPP_DIR)/results/filledfirst.duckdb"
 
 # ruff and snakefmt (settings in pyproject.toml), then Snakemake's own lint of the workflow.
 lint: $(STAMP)

@@ -100,6 +100,7 @@ def install(prefix: Path) -> Path:
     if share.exists():
         shutil.rmtree(share)
     shutil.copytree(cached / "share" / "llama.cpp", share)
+    shutil.copy2(cached / "VERSION", share / "VERSION")  # the engine's version in every run's identity
     print(f"llama-server: {target}")
     return target
 

