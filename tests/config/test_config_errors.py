@@ -18,7 +18,7 @@ E2E = REPO / "tests" / "configs" / "e2e.yaml"
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda c: c["engine"].update(launcher="cuda"),
-     "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu', 'llamacpp']"),
+     "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu', 'llamacpp', 'sglang']"),
     (lambda c: c["experiments"]["seq_limit"]["server"].update(max_num_seqs=0),
      "experiments.seq_limit.server.max_num_seqs: 0 is less than the minimum of 1"),
     (lambda c: c["experiments"]["seq_limit"].update(isolated=True),
@@ -53,5 +53,6 @@ def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path):
                           env={"PATH": f"{sys.exec_prefix}/bin:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    assert "engine.launcher: 'cuda' is not one of the allowed values ['cpu', 'gpu', 'llamacpp']" in out, out[-2000:]
+    allowed = "['cpu', 'gpu', 'llamacpp', 'sglang']"
+    assert f"engine.launcher: 'cuda' is not one of the allowed values {allowed}" in out, out[-2000:]
     assert not (tmp_path / "results").exists()  # nothing ran

@@ -176,7 +176,7 @@ def test_a_new_engine_version_is_a_new_measurement(cfg, monkeypatch):
     spec, external = config.spec_document(study, "a"), {**config.spec_document(study, "a"), "server": endpoint}
     before = (group_fingerprint(study, ["a", "c"]), config.search_fingerprint(searched, frontier, setting),
               config.spec_fingerprint(spec), config.spec_fingerprint(external))
-    monkeypatch.setattr(config, "engine_version", lambda: "99.0.0")
+    monkeypatch.setattr(config, "engine_version", lambda launcher=None: "99.0.0")
     after = (group_fingerprint(study, ["a", "c"]), config.search_fingerprint(searched, frontier, setting),
              config.spec_fingerprint(spec), config.spec_fingerprint(external))
     assert [b != a for b, a in zip(before, after)] == [True, True, True, False]  # an endpoint's is not ours

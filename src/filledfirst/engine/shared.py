@@ -17,7 +17,6 @@ from filledfirst import redact
 from filledfirst.engine import devices
 from filledfirst.engine.command import ServerCommand, server_command
 from filledfirst.engine.server import ServerStartError, VllmServer, free_port, port_was_taken
-from filledfirst.engines import llamacpp
 from filledfirst.model.fit import kv_fit_problem
 from filledfirst.study import EngineStart, ServerSpec
 
@@ -30,9 +29,8 @@ IDLE_TIMEOUT_S = 120.0
 IDLE_POLL_S = 0.25
 PORT_ATTEMPTS = 3
 # vLLM logs the per-step token budget when it is given (0.32's SchedulerConfig, once per
-# process); left to its hardware default it says it nowhere, log or /metrics. llama-server
-# logs its own at every start.
-_BUDGET_LOGGED = re.compile(rb"max_num_batched_tokens=(\d+)|" + llamacpp.BUDGET_LOGGED)
+# process); left to its hardware default it says it nowhere, log or /metrics.
+_BUDGET_LOGGED = re.compile(rb"max_num_batched_tokens=(\d+)")
 
 
 class ServerNotIdle(Exception):
@@ -141,7 +139,7 @@ class SharedServer:
                 found = _BUDGET_LOGGED.search(f.read())
         except OSError:
             return None
-        return int(next(g for g in found.groups() if g)) if found else None
+        return int(found.group(1)) if found else None
 
     def _wait_idle(self) -> float:
         """Seconds until /metrics showed nothing running or waiting: every experiment

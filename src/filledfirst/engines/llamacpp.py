@@ -42,8 +42,6 @@ CONTEXT_FLAG = "--ctx-size"
 BATCH_FLAG = "--batch-size"
 UBATCH_FLAG = "--ubatch-size"
 UBATCH_DEFAULT = 512  # llama.cpp's physical batch; never above the logical one
-# The step budget as its log states it at start ("llama_context: n_batch       = 2048").
-BUDGET_LOGGED = rb"n_batch\s+=\s+(\d+)"
 # Settings of vLLM's own that llama-server has nothing for: refused, not ignored, so a
 # study never believes it measured a setting the server was not started with.
 VLLM_ONLY = ("max_num_active_seqs", "enable_chunked_prefill", "gpu_memory_utilization", "block_size",
