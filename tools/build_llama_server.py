@@ -33,7 +33,8 @@ CMAKE_OPTIONS = (
 
 
 def cpu_key() -> str:
-    """The CPU's instruction-set flags, hashed: what a native build depends on."""
+    """The CPU's instruction-set flags and the build's options, hashed: what a native build
+    depends on."""
     flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -42,7 +43,7 @@ def cpu_key() -> str:
                 break
     except OSError:
         pass
-    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+    return hashlib.sha256(f"{platform.machine()} {flags} {CMAKE_OPTIONS}".encode()).hexdigest()[:12]
 
 
 def cache_dir() -> Path:
@@ -65,21 +66,33 @@ def build(into: Path) -> None:
               f"llama-cpp-python=={VERSION}", "-d", str(tmp)])
         sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
+            # the safe filter where this Python has it (3.11.4 on)
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         tree = next(tmp.glob("llama_cpp_python-*/vendor/llama.cpp"))
         _run(["cmake", "-S", str(tree), "-B", str(tree / "build"), *CMAKE_OPTIONS])
         _run(["cmake", "--build", str(tree / "build"), "--target", "llama-server", "-j", jobs])
         staged = Path(tempfile.mkdtemp(prefix=".staging-", dir=into.parent))
-        (staged / "bin").mkdir()
-        shutil.copy2(tree / "build" / "bin" / "llama-server", staged / "bin" / "llama-server")
-        share = staged / "share" / "llama.cpp"
-        share.mkdir(parents=True)
-        shutil.copy2(tree / "convert_hf_to_gguf.py", share / "convert_hf_to_gguf.py")
-        for part in ("conversion", "gguf-py"):  # the converter's model classes, and its GGUF writer
-            shutil.copytree(tree / part, share / part)
-        (staged / "VERSION").write_text(f"llama-cpp-python {VERSION}\n")
-        staged.chmod(0o755)  # mkdtemp made it private
-        staged.rename(into)
+        try:
+            _stage(tree, staged)
+            staged.rename(into)
+        except OSError:
+            if not (into / "bin" / "llama-server").is_file():  # not another install's finished build
+                raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+
+def _stage(tree: Path, staged: Path) -> None:
+    """The built server and the converter, laid out as the cache keeps them."""
+    (staged / "bin").mkdir()
+    shutil.copy2(tree / "build" / "bin" / "llama-server", staged / "bin" / "llama-server")
+    share = staged / "share" / "llama.cpp"
+    share.mkdir(parents=True)
+    shutil.copy2(tree / "convert_hf_to_gguf.py", share / "convert_hf_to_gguf.py")
+    for part in ("conversion", "gguf-py"):  # the converter's model classes, and its GGUF writer
+        shutil.copytree(tree / part, share / part)
+    (staged / "VERSION").write_text(f"llama-cpp-python {VERSION}\n")
+    staged.chmod(0o755)  # mkdtemp made it private
 
 
 def install(prefix: Path) -> Path:
@@ -88,7 +101,7 @@ def install(prefix: Path) -> Path:
         cached.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         print(f"building llama-server (llama.cpp of llama-cpp-python {VERSION}) into {cached}: "
-              "about 6 min on 2 cores", flush=True)
+              "6-11 min on 2 cores; it needs cmake, ninja, a C++ compiler and the package registry", flush=True)
         build(cached)
         print(f"built in {time.monotonic() - start:.0f} s", flush=True)
     (prefix / "bin").mkdir(parents=True, exist_ok=True)

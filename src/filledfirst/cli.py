@@ -63,7 +63,8 @@ def _add_model(sub) -> None:
     g = msub.add_parser("gguf", help="write a model folder as one GGUF file, for llama.cpp's server")
     g.add_argument("folder", type=Path, help="the model's folder (Hugging Face layout)")
     g.add_argument("out", type=Path, help="the .gguf file to write")
-    g.add_argument("--outtype", default="f32", help="the weights' type in the file (default f32, as served by vLLM)")
+    g.add_argument("--outtype", default="f32", help="the weights' type in the file (default f32; the workflow "
+                   "passes the model's dtype)")
     g.add_argument("--pre-tokenizer", help="the BPE pre-tokenizer's name where the converter does not recognise it "
                    "(the tiny model: qwen2)")
     g.set_defaults(func=_cmd_model_gguf)

@@ -129,12 +129,18 @@ def validate_config(cfg: dict[str, Any]) -> None:
         if exp["workload"] not in cfg["workloads"]:
             known = sorted(cfg["workloads"])
             problems.append(f"experiments.{name}.workload: {exp['workload']!r} is not in workloads ({known})")
+    from filledfirst.engines import settings_problem
+
     for name, exp in cfg["experiments"].items():
         lg = deep_merge(cfg.get("loadgen", {}), exp.get("loadgen", {}))
         if lg.get("mode") == "closed" and not lg.get("concurrency"):
             problems.append(f"experiments.{name}.loadgen: mode closed needs concurrency")
         if lg.get("api") == "chat" and lg.get("prompt") != "text":
             problems.append(f"experiments.{name}.loadgen: api chat takes text prompts only (prompt: text)")
+        own = exp.get("server") or {}
+        merged = deep_merge(cfg["engine"].get("server", {}), own)
+        if "url" not in own and (why := settings_problem(cfg["engine"]["launcher"], merged)):
+            problems.append(f"experiments.{name}.server: {why}")
     from filledfirst.frontier.plan import frontier_problems
 
     problems += frontier_problems(Study.from_dict(cfg))

@@ -26,12 +26,14 @@ LLAMA_SERVER_VERSION = Path(sys.prefix) / "share" / "llama.cpp" / "VERSION"
 
 @functools.cache
 def engine_version(launcher: str | None = None) -> str | None:
-    """The installed engine's version: llama-server's source for the llamacpp launcher, else
-    vLLM's (None: none installed here, e.g. a launcher that runs it in a container); asked
-    once per process, as the code it imported is."""
+    """The installed engine's version: llama-server's source for the llamacpp launcher,
+    SGLang's package for sglang, else vLLM's (None: none installed here, e.g. a launcher that
+    runs it in a container); asked once per process, as the code it imported is."""
     if launcher == "llamacpp":
         try:
             return LLAMA_SERVER_VERSION.read_text().strip() or None
         except OSError:
             return None
+    if launcher == "sglang":
+        return package_version("sglang")
     return next((v for d in ENGINE_DISTRIBUTIONS if (v := package_version(d))), None)

@@ -60,5 +60,20 @@ def test_vllm_settings_it_has_nothing_for_are_refused():
 
 def test_extra_args_come_last_and_a_wrapper_first():
     argv = command({"max_num_seqs": 1, "extra_args": ["--threads", "2"]}, wrapper=["nice"]).argv
-    assert argv[0] == "nice" and argv[-2:] == ["--threads", "2"]
+    # inside a wrapper (a container) the server is found on the container's PATH
+    assert argv[:2] == ["nice", "llama-server"] and argv[-2:] == ["--threads", "2"]
     assert llamacpp.gguf_file("data/models/tiny-qwen2/") == "data/models/tiny-qwen2.gguf"
+
+
+def test_a_config_with_settings_it_cannot_take_is_refused_when_read(tmp_path):
+    from filledfirst.config import load_config
+    from filledfirst.errors import UserError
+
+    from conftest import REPO
+
+    (tmp_path / "c.yaml").write_text(f"extends: {REPO / 'tests' / 'configs' / 'llamacpp.yaml'}\n"
+                                     "engine: {server: {enforce_eager: true}}\n")
+    with pytest.raises(UserError) as err:
+        load_config([tmp_path / "c.yaml"])
+    assert "experiments.one_slot_c4.server: llama.cpp's server has no setting for enforce_eager" in str(err.value)
+    assert "frontiers.slots.settings.one: llama.cpp's server has no setting for enforce_eager" in str(err.value)

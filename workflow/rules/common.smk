@@ -10,6 +10,7 @@ from snakemake.utils import validate
 from filledfirst.cluster import job_resources
 from filledfirst.config import SCHEMA_PATH, config_files, schema_problem
 from filledfirst.errors import UserError
+from filledfirst.model.gguf import outtype as gguf_outtype
 from filledfirst.paths import RESULTS_DB, results_database
 from filledfirst.plan import build_plan, model_inputs
 from filledfirst.study import Study, SyntheticWorkload, TraceWorkload

@@ -55,5 +55,6 @@ if STUDY.engine.launcher == "llamacpp" and not STUDY.model.folder.endswith(".ggu
         params:
             cli=FILLEDFIRST,
             pre="--pre-tokenizer qwen2" if STUDY.model.source == "tiny" else "",
+            outtype=gguf_outtype(STUDY.model.dtype),
         shell:
-            "{params.cli} model gguf {input.model:q} {output.gguf:q} {params.pre} > {log:q} 2>&1"
+            "{params.cli} model gguf {input.model:q} {output.gguf:q} --outtype {params.outtype} {params.pre} > {log:q} 2>&1"

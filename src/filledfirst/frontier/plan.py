@@ -12,6 +12,7 @@ import msgspec
 
 from filledfirst.contracts.search import Intervention, SearchBounds, Slo
 from filledfirst.deadline import run_deadline_s
+from filledfirst.engines import settings_problem
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import intervention_name, relaxations
 from filledfirst.frontier.probes import probe_duration, shape_rate
@@ -217,7 +218,9 @@ def frontier_problems(study: Study) -> list[str]:
             problems += [f"{where}.interventions.settings: {s!r} is not one of its settings ({sorted(f.settings)})"
                          for s in f.interventions.settings if s not in f.settings]
         for s, server in searched_settings(study, name)[0].items():
-            if why := kv_budget_problem(study.engine.launcher, server, study.model.max_model_len):
+            launcher = study.engine.launcher
+            if why := kv_budget_problem(launcher, server, study.model.max_model_len) or settings_problem(
+                    launcher, server):
                 problems.append(f"{where}.settings.{s}: {why}")
         for s, (made, why) in tested(study, name).items():
             problems += [f"{where}.interventions: {w}" for w in why]

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from filledfirst.atomic import atomic_path
+from filledfirst.errors import UserError
 
 # Where tools/build_llama_server.py puts the converter, in this environment.
 CONVERTER_DIR = Path(sys.prefix) / "share" / "llama.cpp"
@@ -38,7 +39,16 @@ convert_hf_to_gguf.main()
 """
 
 
-class ConverterMissing(RuntimeError):
+# The model's dtype (model.dtype) as the converter's --outtype: the weights as served.
+OUTTYPES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16"}
+
+
+def outtype(dtype: str) -> str:
+    """The GGUF type that keeps a model's weights as its dtype has them (f32 when unsaid)."""
+    return OUTTYPES.get(dtype, "f32")
+
+
+class ConverterMissing(UserError):
     pass
 
 
@@ -58,5 +68,5 @@ def write_gguf(folder: Path, out: Path, *, outtype: str = "f32", pre_tokenizer: 
              "--outtype", outtype],
             env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"converting {folder} to GGUF failed:\n{proc.stderr[-3000:]}")
+            raise UserError(f"converting {folder} to GGUF failed:\n{proc.stderr[-3000:]}")
     return out
