@@ -20,8 +20,10 @@ def package_version(dist: str) -> str | None:
         return None
 
 
-# What tools/build_llama_server.py writes beside the llama-server it installs.
-LLAMA_SERVER_VERSION = Path(sys.prefix) / "share" / "llama.cpp" / "VERSION"
+# Where tools/build_llama_server.py installs llama-server, and beside it the converter of
+# its llama.cpp tree and that tree's version.
+LLAMA_SERVER = Path(sys.prefix) / "bin" / "llama-server"
+LLAMA_CPP_SHARE = Path(sys.prefix) / "share" / "llama.cpp"
 
 
 @functools.cache
@@ -31,7 +33,7 @@ def engine_version(launcher: str | None = None) -> str | None:
     runs it in a container); asked once per process, as the code it imported is."""
     if launcher == "llamacpp":
         try:
-            return LLAMA_SERVER_VERSION.read_text().strip() or None
+            return (LLAMA_CPP_SHARE / "VERSION").read_text().strip() or None
         except OSError:
             return None
     if launcher == "sglang":

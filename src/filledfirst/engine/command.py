@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from filledfirst.engines import llamacpp, sglang
+from filledfirst.installed import LLAMA_SERVER
 from filledfirst.model.kv import kv_blocks
 from filledfirst.study import Model, ServerSpec
 
@@ -165,7 +166,6 @@ def llama_server(wrapped: bool = False) -> str:
     """llama-server: the one `make install` built into this environment, else one on PATH
     (else its bare name, which the start then reports as not found); inside a wrapper (a
     container) the bare name, as the container's PATH finds it."""
-    beside = Path(sys.prefix) / "bin" / llamacpp.COMMAND
     if wrapped:
         return llamacpp.COMMAND
-    return str(beside) if beside.is_file() else shutil.which(llamacpp.COMMAND) or llamacpp.COMMAND
+    return str(LLAMA_SERVER) if LLAMA_SERVER.is_file() else shutil.which(llamacpp.COMMAND) or llamacpp.COMMAND

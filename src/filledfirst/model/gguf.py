@@ -17,9 +17,7 @@ from pathlib import Path
 
 from filledfirst.atomic import atomic_path
 from filledfirst.errors import UserError
-
-# Where tools/build_llama_server.py puts the converter, in this environment.
-CONVERTER_DIR = Path(sys.prefix) / "share" / "llama.cpp"
+from filledfirst.installed import LLAMA_CPP_SHARE
 
 # Run in a child: the converter's modules (torch, its own gguf) stay out of this process.
 _RUN = """
@@ -53,7 +51,7 @@ class ConverterMissing(UserError):
 
 
 def write_gguf(folder: Path, out: Path, *, outtype: str = "f32", pre_tokenizer: str | None = None,
-               converter_dir: Path = CONVERTER_DIR) -> Path:
+               converter_dir: Path = LLAMA_CPP_SHARE) -> Path:
     """Write the model in `folder` to `out` (atomically) in `outtype` (f32 keeps the tiny
     model's weights exactly as vLLM serves them)."""
     script = converter_dir / "convert_hf_to_gguf.py"

@@ -96,15 +96,14 @@ def part_blocks(part: Section, rows: Sequence[RunRow], *, roles: Sequence[RoleRo
             out.append(reference_roles_table(part))
         return out
     if part.table == "sweep":
-        order = list(dict.fromkeys(sweep_of(r.experiment or r.run_id) for r in rows))  # the study's order
-        sweep = sorted(
-            (SweepLine(run=r, rates=rates.get(r.run_id) or RunRates(run_id=r.run_id),
-                       queue_share=queue_shares.get(r.run_id),
-                       concurrency=metas[r.run_id].concurrency if r.run_id in metas else None,
-                       label=labels.get(r.run_id), sweep=sweep_of(r.experiment or r.run_id))
-             for r in rows),
-            key=lambda x: (order.index(x.sweep), x.concurrency or 0),
-        )
+        lines = [
+            SweepLine(run=r, rates=rates.get(r.run_id) or RunRates(run_id=r.run_id),
+                      queue_share=queue_shares.get(r.run_id),
+                      concurrency=metas[r.run_id].concurrency if r.run_id in metas else None,
+                      label=labels.get(r.run_id), sweep=sweep_of(r.experiment or r.run_id))
+            for r in rows]
+        order = list(dict.fromkeys(line.sweep for line in lines))  # the study's order of sweeps
+        sweep = sorted(lines, key=lambda x: (order.index(x.sweep), x.concurrency or 0))
         out.append(tables.sweep_table(sweep))
         if part.reference_sweep:
             out.append(reference_sweep_table(part))
