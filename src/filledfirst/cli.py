@@ -313,6 +313,19 @@ def _add_frontier(sub) -> None:
                    help="a trace workload's schedule stats (<schedule>.stats.json): its density")
     r.add_argument("--no-progress", action="store_true", help="no live progress line")
     r.set_defaults(func=_cmd_frontier_run)
+    pr = fsub.add_parser(
+        "predict", help="an intervention's first rate, predicted from the searches that have run",
+        description="Ingest and diagnose the searches given (in a scratch database), fit the engine's step time "
+        "from their scrapes, and write the intervention's predicted start (its parent's knee moved by the "
+        "shift the model predicts for the relaxation) as OUT, which its search in the same folder starts from.",
+    )
+    pr.add_argument("--config", action="append", required=True, type=Path, dest="configs")
+    pr.add_argument("--frontier", required=True, metavar="NAME")
+    pr.add_argument("--setting", required=True, metavar="S", help="one of the frontier's interventions")
+    pr.add_argument("--out", required=True, type=Path, metavar="FILE", help="its prediction.json")
+    pr.add_argument("searches", nargs="+", type=Path, metavar="SEARCH",
+                    help="search.json files (or their folders), its parent's among them")
+    pr.set_defaults(func=_cmd_frontier_predict)
 
 
 def _cmd_frontier_run(args) -> int:
@@ -323,6 +336,18 @@ def _cmd_frontier_run(args) -> int:
     task = SearchTask(args.frontier, args.setting, args.out, search_fingerprint(study, args.frontier, args.setting),
                       args.trace_csv, args.shape_stats)
     warn_failed([task], run_searches(study, [task], progress=not args.no_progress))
+    return 0
+
+
+def _cmd_frontier_predict(args) -> int:
+    from filledfirst.analysis.predicted_start import predict_start
+    from filledfirst.config import load_study
+
+    predicted = predict_start(load_study(args.configs), args.frontier, args.setting, args.searches)
+    predicted.write(args.out)
+    print(f"{args.frontier}/{args.setting}: start at "
+          + ("its parent's knee" if predicted.start_rps is None else f"{predicted.start_rps:.4g} req/s")
+          + f" ({predicted.why})")
     return 0
 
 

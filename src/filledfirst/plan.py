@@ -24,6 +24,7 @@ from filledfirst.config import (
     server_groups,
     workload_fingerprint,
 )
+from filledfirst.contracts.search import PREDICTION_JSON
 from filledfirst.engines import llamacpp
 from filledfirst.errors import UserError
 from filledfirst.frontier.plan import frontier_plan
@@ -110,6 +111,7 @@ class Inputs(msgspec.Struct, frozen=True):
     model: list[str] = []
     schedules: list[str] = []  # one per experiment of an experiment job, in order
     parents: list[str] = []  # an intervention's parent search.json
+    predicted: list[str] = []  # an intervention's predicted start (PredictionStep)
     knees: list[str] = []  # search.json of other searches its experiments are placed relative to
     traces: list[str] = []  # trace CSVs its searches and experiments read
     stats: list[str] = []  # a trace-shaped search's schedule stats
@@ -154,11 +156,34 @@ class ScheduleStep(msgspec.Struct, frozen=True):
         return schedule_stats(self.workload)
 
 
+class PredictionStep(msgspec.Struct, frozen=True):
+    """An intervention's predicted start (`filledfirst frontier predict`), in its search's
+    folder, made from `searches`: the study's searches that are not interventions (and do
+    not wait for one)."""
+
+    frontier: str
+    setting: str
+    searches: list[str]
+
+    @property
+    def name(self) -> str:
+        return f"predict_{self.frontier}_{self.setting}"
+
+    @property
+    def out(self) -> str:
+        return f"{search_dir(self.frontier, self.setting)}/{PREDICTION_JSON}"
+
+    @property
+    def log(self) -> str:
+        return f"{LOGS}/predict-{self.frontier}-{self.setting}.log"
+
+
 class Plan(msgspec.Struct, frozen=True):
     jobs: list[Job]
     schedules: dict[str, ScheduleStep]  # workload -> its schedule
     # every search.json, in config order (frontiers, then their settings): what ingest reads
     search_results: list[str]
+    predictions: list[PredictionStep] = []  # one per intervention
 
     def job(self, name: str) -> Job:
         for job in self.jobs:
@@ -195,7 +220,17 @@ def build_plan(study: Study) -> Plan:
                                     workload_fingerprint(study, name))
                  for name in study.workloads}
     searches = [search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).settings]
-    return Plan(jobs, schedules, searches)
+    return Plan(jobs, schedules, searches, _predictions(study, jobs))
+
+
+def _predictions(study: Study, jobs: list[Job]) -> list[PredictionStep]:
+    """Each intervention's prediction, from the searches that are not interventions, less
+    those whose job waits for an intervention's knee (the prediction would wait for itself)."""
+    relaxed = {search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).interventions}
+    waiting = {out for job in jobs if relaxed & set(job.inputs.knees) for out in job.search_outputs}
+    roots = [s for f in study.frontiers for s in (search_json(f, name) for name in frontier_plan(study, f).settings)
+             if s not in relaxed and s not in waiting]
+    return [PredictionStep(f, s, roots) for f in study.frontiers for s in frontier_plan(study, f).interventions]
 
 
 def schedule_knees(study: Study, workload: str) -> list[str]:
@@ -230,6 +265,7 @@ def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, 
     inputs = Inputs(
         model=model_inputs(study),
         parents=[search_json(lead_frontier, relaxed.parent)] if relaxed is not None else [],
+        predicted=[PredictionStep(lead_frontier, lead_setting, []).out] if relaxed is not None else [],
         knees=[search_json_of(of) for of in knees],
         traces=traces,
         stats=[s.shape_stats for s in steps if s.shape_stats],

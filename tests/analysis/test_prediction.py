@@ -16,7 +16,8 @@ from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.analysis.prediction import Limit, Limits, Shape
 from filledfirst.analysis.step_time import Scope, StepModel
-from filledfirst.contracts.search import Slo
+from filledfirst.contracts.frontiers import FrontierRow
+from filledfirst.contracts.search import Knob, Slo
 from filledfirst.study import DiagnosisRules
 
 from helpers.searches import SEQ8_SEARCH, cap_probes
@@ -130,3 +131,19 @@ def test_table_frontiers_carries_each_searchs_prediction(tmp_path):
     assert p is not None and p.predicted_cap_rps is not None and p.predicted_rps > 0
     assert p.predicted_first in {limit.value for limit in Limit} and p.would_take.startswith("+30 %")
     assert p.predicted_ratio == pytest.approx((5.657 * 8.0) ** 0.5 / p.predicted_rps)
+
+
+def test_an_intervention_relaxed_further_than_a_doubling_is_told_what_a_doubling_would_give():
+    shape, slo = Shape(np.full(N, 150.0), np.full(N, 160.0)), Slo(2000, 1000)
+    parent = prediction.Search(MODEL, Limits(cap=8, kv_tokens=10**6, budget=2048), shape)
+    cols = {"frontier": "f", "slo_ttft_ms": 2000.0, "slo_itl_ms": 1000.0, "probes": 1, "target": 0.95}
+    rows = [FrontierRow.from_columns({**cols, "setting": "seq8"}),
+            FrontierRow.from_columns({**cols, "setting": "seq8_seqs_x4", "parent": "seq8", "knob": "max_num_seqs",
+                                      "relaxed_from": 8, "relaxed_to": 32}),
+            FrontierRow.from_columns({**cols, "setting": "seq8_kv_x2", "parent": "seq8", "knob": "KV tokens",
+                                      "relaxed_from": 1000, "relaxed_to": 2000})]
+    x4, kv = (r.intervention for r in frontiers._predicted(rows, {("f", "seq8"): parent})[1:])
+    assert x4.predicted_shift == pytest.approx(prediction.shift(parent, Knob.SEQS, 4, slo, 0.95))
+    assert x4.predicted_shift_doubled == pytest.approx(prediction.shift(parent, Knob.SEQS, 2, slo, 0.95))
+    assert 0 < x4.predicted_shift_doubled < x4.predicted_shift
+    assert kv.predicted_shift == pytest.approx(0.0, abs=1e-9) and kv.predicted_shift_doubled is None  # a doubling

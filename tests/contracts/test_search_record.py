@@ -27,6 +27,7 @@ WRITTEN = {
     "frontier": "azure",
     "intervention": None,
     "paired": None,
+    "predicted_start": None,
     "probe_lifetimes": 4.0,
     "probe_max_s": 120.0,
     "probe_s": 10.0,
@@ -53,7 +54,7 @@ WRITTEN = {
 # One written before searches had an interval, an estimate and a drift check: it still reads.
 WRITTEN_BEFORE = {k: v for k, v in WRITTEN.items()
                   if k not in ("check", "drift", "estimate", "estimate_rps", "probe_stretches", "intervention",
-                               "start_rps", "paired")} | {
+                               "start_rps", "paired", "predicted_start")} | {
     "bounds": {k: WRITTEN["bounds"][k] for k in ("budget", "growth", "maximum", "precision", "repeats", "start",
                                                   "target")},
     "probes": [{k: v for k, v in p.items() if k not in ("attainment_hi", "attainment_lo", "backlog_growth", "met",
@@ -85,7 +86,10 @@ def test_a_search_json_as_written_today_round_trips(tmp_path):
 
 def test_an_intervention_keeps_what_it_relaxed_and_where_it_started():
     doc = {**WRITTEN, "setting": "default_seqs_x2", "estimate": None, "check": None, "drift": None,
-           "estimate_rps": None, "start_rps": 16.0,
+           "estimate_rps": None, "start_rps": 27.2,
+           "predicted_start": {"frontier": "azure", "setting": "default_seqs_x2", "parent": "default",
+                               "parent_fingerprint": "ab12", "parent_knee_rps": 16.0, "shift": 0.7,
+                               "model_scope": "engine", "searches": ["azure/default"], "why": "max_num_seqs x2: ..."},
            "intervention": {"after": 128, "before": 64, "changes": {"max_num_seqs": 128}, "knob": "max_num_seqs",
                             "min_shift": 0.3, "paired": True, "parent": "default"},
            "paired": {"concurrency": 128, "blocks": [
@@ -97,6 +101,7 @@ def test_an_intervention_keeps_what_it_relaxed_and_where_it_started():
     assert search.intervention.knob is Knob.SEQS and search.intervention.parent == "default"
     assert [b.side for b in search.paired.blocks] == [Side.RELAXED, Side.PARENT, Side.PARENT, Side.RELAXED]
     assert search.paired.blocks[0].loop.run_dir == "paired1-relaxed"
+    assert search.predicted_start.start_rps == pytest.approx(search.start_rps)
     assert search.to_doc() == doc
 
 

@@ -337,6 +337,11 @@ def test_predicted_against_measured_and_the_predicted_shift():
     assert "+58 % (above its interval)" in moved and "+41 %" in moved and "predicted not to" not in moved
     small = Intervention(parent="seq8", knob="KV tokens", predicted_shift=0.02, least_shift=0.3)
     assert frontiers.predicted_shift_text(small) == "+2 % (less than the least shift: predicted not to move it)"
+    # relaxed x4 where the original study doubled: what a doubling was predicted to give
+    x4 = Intervention(parent="reduced", knob="KV tokens", relaxed_from=1, relaxed_to=4, predicted_shift=0.34,
+                      predicted_shift_doubled=0.2, least_shift=0.3)
+    assert frontiers.predicted_shift_text(x4) == (
+        "+34 %; doubled: +20 % (less than the least shift: predicted not to move it)")
 
 
 

@@ -2,7 +2,8 @@
 two settings of tests/configs/frontier.yaml (the default cap and max_num_seqs 2), a
 capacity estimate, then at most 4 probes of at least 5 s each, one server start per
 setting; then seq2's two interventions (its cap doubled, its KV budget doubled), each
-from seq2's knee and then side by side with seq2 (the paired check), and the verdict.
+from seq2's knee moved by the shift predicted for it, then side by side with seq2 (the
+paired check), and the verdict.
 Asserts what holds at any CPU speed: files, statuses,
 one start per search, the probes' rates being the search's, the tables, the verdict
 being the one the knees give, the report's table, an interrupted intervention
@@ -125,7 +126,20 @@ def test_capacity_search_on_the_engine(tmp_path):
                                        "changes": dict([flag]), "min_shift": 0.3, "paired": True}
         knee = seq2["result"]["lo"]  # None: seq2 broke at start, and the intervention grows from it
         assert doc["estimate"] is None and doc["check"] is None
-        assert doc["start_rps"] == (None if knee is None else min(max(knee, f["start"]), f["maximum"]))
+        # its start predicted before it ran, from the searches that are not interventions
+        # (the engine's step time fitted on their scrapes): seq2's knee moved by the shift
+        # (on this tiny engine a step is mostly fixed cost, so the fit may separate nothing:
+        # then it starts at seq2's knee and says why)
+        predicted = json.loads((base / setting / "prediction.json").read_text())
+        assert (predicted["parent"], predicted["parent_fingerprint"], predicted["parent_knee_rps"]) == (
+            "seq2", seq2["fingerprint"], knee)
+        assert predicted["searches"] == ["knee/default", "knee/seq2", "twin/same"]  # not the interventions
+        used = knee is not None and predicted["shift"] is not None
+        if used and knob == "KV tokens":  # 4 requests of 132 tokens never fill 32,768 KV tokens: nothing to move
+            assert predicted["shift"] == pytest.approx(0.0, abs=1e-6)
+        start = knee * (1 + predicted["shift"]) if used else knee
+        assert doc["start_rps"] == (None if knee is None else min(max(start, f["start"]), f["maximum"]))
+        assert doc["predicted_start"] == (predicted if used else None)
         assert 1 <= len(doc["probes"]) <= 4 and doc["probes"][0]["rate"] == (doc["start_rps"] or f["start"])
         first = json.loads((base / setting / "p01" / "run.json").read_text())
         assert first["server"]["settings"][flag[0]] == flag[1] and "startup_s" in first["timings"]

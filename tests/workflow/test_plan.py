@@ -63,3 +63,25 @@ def test_the_job_command_lists_the_plan_and_needs_a_name(capsys):
     assert lines[-1] == "run_group_budget_small: budget_small"
     assert main(["job", "--config", cpu]) == 2
     assert "give a job's name (or --list)" in capsys.readouterr().err
+
+
+def test_each_intervention_starts_from_a_prediction_made_before_it_from_the_searches_that_are_not_interventions(
+        study_and_recorded):
+    study, _ = study_and_recorded
+    plan = build_plan(study)
+    from filledfirst.frontier.plan import frontier_plan
+    from filledfirst.plan import search_json
+
+    relaxed = {search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).interventions}
+    assert len(plan.predictions) == len(relaxed) > 0
+    by_output = {out: job for job in plan.jobs for out in job.search_outputs}
+    for step in plan.predictions:
+        own = search_json(step.frontier, step.setting)
+        parent = search_json(step.frontier, frontier_plan(study, step.frontier).interventions[step.setting].parent)
+        assert own in relaxed and parent in step.searches and not relaxed & set(step.searches)
+        assert step.out == own.replace("search.json", "prediction.json")
+        assert by_output[own].inputs.predicted == [step.out]
+        # what the prediction reads waits for no intervention (it would wait for itself)
+        for search in step.searches:
+            job = by_output[search]
+            assert not relaxed & {*job.inputs.knees, *job.inputs.parents} and not job.inputs.predicted

@@ -16,6 +16,7 @@ for job in PLAN.jobs:
             model=job.inputs.model,
             schedules=job.inputs.schedules,
             parents=job.inputs.parents,
+            predicted=job.inputs.predicted,
             knees=job.inputs.knees,
             traces=job.inputs.traces,
             stats=job.inputs.stats,
@@ -36,3 +37,28 @@ for job in PLAN.jobs:
         shell:
             # tee: progress reaches the terminal and the job's log file alike.
             "{params.cli} job {params.configs} {params.job:q} --no-progress 2>&1 | tee {log.job:q}"
+
+
+# An intervention's first rate, predicted from the searches that have run (its parent's
+# knee moved by the shift the engine's fitted step time predicts): made where Snakemake
+# runs, in seconds.
+for step in PLAN.predictions:
+
+    rule:
+        name:
+            step.name
+        input:
+            searches=step.searches,
+        output:
+            predicted=step.out,
+        log:
+            step.log,
+        localrule: True
+        params:
+            cli=FILLEDFIRST,
+            configs=CONFIG_ARGS,
+            frontier=step.frontier,
+            setting=step.setting,
+        shell:
+            "{params.cli} frontier predict {params.configs} --frontier {params.frontier:q} "
+            "--setting {params.setting:q} --out {output.predicted:q} {input.searches:q} > {log:q} 2>&1"

@@ -107,7 +107,8 @@ SCHEMA = {
     "ttft_p95_from_rps": pl.Float64,
     "parent": pl.String, "knob": pl.String, "relaxed_from": pl.Int64, "relaxed_to": pl.Int64, "min_shift": pl.Float64,
     "least_shift": pl.Float64, "role": pl.String, "shift": pl.Float64, "moved": pl.String, "within_drift": pl.Boolean,
-    "interval_move": pl.String, "predicted_shift": pl.Float64, "paired_verdict": pl.String,
+    "interval_move": pl.String, "predicted_shift": pl.Float64, "predicted_shift_doubled": pl.Float64,
+    "paired_verdict": pl.String,
     "paired_shift": pl.Float64, "paired_shift_lo": pl.Float64, "paired_shift_hi": pl.Float64, "paired_why": pl.String,
     "predicted_rps": pl.Float64, "predicted_first": pl.String, "predicted_next": pl.String,
     "predicted_next_rps": pl.Float64, "predicted_cap_rps": pl.Float64, "predicted_kv_rps": pl.Float64,
@@ -467,7 +468,6 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
 
 
 MIN_SHIFT = schema_default("frontiers", "*", "interventions", "min_shift")
-_RELAXES = {knob: limit for limit, knob in prediction.KNOBS.items()}  # an intervention's knob -> its limit
 
 
 def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.Search]) -> list[FrontierRow]:
@@ -484,12 +484,12 @@ def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.
                                                                          r.knee_rps, share))
         parent = found.get((r.frontier, r.parent)) if r.parent else None
         i = r.intervention
-        if parent is not None and i is not None and i.relaxed_from and i.relaxed_to and i.knob in _RELAXES:
-            before = prediction.knee(parent.model, parent.limits, parent.shape, slo, target)
-            after = prediction.knee(*prediction.changed(_RELAXES[i.knob], i.relaxed_to / i.relaxed_from,
-                                                        parent.model, parent.limits), parent.shape, slo, target)
+        if parent is not None and i is not None and i.relaxed_from and i.relaxed_to and i.knob in prediction.RELAXES:
+            factor = i.relaxed_to / i.relaxed_from
+            moved = prediction.shift(parent, Knob(i.knob), factor, slo, target)
+            doubled = prediction.shift(parent, Knob(i.knob), 2.0, slo, target) if factor > 2 else None
             r = msgspec.structs.replace(r, intervention=msgspec.structs.replace(
-                i, predicted_shift=after / before - 1 if before > 0 else None))
+                i, predicted_shift=moved, predicted_shift_doubled=doubled))
         out.append(r)
     return out
 

@@ -155,6 +155,7 @@ def first_two(found: Mapping[Limit, float]) -> list[tuple[Limit, float]]:
 KNOBS: dict[Limit, str] = {Limit.CAP: Knob.SEQS.value, Limit.KV: Knob.KV.value,
                            Limit.BUDGET: "max_num_batched_tokens", Limit.COMPUTE: "faster steps"}
 _FIELD = {Limit.CAP: "cap", Limit.KV: "kv_tokens", Limit.BUDGET: "budget"}
+RELAXES = {Knob.SEQS: Limit.CAP, Knob.KV: Limit.KV}  # the limit an intervention's knob relaxes
 
 
 def changed(limit: Limit, factor: float, model: StepModel, limits: Limits) -> tuple[StepModel, Limits]:
@@ -169,6 +170,14 @@ def changed(limit: Limit, factor: float, model: StepModel, limits: Limits) -> tu
 
 def knee(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> float:
     return min(knees(model, limits, shape, slo, target).values())
+
+
+def shift(parent: Search, knob: Knob, factor: float, slo: Slo, target: float) -> float | None:
+    """How far the parent's predicted knee moves, as a share, with `knob` `factor` times
+    larger (None: it has no knee to move)."""
+    before = knee(parent.model, parent.limits, parent.shape, slo, target)
+    after = knee(*changed(RELAXES[knob], factor, parent.model, parent.limits), parent.shape, slo, target)
+    return after / before - 1 if before > 0 else None
 
 
 def least_factor(limit: Limit, goal: float, model: StepModel, limits: Limits, shape: Shape, slo: Slo,

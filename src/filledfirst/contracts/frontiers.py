@@ -47,6 +47,8 @@ class Intervention(msgspec.Struct, frozen=True, kw_only=True):
     interval_move: str | None = None
     # the parent's knee moved by relaxing this knob as the parent's model predicts it
     predicted_shift: float | None = None
+    # the same for the knob doubled (the original study's relaxation), where it is relaxed further
+    predicted_shift_doubled: float | None = None
     # its paired check (filledfirst.frontier.paired): verdict, shift (the pairs' geometric
     # mean, their lowest and highest) and why; None: not paired
     paired_verdict: Confirmation | None = None

@@ -31,6 +31,7 @@ from filledfirst.errors import UserError
 from filledfirst.schema import schema_default
 
 SEARCH_JSON = "search.json"
+PREDICTION_JSON = "prediction.json"  # an intervention's predicted start, beside its search.json
 
 
 class Slo(msgspec.Struct, frozen=True):
@@ -194,6 +195,40 @@ class Intervention(_Record):
     paired: bool = schema_default("frontiers", "*", "interventions", "paired")
 
 
+class PredictedStart(_Record):
+    """An intervention's first rate, predicted before its search (`filledfirst frontier
+    predict`, in its folder as prediction.json): its parent's knee moved by the shift the
+    engine's fitted step time predicts for the relaxation. `shift` None: no model could
+    say (`why`), and the search starts at the parent's knee as it would without one."""
+
+    frontier: str
+    setting: str
+    parent: str
+    parent_fingerprint: str  # the parent search it was predicted from (a stale file is not used)
+    parent_knee_rps: float | None
+    shift: float | None
+    model_scope: str | None = None  # the step model it used: the parent setting's own or the engine's
+    searches: list[str] = []  # the searches whose scrapes the model was fitted on (<frontier>/<setting>)
+    why: str = ""  # what it predicted, or why it could not
+
+    @property
+    def start_rps(self) -> float | None:
+        if self.parent_knee_rps is None or self.shift is None:
+            return self.parent_knee_rps
+        return self.parent_knee_rps * (1 + self.shift)
+
+    def write(self, path: str | Path) -> None:
+        atomic.write_json(msgspec.to_builtins(self), path)
+
+    @classmethod
+    def read(cls, path: str | Path) -> PredictedStart:
+        """The prediction.json at `path` (a FileNotFoundError when there is none)."""
+        try:
+            return msgspec.json.decode(Path(path).read_bytes(), type=cls)
+        except msgspec.DecodeError as exc:
+            raise UserError(f"{path}: not an intervention's predicted start ({exc})") from None
+
+
 class Side(StrEnum):
     """The setting a block of a paired check measured (filledfirst.frontier.paired)."""
 
@@ -239,7 +274,8 @@ class SearchRecord(_Record):
     check: Reference | None = None
     drift: Drift | None = None
     intervention: Intervention | None = None  # None: a setting of the config, not a relaxation
-    start_rps: float | None = None  # an intervention's first rate: its parent's knee
+    start_rps: float | None = None  # an intervention's first rate: its parent's knee, or its predicted knee
+    predicted_start: PredictedStart | None = None  # what an intervention's first rate was predicted from
     paired: PairedCheck | None = None  # an intervention's paired check, when asked for
 
     @property

@@ -233,10 +233,16 @@ def _shift(i: Intervention) -> str:
 
 def predicted_shift_text(i: Intervention) -> str:
     """The shift the parent's prediction gives a relaxation; one below the least shift that
-    counts cannot show as a move, whatever the search finds."""
-    text = numbers.change(i.predicted_shift)
-    if i.predicted_shift is not None and i.least_shift is not None and i.predicted_shift < i.least_shift:
-        text += " (less than the least shift: predicted not to move it)"
+    counts cannot show as a move, whatever the search finds. A relaxation further than a
+    doubling (the original study's) says what a doubling was predicted to give."""
+
+    def said(shift: float | None) -> str:
+        below = shift is not None and i.least_shift is not None and shift < i.least_shift
+        return numbers.change(shift) + (" (less than the least shift: predicted not to move it)" if below else "")
+
+    text = said(i.predicted_shift)
+    if i.predicted_shift_doubled is not None:
+        text += f"; doubled: {said(i.predicted_shift_doubled)}"
     return text
 
 

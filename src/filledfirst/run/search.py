@@ -10,7 +10,9 @@ folders, not ingested (search.json keeps what they measured: contracts.search.Re
 
 An intervention (a setting that relaxes one limit of another, frontier.interventions)
 has no closed loops: its first rate is its parent's knee, read from the parent's
-search.json beside its folder (`parent_knee`), and search.json records what it relaxed.
+search.json beside its folder (`parent_knee`), moved by the shift predicted for it where
+`DIR/prediction.json` (`filledfirst frontier predict`) was made from that very parent
+search; search.json records what it relaxed and what its first rate was predicted from.
 
 Each probe is an ordinary open-loop run folder (`DIR/p01`, `DIR/p02`, ...: schedule,
 requests, tokens, samples, server.log, run.json), made by the runner's `run_on_server`
@@ -56,9 +58,11 @@ from filledfirst.contracts import runmeta
 from filledfirst.contracts.records import REQUEST_SCHEMA, TOKEN_SCHEMA, to_table
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta, ServerInfo
 from filledfirst.contracts.search import (
+    PREDICTION_JSON,
     SEARCH_JSON,
     Drift,
     Intervention,
+    PredictedStart,
     ProbeRecord,
     Reference,
     SearchBounds,
@@ -378,12 +382,24 @@ def _drift(plan: FrontierPlan, start: Reference | None, end: Reference | None) -
                  max_change=plan.drift_max, drifted=abs(change) > plan.drift_max)
 
 
-def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | None, float]:
-    """An intervention's first rate, the knee (highest rate that held) of the search it
-    relaxes (None: that search held nothing, and this one grows from `start`), that
-    knee's interval, which it is judged against (None: that search failed), and the
-    least shift that counts as a move (its min_shift widened by that search's drift, as
-    table `frontiers` judges it); read from that search's search.json beside its own folder."""
+@dataclass(frozen=True)
+class ParentKnee:
+    """What an intervention's search starts from: `first`, its first rate (None: its parent
+    held nothing, and it grows from `start`); `against`, the parent's knee interval it is
+    judged against (None: that search failed); `least_shift`, the least shift that counts
+    as a move (its min_shift widened by the parent's drift, as table `frontiers` judges
+    it); `predicted`, the prediction `first` came from (None: the parent's knee itself)."""
+
+    first: float | None
+    against: Span | None
+    least_shift: float
+    predicted: PredictedStart | None = None
+
+
+def parent_knee(out: Path, relaxed: Intervention) -> ParentKnee:
+    """An intervention's start, read from its parent's search.json beside its own folder
+    and its own prediction.json: the parent's knee (its highest rate that held), moved by
+    the predicted shift where the prediction was made from that search and could say."""
     path = Path(out).parent / relaxed.parent / SEARCH_JSON
     try:
         parent = SearchRecord.read(path)
@@ -391,7 +407,19 @@ def parent_knee(out: Path, relaxed: Intervention) -> tuple[float | None, Span | 
         raise UserError(f"{path}: no search.json; an intervention on {relaxed.parent!r} starts from its knee: "
                         "run that search first") from None
     drift = parent.drift.change if parent.drift else None
-    return parent.result.lo, Span.of_result(parent.result), widened(relaxed.min_shift, drift)
+    start = ParentKnee(parent.result.lo, Span.of_result(parent.result), widened(relaxed.min_shift, drift))
+    try:
+        predicted = PredictedStart.read(Path(out) / PREDICTION_JSON)
+    except FileNotFoundError:
+        return start
+    if predicted.parent_fingerprint != parent.fingerprint or predicted.parent_knee_rps != parent.result.lo:
+        log.warning("%s: predicted from another search of %s than its search.json: starting at its knee",
+                    Path(out) / PREDICTION_JSON, relaxed.parent)
+        return start
+    if predicted.shift is None or start.first is None:
+        log.info("%s: no predicted shift (%s): starting at %s's knee", out, predicted.why, relaxed.parent)
+        return start
+    return dataclasses.replace(start, first=predicted.start_rps, predicted=predicted)
 
 
 def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probers: list[Prober]) -> None:
@@ -518,7 +546,8 @@ def _search(prober: Prober) -> SearchRecord:
     plan, setting, out = prober.plan, prober.setting, prober.out
     frontier = plan.name
     relaxed = plan.interventions.get(setting)
-    start_rps, against, least_shift = parent_knee(out, relaxed) if relaxed is not None else (None, None, 0.0)
+    start = parent_knee(out, relaxed) if relaxed is not None else ParentKnee(None, None, 0.0)
+    start_rps, against, least_shift = start.first, start.against, start.least_shift
     concurrency = plan.estimate_concurrency(setting)
     estimate = check = None
     try:
@@ -531,6 +560,8 @@ def _search(prober: Prober) -> SearchRecord:
                             frontier, setting, estimate.error, plan.bounds.start)
         elif relaxed is not None:
             knee = "none: it grows from start" if first is None else f"{first:.4g} req/s"
+            if start.predicted is not None:
+                knee += f", its knee {start.predicted.parent_knee_rps:.4g} req/s {start.predicted.shift:+.0%} predicted"
             log.info("%s/%s: %s %d -> %d, from %s's knee (%s)", frontier, setting, relaxed.knob,
                      relaxed.before, relaxed.after, relaxed.parent, knee)
         elif plan.estimate_batches:
@@ -553,6 +584,7 @@ def _search(prober: Prober) -> SearchRecord:
             estimate=estimate,
             estimate_rps=search.first if estimate is not None and first is not None else None, check=check,
             drift=drift, intervention=relaxed, start_rps=search.first if start_rps is not None else None,
+            predicted_start=start.predicted,
         )
         record.write(out / SEARCH_JSON)
         log.info("%s/%s: %s, capacity in [%s, %s) req/s after %d probes%s%s", frontier, setting, result.reason,
