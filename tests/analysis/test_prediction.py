@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+import msgspec
 import numpy as np
 import pytest
 
@@ -147,3 +148,16 @@ def test_an_intervention_relaxed_further_than_a_doubling_is_told_what_a_doubling
     assert x4.predicted_shift_doubled == pytest.approx(prediction.shift(parent, Knob.SEQS, 2, slo, 0.95))
     assert 0 < x4.predicted_shift_doubled < x4.predicted_shift
     assert kv.predicted_shift == pytest.approx(0.0, abs=1e-9) and kv.predicted_shift_doubled is None  # a doubling
+
+
+def test_the_context_held_lengthens_every_step_by_its_cost():
+    # the cap's knee in closed form: lambda * s * L = cap with s = base / (1 - lambda * K),
+    # K carrying each request's context token steps L * (u + output / 2) at its cost
+    shape, slo = Shape(np.full(N, 1000.0), np.full(N, 400.0)), Slo(60_000, 60_000)
+    limits = Limits(cap=16, kv_tokens=10**9, budget=2048)
+    with_context = msgspec.structs.replace(MODEL, per_context_ms=0.5)
+    base, L = LAW[0] / 1000, 400.0
+    k = (LAW[1] + LAW[2]) / 1000 * L + LAW[1] / 1000 * 1000 + 0.5 / 1e6 * L * (1000 + 200)
+    assert prediction.knees(with_context, limits, shape, slo, 0.95)[Limit.CAP] == pytest.approx(
+        16 / (base * L + 16 * k), rel=1e-6)
+    assert prediction.knee(with_context, limits, shape, slo, 0.95) < prediction.knee(MODEL, limits, shape, slo, 0.95)

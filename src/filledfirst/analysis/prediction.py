@@ -5,7 +5,9 @@ rate at which each limit fills, in a fluid (mean) model of the engine at a stead
 - a request holds a slot for L = its output tokens + its prefill chunks − 1 steps, and
   computes u (its uncached prompt) + L tokens over them;
 - the mean step is s(λ) = base / (1 − λ·K), K = (per token + per sequence)·E[L] +
-  per token·E[u]: the work λ requests a second bring into each step makes it longer;
+  per token·E[u] + per context token·E[L·(u + output/2)]: the work λ requests a second
+  bring into each step makes it longer (the last term: the context they hold, a
+  request's prompt and on average half its output, over the steps it holds it);
 - by Little's law a resource a request holds h units of per step is full when
   λ·s(λ)·E[h] reaches its capacity C:
   * the cap: h = L sequences steps, C = max_num_seqs;
@@ -90,12 +92,14 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: floa
     """Each limit's predicted knee, requests per second over the whole server, under `slo`
     met by the share `target` of the requests (the quantile the prompts are judged at)."""
     base, per_token, per_seq = (max(x, 0.0) / 1000 for x in (model.base_ms, model.per_token_ms, model.per_seq_ms))
+    per_context = max(model.per_context_ms or 0.0, 0.0) / 1000 / 1000  # s per token held
     budget = limits.budget or math.inf
     u, o = shape.uncached, shape.output
     chunks = np.maximum(np.ceil(np.maximum(u, 1) / budget), 1)
     steps_held = np.maximum(o + chunks - 1, 1)
     held = float(steps_held.mean())
-    k = (per_token + per_seq) * held + per_token * float(u.mean())
+    context_held = float((steps_held * (u + o / 2)).mean())  # token steps of context a request holds
+    k = (per_token + per_seq) * held + per_token * float(u.mean()) + per_context * context_held
     if k <= 0:
         raise ValueError("a step time with no cost per token or sequence predicts no knee")
     saturation = 1 / k
@@ -127,9 +131,10 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: floa
         and the prompt tokens that arrived over the step before, itself as long (a fixed
         point), up to the budget."""
         n = running(rate)
-        own = base + per_token * (min(q, budget) + n) + per_seq * n
+        context = per_context * rate * step(rate) * context_held
+        own = base + per_token * (min(q, budget) + n) + per_seq * n + context
         rest = 1 - per_token * rate * float(u.mean())
-        full = base + per_token * budget + per_seq * n
+        full = base + per_token * budget + per_seq * n + context
         return min(own / rest if rest > 0 else math.inf, full)
 
     found = {
@@ -164,8 +169,9 @@ def changed(limit: Limit, factor: float, model: StepModel, limits: Limits) -> tu
     if limit in _FIELD:
         now = getattr(limits, _FIELD[limit])
         return model, replace(limits, **{_FIELD[limit]: None if now is None else now * factor})
+    context = None if model.per_context_ms is None else model.per_context_ms / factor
     return msgspec.structs.replace(model, base_ms=model.base_ms / factor, per_token_ms=model.per_token_ms / factor,
-                                   per_seq_ms=model.per_seq_ms / factor), limits
+                                   per_seq_ms=model.per_seq_ms / factor, per_context_ms=context), limits
 
 
 def knee(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> float:

@@ -291,13 +291,16 @@ def step_times(data: ReportData) -> list[str]:
         ("ms a step", lambda m: ms(m.base_ms, m.base_se_ms)),
         ("ms a token", lambda m: ms(m.per_token_ms, m.per_token_se_ms)),
         ("ms a sequence", lambda m: ms(m.per_seq_ms, m.per_seq_se_ms)),
+        ("ms a 1,000 tokens held", lambda m: ms(m.per_context_ms, m.per_context_se_ms)),
         ("r2", lambda m: "-" if m.r2 is None else f"{m.r2:.2f}"),
         ("client ITL p50 / modelled step", lambda m: "-" if m.itl_ratio is None else f"{m.itl_ratio:.2f}"),
         ("predicts with", lambda m: "itself" if m.determined else "the engine's"),
     ], models)
     return [markup.para("The engine's step time per server setting, fitted from the intervals between scrapes: "
                         "a step's milliseconds = a base + a cost per token in the step + a cost per sequence "
-                        "running (± a standard error; none where the runs did not vary that term). The last "
+                        "running + a cost per 1,000 tokens the running sequences hold in the KV cache (± a standard "
+                        "error; none where the runs did not vary that term, and no cost of context where the runs "
+                        "did not vary it apart from the sequences). The last "
                         "column checks it against what it was not fitted on: a decoding request's gaps between "
                         "tokens are step times. A setting whose own fit does not separate the terms (or explains "
                         f"less than {step_time.MIN_R2:.0%} of its steps' variance) predicts with the engine's fit over "
