@@ -26,10 +26,10 @@ from pathlib import Path
 from search_bench import REPO, arguments
 from search_bench import prober as make_prober
 
-from filledfirst.contracts.search import PREDICTION_JSON, SEARCH_JSON, PredictedStart, SearchRecord
-from filledfirst.frontier.interventions import Span, move, widened
+from filledfirst.contracts.search import SEARCH_JSON, SearchRecord
+from filledfirst.frontier.interventions import Span, move
 from filledfirst.frontier.search import CapacitySearch
-from filledfirst.run.search import probe_to_the_end
+from filledfirst.run.search import parent_knee, probe_to_the_end
 
 
 def main() -> None:
@@ -43,14 +43,16 @@ def main() -> None:
     if relaxed is None:
         prober.close()
         raise SystemExit(f"{args.frontier}/{args.setting} is not an intervention")
+    # as the intervention's job starts: its parent's search.json and its prediction.json
+    start = parent_knee(args.results / args.frontier / args.setting, relaxed)
     parent = SearchRecord.read(args.results / args.frontier / relaxed.parent / SEARCH_JSON)
-    predicted = PredictedStart.read(args.results / args.frontier / args.setting / PREDICTION_JSON)
-    if predicted.parent_fingerprint != parent.fingerprint or predicted.start_rps is None:
+    predicted = start.predicted
+    if predicted is None or start.against is None:
         prober.close()
-        raise SystemExit(f"{predicted.why or 'the prediction is of another search of the parent'}: nothing to compare")
-    against = Span.of_result(parent.result)
-    least = widened(relaxed.min_shift, parent.drift.change if parent.drift else None)
-    starts = {"parent's knee": parent.result.lo, "predicted": predicted.start_rps}
+        raise SystemExit("no predicted start from the parent's search beside it (see the prediction's why): "
+                         "nothing to compare")
+    against, least = start.against, start.least_shift
+    starts = {"parent's knee": parent.result.lo, "predicted": start.first}
     folders = {"parent's knee": "from-parent", "predicted": "from-predicted"}
     print(f"{args.frontier}/{args.setting}: parent {relaxed.parent} knee {parent.result.lo:.4g} req/s, "
           f"predicted shift {predicted.shift:+.1%} ({predicted.why})", flush=True)

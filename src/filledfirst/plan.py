@@ -164,6 +164,7 @@ class PredictionStep(msgspec.Struct, frozen=True):
     frontier: str
     setting: str
     searches: list[str]
+    fingerprint: str  # the intervention's search's: a changed relaxation or shape predicts again
 
     @property
     def name(self) -> str:
@@ -224,13 +225,22 @@ def build_plan(study: Study) -> Plan:
 
 
 def _predictions(study: Study, jobs: list[Job]) -> list[PredictionStep]:
-    """Each intervention's prediction, from the searches that are not interventions, less
-    those whose job waits for an intervention's knee (the prediction would wait for itself)."""
+    """Each intervention's prediction, from its parent's search and the others that are
+    not interventions, less those whose job waits, directly or through other searches'
+    knees, for an intervention's (the prediction would wait for itself)."""
     relaxed = {search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).interventions}
-    waiting = {out for job in jobs if relaxed & set(job.inputs.knees) for out in job.search_outputs}
+    waiting = set(relaxed)
+    while grown := {out for job in jobs if waiting & set(job.inputs.knees) for out in job.search_outputs} - waiting:
+        waiting |= grown
     roots = [s for f in study.frontiers for s in (search_json(f, name) for name in frontier_plan(study, f).settings)
-             if s not in relaxed and s not in waiting]
-    return [PredictionStep(f, s, roots) for f in study.frontiers for s in frontier_plan(study, f).interventions]
+             if s not in waiting]
+    out = []
+    for f in study.frontiers:
+        for setting, i in frontier_plan(study, f).interventions.items():
+            parent = search_json(f, i.parent)  # its job waits for the parent anyway
+            out.append(PredictionStep(f, setting, roots if parent in roots else [parent, *roots],
+                                      search_fingerprint(study, f, setting)))
+    return out
 
 
 def schedule_knees(study: Study, workload: str) -> list[str]:
@@ -265,7 +275,7 @@ def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, 
     inputs = Inputs(
         model=model_inputs(study),
         parents=[search_json(lead_frontier, relaxed.parent)] if relaxed is not None else [],
-        predicted=[PredictionStep(lead_frontier, lead_setting, []).out] if relaxed is not None else [],
+        predicted=[PredictionStep(lead_frontier, lead_setting, [], "").out] if relaxed is not None else [],
         knees=[search_json_of(of) for of in knees],
         traces=traces,
         stats=[s.shape_stats for s in steps if s.shape_stats],

@@ -4,6 +4,7 @@ simulated engine whose step-time law is known: the fit must find it again."""
 from __future__ import annotations
 
 import duckdb
+import msgspec
 import numpy as np
 import pytest
 
@@ -60,6 +61,17 @@ def test_the_fit_finds_the_law_of_a_simulated_engine_again():
     assert model.step_ms(1000, 10) == pytest.approx(3 + 50 + 3, rel=0.05)
     # the context never varied: no cost of it in the fit
     assert model.per_context_ms is None and model.per_context_se_ms is None
+
+
+def test_a_context_that_moves_with_the_sequences_is_not_priced_apart():
+    # every sequence holds the same 1,600 tokens (one shape): context and running count
+    # cannot be told apart, so the fit keeps its three terms
+    rng = np.random.default_rng(6)
+    states = [msgspec.structs.replace(s, blocks_free=10**5 - int(s.running) * 100)
+              for s in simulated("a", 300, rng)]
+    model, _ = step_time.models(states, {"a": meta("a", "x")}, {})
+    assert model.per_context_ms is None and model.determined
+    assert model.per_seq_ms == pytest.approx(LAW[2], rel=0.1)
 
 
 def test_a_cost_of_the_context_held_is_found_where_contexts_vary_apart_from_the_sequences():

@@ -81,7 +81,54 @@ def test_each_intervention_starts_from_a_prediction_made_before_it_from_the_sear
         assert own in relaxed and parent in step.searches and not relaxed & set(step.searches)
         assert step.out == own.replace("search.json", "prediction.json")
         assert by_output[own].inputs.predicted == [step.out]
-        # what the prediction reads waits for no intervention (it would wait for itself)
+        # what the prediction reads waits for no intervention, through any chain of knees
+        # (it would wait for itself)
         for search in step.searches:
-            job = by_output[search]
-            assert not relaxed & {*job.inputs.knees, *job.inputs.parents} and not job.inputs.predicted
+            assert not relaxed & upstream(plan, search), search
+
+
+def upstream(plan, search: str) -> set[str]:
+    """Every search.json the job making `search` waits for, through knees and parents."""
+    by_output = {out: job for job in plan.jobs for out in job.search_outputs}
+    seen, todo = set(), [search]
+    while todo:
+        job = by_output[todo.pop()]
+        for needed in {*job.inputs.knees, *job.inputs.parents} - seen:
+            seen.add(needed)
+            todo.append(needed)
+    return seen
+
+
+def test_a_search_that_waits_for_an_interventions_knee_through_another_is_not_predicted_from(
+        study_and_recorded):
+    import msgspec
+
+    from filledfirst.plan import _predictions
+
+    study, _ = study_and_recorded
+    plan = build_plan(study)
+    step = plan.predictions[0]
+    own = f"results/frontiers/{step.frontier}/{step.setting}/search.json"
+    by_output = {out: job for job in plan.jobs for out in job.search_outputs}
+    parent = f"results/frontiers/{step.frontier}/{parent_setting(study, step)}/search.json"
+    others = []
+    for search in step.searches:
+        job = by_output[search]
+        if job not in others and parent not in job.search_outputs:
+            others.append(job)
+    a, b = others[-2:]  # two roots' jobs: A waits for B's knee, B for the intervention's
+
+    def waiting_for(job, knee):
+        return msgspec.structs.replace(job, inputs=msgspec.structs.replace(job.inputs, knees=[*job.inputs.knees, knee]))
+
+    changed = {a.name: waiting_for(a, b.search_outputs[0]), b.name: waiting_for(b, own)}
+    found = next(p for p in _predictions(study, [changed.get(j.name, j) for j in plan.jobs])
+                 if p.setting == step.setting)
+    assert not {*a.search_outputs, *b.search_outputs} & set(found.searches)
+    assert parent in found.searches
+
+
+def parent_setting(study, step) -> str:
+    from filledfirst.frontier.plan import frontier_plan
+
+    return frontier_plan(study, step.frontier).interventions[step.setting].parent

@@ -59,6 +59,8 @@ for step in PLAN.predictions:
             configs=CONFIG_ARGS,
             frontier=step.frontier,
             setting=step.setting,
+            # a changed relaxation or shape predicts again
+            fingerprint=step.fingerprint,
         shell:
             "{params.cli} frontier predict {params.configs} --frontier {params.frontier:q} "
             "--setting {params.setting:q} --out {output.predicted:q} {input.searches:q} > {log:q} 2>&1"

@@ -48,7 +48,8 @@ Columns:
   below, or not), within_drift (it moved by min_shift but not by least_shift: the
   drift alone could explain it) and interval_move (the same as moved by the intervals
   alone, with no least shift), predicted_shift (the move the parent's prediction gives
-  the relaxation), and with interventions.paired its paired check
+  the relaxation; predicted_shift_doubled: a doubling's, where it relaxes further), and
+  with interventions.paired its paired check
   (filledfirst.frontier.paired): paired_verdict, paired_shift (relaxed over parent,
   side by side, the pairs' geometric mean), paired_shift_lo and paired_shift_hi (the
   lowest and highest pair's) and paired_why; the parent's row has verdict
@@ -468,6 +469,7 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
 
 
 MIN_SHIFT = schema_default("frontiers", "*", "interventions", "min_shift")
+DOUBLED = float(schema_default("frontiers", "*", "interventions", "factor"))  # the original study's relaxation
 
 
 def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.Search]) -> list[FrontierRow]:
@@ -487,7 +489,7 @@ def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.
         if parent is not None and i is not None and i.relaxed_from and i.relaxed_to and i.knob in prediction.RELAXES:
             factor = i.relaxed_to / i.relaxed_from
             moved = prediction.shift(parent, Knob(i.knob), factor, slo, target)
-            doubled = prediction.shift(parent, Knob(i.knob), 2.0, slo, target) if factor > 2 else None
+            doubled = prediction.shift(parent, Knob(i.knob), DOUBLED, slo, target) if factor > DOUBLED else None
             r = msgspec.structs.replace(r, intervention=msgspec.structs.replace(
                 i, predicted_shift=moved, predicted_shift_doubled=doubled))
         out.append(r)

@@ -11,8 +11,8 @@ rate at which each limit fills, in a fluid (mean) model of the engine at a stead
 - by Little's law a resource a request holds h units of per step is full when
   λ·s(λ)·E[h] reaches its capacity C:
   * the cap: h = L sequences steps, C = max_num_seqs;
-  * KV blocks: h = L·(u + output/2) token steps (the ledger: its prompt, and half its
-    output on average), C = the cache's tokens;
+  * KV blocks: h = L·(u + output) token steps (the ledger: a request can grow to its
+    whole length, and vLLM preempts the newest when one cannot), C = the cache's tokens;
   * the token budget: h = L + u tokens, C = max_num_batched_tokens;
 - compute: the prompts at the workload's target quantile take their chunks' steps (plus
   half the one in flight: a request arrives in a long step more often than in a short
@@ -160,7 +160,7 @@ def first_two(found: Mapping[Limit, float]) -> list[tuple[Limit, float]]:
 KNOBS: dict[Limit, str] = {Limit.CAP: Knob.SEQS.value, Limit.KV: Knob.KV.value,
                            Limit.BUDGET: "max_num_batched_tokens", Limit.COMPUTE: "faster steps"}
 _FIELD = {Limit.CAP: "cap", Limit.KV: "kv_tokens", Limit.BUDGET: "budget"}
-RELAXES = {Knob.SEQS: Limit.CAP, Knob.KV: Limit.KV}  # the limit an intervention's knob relaxes
+RELAXES = {Knob(KNOBS[limit]): limit for limit in (Limit.CAP, Limit.KV)}  # the limit an intervention's knob relaxes
 
 
 def changed(limit: Limit, factor: float, model: StepModel, limits: Limits) -> tuple[StepModel, Limits]:
