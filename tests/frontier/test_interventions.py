@@ -287,18 +287,24 @@ def test_whether_a_knee_moved_is_decided_before_the_bracket_converges():
     assert move(before, Span.of(14.0, 15.0, 13.3), 0.3) is Move.UP
 
 
+def parent_knee_on_a_queue(bounds: SearchBounds):
+    """A parent's search on a simulated server of 16 slots and 1.9 s lifetimes: its result
+    and its knee's span."""
+    server = QueueServer(life_s=1.9)
+    parent = CapacitySearch(bounds, first=server.closed_loop(3, 1))
+    while (rate := parent.next_rate()) is not None:
+        parent.record(server.probe(rate, 40.0, len(parent.probes)))
+    knee = parent.result()
+    return knee, Span.of(knee.lo, knee.hi, knee.floor)
+
+
 @pytest.mark.parametrize("factor", [1.0, 2.0])
 def test_an_intervention_stops_once_its_move_is_decided(factor):
     """On simulated servers: a parent's knee, then an intervention from it on a server
     `factor` times as fast. It stops `decided` with the move the search run to
     convergence gives, in fewer probes, after a rate has broken (what fills next)."""
     bounds = SearchBounds(start=0.5, maximum=256, budget=20)
-    parent_server = QueueServer(life_s=1.9)
-    parent = CapacitySearch(bounds, first=parent_server.closed_loop(3, 1))
-    while (rate := parent.next_rate()) is not None:
-        parent.record(parent_server.probe(rate, 40.0, len(parent.probes)))
-    knee = parent.result()
-    against = Span.of(knee.lo, knee.hi, knee.floor)
+    knee, against = parent_knee_on_a_queue(bounds)
     server = QueueServer(life_s=1.9 / factor)
 
     def run(early: bool) -> CapacitySearch:
@@ -326,12 +332,7 @@ def test_an_intervention_started_at_its_predicted_knee_decides_the_same_in_fewer
     way) it brackets its own at once: the same move in fewer probes over the seeds, never
     in more than one extra."""
     bounds = SearchBounds(start=0.5, maximum=256, budget=20)
-    parent_server = QueueServer(life_s=1.9)
-    parent = CapacitySearch(bounds, first=parent_server.closed_loop(3, 1))
-    while (rate := parent.next_rate()) is not None:
-        parent.record(parent_server.probe(rate, 40.0, len(parent.probes)))
-    knee = parent.result()
-    against = Span.of(knee.lo, knee.hi, knee.floor)
+    knee, against = parent_knee_on_a_queue(bounds)
     server = QueueServer(life_s=1.9 / factor)
 
     def run(first: float, seed: int) -> CapacitySearch:
