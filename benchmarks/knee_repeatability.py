@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from search_bench import arguments
+from search_bench import arguments, summary
 from search_bench import prober as make_prober
 
 from filledfirst.frontier.search import CapacitySearch
@@ -70,10 +70,7 @@ def main() -> None:
     print("| rule | knees (req/s) | max/min | probes per search | wall per search | intervals hold the others' knees |")
     print("|---|---|---:|---:|---:|---|")
     for rule, rs in rows.items():
-        knees = [r["lo"] for r in rs if r["lo"]]
-        spread = f"{max(knees) / min(knees):.3f}" if len(knees) == len(rs) and knees else "-"
-        probes = sum(r["probes"] for r in rs) / len(rs)
-        wall = sum(r["wall"] for r in rs) / len(rs)
+        knees, spread, probes, wall = summary(rs)
         holds = "-"
         if rule == "new" and len(knees) == len(rs):
             ok = sum(r["floor"] <= o["lo"] < r["hi"] for r in rs for o in rs if o is not r and r["hi"])

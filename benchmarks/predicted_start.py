@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from search_bench import REPO, arguments
+from search_bench import REPO, arguments, summary
 from search_bench import prober as make_prober
 
 from filledfirst.contracts.search import SEARCH_JSON, SearchRecord
@@ -79,10 +79,7 @@ def main() -> None:
     print("| start | first rate (req/s) | knees (req/s) | max/min | moves | probes per search | wall per search |")
     print("|---|---:|---|---:|---|---:|---:|")
     for name, rs in rows.items():
-        knees = [r["lo"] for r in rs if r["lo"]]
-        spread = f"{max(knees) / min(knees):.3f}" if len(knees) == len(rs) and knees else "-"
-        probes = sum(r["probes"] for r in rs) / len(rs)
-        wall = sum(r["wall"] for r in rs) / len(rs)
+        knees, spread, probes, wall = summary(rs)
         print(f"| {name} | {starts[name]:.3g} | {', '.join(f'{k:.3g}' for k in knees)} | {spread} | "
               f"{', '.join(str(r['move']) for r in rs)} | {probes:.1f} | {wall:.0f} s |")
 

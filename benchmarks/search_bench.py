@@ -24,6 +24,14 @@ def arguments(description: str, setting: str) -> argparse.ArgumentParser:
     return ap
 
 
+def summary(rows: list[dict]) -> tuple[list[float], str, float, float]:
+    """Searches' rows ({lo, probes, wall, ...}): their knees, max/min of them ("-" unless
+    every search held a rate), and the mean probes and wall seconds a search."""
+    knees = [r["lo"] for r in rows if r["lo"]]
+    spread = f"{max(knees) / min(knees):.3f}" if len(knees) == len(rows) and knees else "-"
+    return knees, spread, sum(r["probes"] for r in rows) / len(rows), sum(r["wall"] for r in rows) / len(rows)
+
+
 def prober(args: argparse.Namespace) -> tuple[Study, FrontierPlan, Prober]:
     """The study, the search's plan and a Prober writing into args.out (close it at the end)."""
     cfg = load_config([args.config])

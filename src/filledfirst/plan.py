@@ -44,6 +44,11 @@ def search_json(frontier: str, setting: str) -> str:
     return f"{search_dir(frontier, setting)}/search.json"
 
 
+def prediction_json(frontier: str, setting: str) -> str:
+    """An intervention's predicted start, beside its search.json."""
+    return f"{search_dir(frontier, setting)}/{PREDICTION_JSON}"
+
+
 def search_json_of(of: str) -> str:
     """The search.json of `<frontier>/<setting>`."""
     return search_json(*split_of(of))
@@ -172,7 +177,7 @@ class PredictionStep(msgspec.Struct, frozen=True):
 
     @property
     def out(self) -> str:
-        return f"{search_dir(self.frontier, self.setting)}/{PREDICTION_JSON}"
+        return prediction_json(self.frontier, self.setting)
 
     @property
     def log(self) -> str:
@@ -234,12 +239,13 @@ def _predictions(study: Study, jobs: list[Job]) -> list[PredictionStep]:
         waiting |= grown
     roots = [s for f in study.frontiers for s in (search_json(f, name) for name in frontier_plan(study, f).settings)
              if s not in waiting]
+    fingerprints = {s.key: s.fingerprint for job in jobs for s in job.searches}
     out = []
     for f in study.frontiers:
         for setting, i in frontier_plan(study, f).interventions.items():
             parent = search_json(f, i.parent)  # its job waits for the parent anyway
             out.append(PredictionStep(f, setting, roots if parent in roots else [parent, *roots],
-                                      search_fingerprint(study, f, setting)))
+                                      fingerprints[f"{f}/{setting}"]))
     return out
 
 
@@ -275,7 +281,7 @@ def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, 
     inputs = Inputs(
         model=model_inputs(study),
         parents=[search_json(lead_frontier, relaxed.parent)] if relaxed is not None else [],
-        predicted=[PredictionStep(lead_frontier, lead_setting, [], "").out] if relaxed is not None else [],
+        predicted=[prediction_json(lead_frontier, lead_setting)] if relaxed is not None else [],
         knees=[search_json_of(of) for of in knees],
         traces=traces,
         stats=[s.shape_stats for s in steps if s.shape_stats],
