@@ -23,6 +23,7 @@ from filledfirst.study import DiagnosisRules
 
 from helpers.searches import SEQ8_SEARCH, cap_probes
 from helpers.sim_engine import Engine, knee
+from helpers.sim_engine import run as simulate
 from helpers.synthetic_db import make_db, step_counters
 
 LAW = (4.0, 0.05, 0.25)  # ms a step, a token, a sequence
@@ -140,7 +141,7 @@ def test_an_intervention_relaxed_further_than_a_doubling_is_told_what_a_doubling
     cols = {"frontier": "f", "slo_ttft_ms": 2000.0, "slo_itl_ms": 1000.0, "probes": 1, "target": 0.95}
     rows = [FrontierRow.from_columns({**cols, "setting": "seq8"}),
             FrontierRow.from_columns({**cols, "setting": "seq8_seqs_x4", "parent": "seq8", "knob": "max_num_seqs",
-                                      "relaxed_from": 8, "relaxed_to": 32}),
+                                      "relaxed_from": 8, "relaxed_to": 32, "paired_concurrency": 32}),
             FrontierRow.from_columns({**cols, "setting": "seq8_kv_x2", "parent": "seq8", "knob": "KV tokens",
                                       "relaxed_from": 1000, "relaxed_to": 2000})]
     x4, kv = (r.intervention for r in frontiers._predicted(rows, {("f", "seq8"): parent})[1:])
@@ -148,6 +149,38 @@ def test_an_intervention_relaxed_further_than_a_doubling_is_told_what_a_doubling
     assert x4.predicted_shift_doubled == pytest.approx(prediction.shift(parent, Knob.SEQS, 2, slo, 0.95))
     assert 0 < x4.predicted_shift_doubled < x4.predicted_shift
     assert kv.predicted_shift == pytest.approx(0.0, abs=1e-9) and kv.predicted_shift_doubled is None  # a doubling
+    # the paired check's shift predicted where it ran (its closed loop), and not where it did not
+    assert x4.predicted_paired_shift == pytest.approx(prediction.paired_shift(parent, Knob.SEQS, 4, 32))
+    assert kv.predicted_paired_shift is None
+
+
+@pytest.mark.parametrize(("engine", "prompt", "output", "concurrency", "within"), [
+    (Engine(LAW, 8, 10**6, 2048), 150, 160, 16, 0.1),  # the cap holds 8 of the loop's 16
+    (Engine(LAW, 16, 10**6, 2048), 150, 160, 16, 0.1),  # the doubled cap runs them all
+    # the KV cache holds about 14 by the ledger; the simulated scheduler admits more and
+    # preempts (and recomputes) the newest when one cannot grow, which the mean model does
+    # not count: the simulated loop completes less than predicted, never more
+    (Engine(LAW, 64, 20480, 2048), 1000, 400, 48, 0.25),
+    (Engine(LAW, 64, 81920, 2048), 1000, 400, 48, 0.1),  # four times the cache: all of them
+], ids=["cap8", "cap16", "kv", "kv_x4"])
+def test_a_closed_loops_completions_a_second_are_the_simulated_engines(engine, prompt, output, concurrency, within):
+    # the paired check's quantity: what a closed loop of the same requests completes a second
+    prompts, outputs = np.full(N, prompt), np.full(N, output)
+    reqs = simulate(engine, 0.0, prompts, outputs, concurrency=concurrency)
+    done = sorted(r.finished for r in reqs if r.finished is not None)
+    simulated = (len(done) - 1) / (done[-1] - done[0])
+    predicted = prediction.throughput(MODEL, Limits(engine.cap, engine.kv_tokens, engine.budget),
+                                      Shape(prompts.astype(float), outputs.astype(float)), concurrency)
+    assert predicted == pytest.approx(simulated, rel=within)
+    assert within == 0.1 or predicted > simulated  # where it preempts, the loop completes less
+
+
+def test_a_relaxation_the_loop_cannot_use_is_predicted_to_buy_nothing_side_by_side():
+    shape = Shape(np.full(N, 150.0), np.full(N, 160.0))
+    parent = prediction.Search(MODEL, Limits(cap=8, kv_tokens=10**6, budget=2048), shape)
+    assert prediction.paired_shift(parent, Knob.SEQS, 2, 8) == pytest.approx(0.0)  # a loop of 8: no 9th to run
+    assert prediction.paired_shift(parent, Knob.SEQS, 2, 16) > 0.3
+    assert prediction.paired_shift(parent, Knob.KV, 2, 16) == pytest.approx(0.0)  # the cache was not full
 
 
 def test_the_context_held_lengthens_every_step_by_its_cost():

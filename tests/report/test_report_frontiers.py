@@ -357,3 +357,5 @@ def test_a_paired_check_reads_as_what_relaxing_did():
     assert paired_text(still).endswith(": did not move")
     failed = msgspec.structs.replace(base, paired_verdict=Confirmation.INCONCLUSIVE)
     assert paired_text(failed) == "inconclusive (a block failed)"
+    predicted = msgspec.structs.replace(moved, predicted_paired_shift=0.86)
+    assert paired_text(predicted) == "+75 % (pairs +73 % to +77 %): moved; predicted +86 %"

@@ -52,7 +52,8 @@ Columns:
   with interventions.paired its paired check
   (filledfirst.frontier.paired): paired_verdict, paired_shift (relaxed over parent,
   side by side, the pairs' geometric mean), paired_shift_lo and paired_shift_hi (the
-  lowest and highest pair's) and paired_why; the parent's row has verdict
+  lowest and highest pair's), paired_why, paired_concurrency (its closed loop) and
+  predicted_paired_shift (the parent's prediction of that shift); the parent's row has verdict
   (`confirmation`, from the paired checks where both interventions have one),
   verdict_why and next_label (what filled first at the relaxed knee);
 - the prediction (filledfirst.analysis.prediction; NULL without a step model or an
@@ -111,6 +112,7 @@ SCHEMA = {
     "interval_move": pl.String, "predicted_shift": pl.Float64, "predicted_shift_doubled": pl.Float64,
     "paired_verdict": pl.String,
     "paired_shift": pl.Float64, "paired_shift_lo": pl.Float64, "paired_shift_hi": pl.Float64, "paired_why": pl.String,
+    "paired_concurrency": pl.Int64, "predicted_paired_shift": pl.Float64,
     "predicted_rps": pl.Float64, "predicted_first": pl.String, "predicted_next": pl.String,
     "predicted_next_rps": pl.Float64, "predicted_cap_rps": pl.Float64, "predicted_kv_rps": pl.Float64,
     "predicted_budget_rps": pl.Float64, "predicted_compute_rps": pl.Float64, "predicted_itl_rps": pl.Float64,
@@ -375,14 +377,15 @@ def _relaxation(search: SearchRecord | None) -> Intervention | None:
         return None
     check = search.paired
     found = None if check is None else paired.verdict(paired.blocks_of(check), i.min_shift)
+    columns = {} if check is None or found is None else _paired_columns(found, i.knob.value, check.concurrency)
     return Intervention(parent=i.parent, knob=i.knob.value, relaxed_from=i.before, relaxed_to=i.after,
-                        min_shift=i.min_shift, **({} if found is None else _paired_columns(found, i.knob.value)))
+                        min_shift=i.min_shift, **columns)
 
 
-def _paired_columns(found: paired.PairedVerdict, knob: str) -> dict[str, Any]:
+def _paired_columns(found: paired.PairedVerdict, knob: str, concurrency: int) -> dict[str, Any]:
     """An intervention's paired_* columns."""
-    return {"paired_verdict": found.verdict, "paired_shift": found.shift, "paired_shift_lo": found.shift_lo,
-            "paired_shift_hi": found.shift_hi, "paired_why": paired_why(found, knob)}
+    return {"paired_concurrency": concurrency, "paired_verdict": found.verdict, "paired_shift": found.shift,
+            "paired_shift_lo": found.shift_lo, "paired_shift_hi": found.shift_hi, "paired_why": paired_why(found, knob)}
 
 
 def paired_why(found: paired.PairedVerdict, knob: str) -> str:
@@ -490,8 +493,10 @@ def _predicted(rows: list[FrontierRow], found: dict[tuple[str, str], prediction.
             factor = i.relaxed_to / i.relaxed_from
             moved = prediction.shift(parent, Knob(i.knob), factor, slo, target)
             doubled = prediction.shift(parent, Knob(i.knob), DOUBLED, slo, target) if factor > DOUBLED else None
+            side_by_side = (None if i.paired_concurrency is None
+                            else prediction.paired_shift(parent, Knob(i.knob), factor, i.paired_concurrency))
             r = msgspec.structs.replace(r, intervention=msgspec.structs.replace(
-                i, predicted_shift=moved, predicted_shift_doubled=doubled))
+                i, predicted_shift=moved, predicted_shift_doubled=doubled, predicted_paired_shift=side_by_side))
         out.append(r)
     return out
 

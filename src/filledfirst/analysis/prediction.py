@@ -88,20 +88,44 @@ class Shape:
         return len(self.output)
 
 
-def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> dict[Limit, float]:
-    """Each limit's predicted knee, requests per second over the whole server, under `slo`
-    met by the share `target` of the requests (the quantile the prompts are judged at)."""
+@dataclass(frozen=True)
+class _Work:
+    """A request's work in the step time's terms (seconds): the step's costs, the steps a
+    request holds a slot for (each request's, and their mean), the token steps of context
+    it holds, and K, the seconds a request a second adds to the mean step's
+    (s(λ) = base / (1 − λ·K), the module doc)."""
+
+    base: float
+    per_token: float
+    per_seq: float
+    per_context: float
+    steps_held: np.ndarray
+    held: float
+    context_held: float
+    k: float
+
+
+def _work(model: StepModel, limits: Limits, shape: Shape) -> _Work:
     base, per_token, per_seq = (max(x, 0.0) / 1000 for x in (model.base_ms, model.per_token_ms, model.per_seq_ms))
     per_context = max(model.per_context_ms or 0.0, 0.0) / 1000 / 1000  # s per token held
-    budget = limits.budget or math.inf
     u, o = shape.uncached, shape.output
-    chunks = np.maximum(np.ceil(np.maximum(u, 1) / budget), 1)
+    chunks = np.maximum(np.ceil(np.maximum(u, 1) / (limits.budget or math.inf)), 1)
     steps_held = np.maximum(o + chunks - 1, 1)
     held = float(steps_held.mean())
     context_held = float((steps_held * (u + o / 2)).mean())  # token steps of context a request holds
     k = (per_token + per_seq) * held + per_token * float(u.mean()) + per_context * context_held
     if k <= 0:
         raise ValueError("a step time with no cost per token or sequence predicts no knee")
+    return _Work(base, per_token, per_seq, per_context, steps_held, held, context_held, k)
+
+
+def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> dict[Limit, float]:
+    """Each limit's predicted knee, requests per second over the whole server, under `slo`
+    met by the share `target` of the requests (the quantile the prompts are judged at)."""
+    w = _work(model, limits, shape)
+    base, per_token, per_seq, per_context, k = w.base, w.per_token, w.per_seq, w.per_context, w.k
+    budget = limits.budget or math.inf
+    u, o, steps_held, held, context_held = shape.uncached, shape.output, w.steps_held, w.held, w.context_held
     saturation = 1 / k
 
     def step(rate: float) -> float:
@@ -145,6 +169,29 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: floa
         Limit.ITL: fills(chunk_step, slo.itl_ms / 1000),
     }
     return {limit: rate * limits.engines for limit, rate in found.items() if rate is not None}
+
+
+def throughput(model: StepModel, limits: Limits, shape: Shape, concurrency: int) -> float:
+    """Completions a second of a closed loop of `concurrency` requests of the shape over the
+    whole server (the paired check's quantity, filledfirst.frontier.paired): each engine
+    runs r of its share of them, as many as its cap, its KV cache (the ledger: a request's
+    whole length, held for its steps) and its token budget let run at once; by Little's law
+    its mean step is then s = base + r·K/E[L] and it completes r / (s·E[L]) a second."""
+    w = _work(model, limits, shape)
+    # KV tokens a running request holds, and the tokens it puts in a step
+    ledger = float((w.steps_held * (shape.uncached + shape.output)).mean()) / w.held
+    step_tokens = (w.held + float(shape.uncached.mean())) / w.held
+    running = min(concurrency / limits.engines, limits.cap or math.inf,
+                  (limits.kv_tokens or math.inf) / ledger, (limits.budget or math.inf) / step_tokens)
+    return limits.engines * running / (w.base * w.held + running * w.k)
+
+
+def paired_shift(parent: Search, knob: Knob, factor: float, concurrency: int) -> float:
+    """How much more a closed loop of `concurrency` completes a second with `knob` `factor`
+    times larger, as a share: what the paired check measures, predicted."""
+    before = throughput(parent.model, parent.limits, parent.shape, concurrency)
+    after = throughput(*changed(RELAXES[knob], factor, parent.model, parent.limits), parent.shape, concurrency)
+    return after / before - 1
 
 
 def _or(value: float | None, default: float) -> float:

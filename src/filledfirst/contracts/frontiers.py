@@ -56,6 +56,9 @@ class Intervention(msgspec.Struct, frozen=True, kw_only=True):
     paired_shift_lo: float | None = None
     paired_shift_hi: float | None = None
     paired_why: str | None = None
+    paired_concurrency: int | None = None  # the paired check's closed loop
+    # the paired check's shift as the parent's model predicts it (filledfirst.analysis.prediction.paired_shift)
+    predicted_paired_shift: float | None = None
 
 
 class Prediction(msgspec.Struct, frozen=True, kw_only=True):

@@ -252,14 +252,16 @@ _PAIRED_MOVE = {Confirmation.CONFIRMED: "moved", Confirmation.NOT_CONFIRMED: "di
 
 
 def paired_text(i: Intervention) -> str:
-    """'+58 % (pairs +55 % to +61 %): moved': the paired check's shift and verdict."""
+    """'+58 % (pairs +55 % to +61 %): moved; predicted +50 %': the paired check's shift,
+    its verdict, and the shift the parent's model predicted for it."""
     if i.paired_verdict is None:
         return DASH
     said = _PAIRED_MOVE[Confirmation(i.paired_verdict)]
+    predicted = "" if i.predicted_paired_shift is None else f"; predicted {numbers.change(i.predicted_paired_shift)}"
     if i.paired_shift is None:
-        return f"{said} (a block failed)"
+        return f"{said} (a block failed){predicted}"
     return (f"{numbers.change(i.paired_shift)} (pairs {numbers.change(i.paired_shift_lo)} to "
-            f"{numbers.change(i.paired_shift_hi)}): {said}")
+            f"{numbers.change(i.paired_shift_hi)}): {said}{predicted}")
 
 
 class MovedLine(msgspec.Struct, frozen=True):

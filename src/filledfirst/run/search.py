@@ -492,7 +492,7 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
             plan = search_plan(study, task.frontier, task.setting)
             probers.append(Prober(study, plan, task.setting, Path(task.out), task.fingerprint, task.trace_csv,
                                   task.shape_stats, progress, before=probers[-1] if probers else None))
-            records.append(_search(probers[-1]))
+            records.append(search_to_the_end(probers[-1]))
         if hosted is not None and hosted.runs:
             _run_hosted(study, hosted, records, probers)
         # Last: a paired check stops the job's server while its parent's runs.
@@ -541,7 +541,7 @@ def _clean(out: Path) -> None:
     (out / SEARCH_JSON).unlink(missing_ok=True)
 
 
-def _search(prober: Prober) -> SearchRecord:
+def search_to_the_end(prober: Prober) -> SearchRecord:
     """The prober's search to its end, its search.json written."""
     plan, setting, out = prober.plan, prober.setting, prober.out
     frontier = plan.name
