@@ -142,7 +142,7 @@ def test_an_experiment_spec_is_typed_from_the_document_run_json_keeps():
     spec = experiment_spec(as_study(cfg), "seq_limit")
     assert spec == study.ExperimentSpec.from_doc(json.loads(json.dumps(doc)))  # as run.json reads back
     assert "server" not in doc["engine"] and spec.engine == s.engine.start()
-    assert spec.server == doc["server"] and spec.server["max_num_seqs"] == 2
+    assert spec.server == doc["server"] and spec.server["max_num_seqs"] == 8
     assert spec.loadgen == s.loadgen_for("seq_limit") and spec.model == s.model
     assert spec.workload == s.workloads[s.experiments["seq_limit"].workload]
     assert spec.server_spec == study.ServerSpec(model=spec.model, engine=spec.engine, server=spec.server)
