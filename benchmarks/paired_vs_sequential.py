@@ -41,7 +41,7 @@ from filledfirst.frontier import paired
 from filledfirst.frontier.interventions import Span, lo_ratio, move
 from filledfirst.frontier.plan import search_plan
 from filledfirst.run.paired import concurrency, run_paired
-from filledfirst.run.search import Prober, parent_knee, search_to_the_end
+from filledfirst.run.search import Prober, paired_parent, parent_knee, search_to_the_end
 from filledfirst.study import Study
 
 
@@ -69,13 +69,11 @@ def sequential(study: Study, prober: Prober, relaxed: Intervention, out: Path) -
 
 
 def paired_check(study: Study, prober: Prober, relaxed: Intervention, n: int, out: Path) -> dict:
-    """The paired check as the intervention's job wires it (run.search._paired): a
-    parent's prober writing into the intervention's folder; run_paired closes it."""
+    """The paired check as the intervention's job wires it (run.search._paired);
+    run_paired closes the parent's prober."""
     prober.out = out
     out.mkdir(parents=True)
-    parent = Prober(study, search_plan(study, prober.plan.name, relaxed.parent), relaxed.parent, out,
-                    prober.fingerprint, None, None, progress=False)
-    check = run_paired(prober, parent, relaxed, n)
+    check = run_paired(prober, paired_parent(study, prober, relaxed), relaxed, n)
     found = paired.verdict(paired.blocks_of(check), relaxed.min_shift)  # unwidened, as table `frontiers`
     return {"verdict": str(found.verdict), "shift": found.shift, "lo": found.shift_lo, "hi": found.shift_hi,
             "why": paired_why(found, relaxed.knob.value)}

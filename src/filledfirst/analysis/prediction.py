@@ -92,8 +92,8 @@ class Shape:
 class _Work:
     """A request's work in the step time's terms (seconds): the step's costs, the steps a
     request holds a slot for (each request's, and their mean), the token steps of context
-    it holds, and K, the seconds a request a second adds to the mean step's
-    (s(λ) = base / (1 − λ·K), the module doc)."""
+    it holds and of KV it holds (the ledger: its whole length), and K, the seconds a
+    request a second adds to the mean step's (s(λ) = base / (1 − λ·K), the module doc)."""
 
     base: float
     per_token: float
@@ -102,6 +102,7 @@ class _Work:
     steps_held: np.ndarray
     held: float
     context_held: float
+    kv_held: float
     k: float
 
 
@@ -116,7 +117,8 @@ def _work(model: StepModel, limits: Limits, shape: Shape) -> _Work:
     k = (per_token + per_seq) * held + per_token * float(u.mean()) + per_context * context_held
     if k <= 0:
         raise ValueError("a step time with no cost per token or sequence predicts no knee")
-    return _Work(base, per_token, per_seq, per_context, steps_held, held, context_held, k)
+    kv_held = float((steps_held * (u + o)).mean())
+    return _Work(base, per_token, per_seq, per_context, steps_held, held, context_held, kv_held, k)
 
 
 def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: float) -> dict[Limit, float]:
@@ -125,7 +127,7 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: floa
     w = _work(model, limits, shape)
     base, per_token, per_seq, per_context, k = w.base, w.per_token, w.per_seq, w.per_context, w.k
     budget = limits.budget or math.inf
-    u, o, steps_held, held, context_held = shape.uncached, shape.output, w.steps_held, w.held, w.context_held
+    u, held, context_held = shape.uncached, w.held, w.context_held
     saturation = 1 / k
 
     def step(rate: float) -> float:
@@ -163,7 +165,7 @@ def knees(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: floa
 
     found = {
         Limit.CAP: fills(running, limits.cap),
-        Limit.KV: fills(lambda r: r * step(r) * float((steps_held * (u + o)).mean()), limits.kv_tokens),
+        Limit.KV: fills(lambda r: r * step(r) * w.kv_held, limits.kv_tokens),
         Limit.BUDGET: fills(lambda r: r * step(r) * (held + float(u.mean())), limits.budget),
         Limit.COMPUTE: _or(fills(lambda r: (q_chunks + 0.5) * chunk_step(r), slo.ttft_ms / 1000), saturation),
         Limit.ITL: fills(chunk_step, slo.itl_ms / 1000),
@@ -179,7 +181,7 @@ def throughput(model: StepModel, limits: Limits, shape: Shape, concurrency: int)
     its mean step is then s = base + r·K/E[L] and it completes r / (s·E[L]) a second."""
     w = _work(model, limits, shape)
     # KV tokens a running request holds, and the tokens it puts in a step
-    ledger = float((w.steps_held * (shape.uncached + shape.output)).mean()) / w.held
+    ledger = w.kv_held / w.held
     step_tokens = (w.held + float(shape.uncached.mean())) / w.held
     running = min(concurrency / limits.engines, limits.cap or math.inf,
                   (limits.kv_tokens or math.inf) / ledger, (limits.budget or math.inf) / step_tokens)

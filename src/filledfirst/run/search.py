@@ -506,6 +506,14 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
     return records
 
 
+def paired_parent(study: Study, prober: Prober, relaxed: Intervention, trace_csv: Path | None = None,
+                  shape_stats: Path | None = None) -> Prober:
+    """The prober of the setting `relaxed` relaxes, for its paired check: its blocks go in
+    the intervention's folder beside its own (run_paired reads their evidence there)."""
+    return Prober(study, search_plan(study, prober.plan.name, relaxed.parent), relaxed.parent, prober.out,
+                  prober.fingerprint, trace_csv, shape_stats, prober.progress)
+
+
 def _paired(study: Study, task: SearchTask, prober: Prober, relaxed: Intervention,
             record: SearchRecord) -> SearchRecord:
     """The search's record with its paired check (filledfirst.run.paired), written again."""
@@ -516,8 +524,7 @@ def _paired(study: Study, task: SearchTask, prober: Prober, relaxed: Interventio
         return record
     # its blocks' parts of the shared log begin here (after any later search's or hosted run's)
     prober.log_from = prober.shared.log_offset()
-    parent = Prober(study, search_plan(study, task.frontier, relaxed.parent), relaxed.parent, prober.out,
-                    prober.fingerprint, task.trace_csv, task.shape_stats, prober.progress)
+    parent = paired_parent(study, prober, relaxed, task.trace_csv, task.shape_stats)
     record = msgspec.structs.replace(record, paired=run_paired(prober, parent, relaxed, n))
     record.write(Path(task.out) / SEARCH_JSON)
     return record
