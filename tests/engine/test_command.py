@@ -39,7 +39,8 @@ def test_gpu_config_runs_vllm_serve_with_the_seed_settings():
 
 def test_experiment_overrides_the_engine_default():
     assert "--max-num-seqs 8" in " ".join(command_for("config.yaml", "seq_limit").argv)
-    assert "--max-num-seqs 2" in " ".join(command_for("cpu.yaml", "seq_limit").argv)
+    assert "--max-num-seqs 8" in " ".join(command_for("cpu.yaml", "seq_limit").argv)
+    assert "--max-num-seqs 64" in " ".join(command_for("cpu.yaml", "decode_low").argv)
 
 
 def test_cpu_config_uses_the_module_launcher_and_kv_space():
