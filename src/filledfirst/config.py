@@ -261,9 +261,10 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
     own = f["settings"][setting] if relaxed is None else deep_merge(f["settings"][relaxed.parent], relaxed.changes)
     return fingerprint({
         "server": deep_merge(cfg["engine"].get("server", {}), own),
-        # whether it is paired decides what follows its probes, not them (the job's fingerprint has it)
+        # whether it is paired or searched decides what follows or whether it probes, not what a
+        # probe measures (the job's fingerprint has both)
         **({} if relaxed is None else {"intervention": {k: v for k, v in msgspec.to_builtins(relaxed).items()
-                                                        if k != "paired"}}),
+                                                        if k not in ("paired", "search")}}),
         "loadgen": {**loadgen, "mode": "open"},
         **_model_engine_scrape(study),
         "workload": cfg["workloads"][f["workload"]],

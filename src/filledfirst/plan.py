@@ -289,6 +289,8 @@ def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, 
     spec = " ".join(s.fingerprint for s in steps)
     if relaxed is not None and relaxed.paired:
         spec += " paired"
+    if relaxed is not None and not relaxed.search:
+        spec += " unsearched"
     if runs:
         spec += " " + group_fingerprint(study, [e.experiment for e in runs])
     return Job(f"frontier_{lead_frontier}_{lead_setting}", steps, runs, inputs, spec)

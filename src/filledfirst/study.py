@@ -506,6 +506,7 @@ class Interventions(_Struct):
     factor: int = _d("frontiers", "*", "interventions", "factor")
     min_shift: float = _d("frontiers", "*", "interventions", "min_shift")
     paired: bool = _d("frontiers", "*", "interventions", "paired")
+    search: bool = _d("frontiers", "*", "interventions", "search")
 
 
 class Frontier(_Struct):

@@ -13,9 +13,10 @@ from filledfirst.analysis import signals
 from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import frontier_table, write_frontiers
 from filledfirst.cli import main
+from filledfirst.contracts.search import Intervention, Knob
 from filledfirst.study import DiagnosisRules
 
-from helpers.searches import SEQ8_SEARCH, cap_probes, probe_run
+from helpers.searches import SEQ8_SEARCH, cap_probes, probe_run, search_record
 from helpers.synthetic_db import make_db
 
 
@@ -119,3 +120,34 @@ def test_a_knee_broken_by_its_growing_queue_names_what_held_the_queue(held_by, b
     missed = _knee(attainment=0.5, attainment_lo=0.37, attainment_hi=0.63, missed={"failed": 0, "ttft": 26, "itl": 0})
     assert _knee_label(seen_none, missed)[0] == "compute-bound"
     assert _knee_label(seen_none, _knee(missed={"failed": 0, "ttft": 2, "itl": 20}))[0] == "ITL-bound"
+
+
+def test_an_intervention_judged_side_by_side_alone_has_a_row_from_its_search_json(db):
+    # seq8's cap doubled, not searched (interventions.search false): a search.json with no
+    # probes, its paired check moved it +60 % side by side with the cap used beyond 8
+    loops = [("relaxed", 16.0, 0.8), ("parent", 10.0, 0.0), ("parent", 10.0, 0.0), ("relaxed", 16.0, 0.7)]
+    blocks = [{"side": side, "beyond_share": beyond, "queue_share": 0.0 if side == "relaxed" else 0.9,
+               "loop": {"run_dir": f"paired{i}-{side}", "run_id": f"b{i}", "status": "ok", "concurrency": 16,
+                        "requests": 120, "throughput_rps": rps}}
+              for i, (side, rps, beyond) in enumerate(loops, 1)]
+    alone = msgspec.structs.replace(search_record("cap", "seq8_seqs_x2", lo=None, hi=None, reason="not_searched"),
+                                    intervention=Intervention(parent="seq8", knob=Knob.SEQS, before=8, after=16,
+                                                              changes={"max_num_seqs": 16}, paired=True,
+                                                              search=False))
+    doc = {**alone.to_doc(), "paired": {"concurrency": 16, "blocks": blocks}}
+    stale = probe_run("cap", "seq8_seqs_x2", 1, 9.0, 1.0, 16, 1.2, cap=16)  # of an earlier search of it
+    with duckdb.connect(str(db)) as con:
+        con.execute("INSERT INTO frontier_searches VALUES (?, ?, ?)", ["cap", "seq8_seqs_x2", json.dumps(doc)])
+        con.execute("INSERT INTO runs (run_id, experiment, status, started_at, max_num_seqs, meta) "
+                    "VALUES (?, ?, 'ok', '2026-01-02T00:00:00', 16, ?)",
+                    [stale["run_id"], stale["run_id"], json.dumps(stale["meta"])])
+        table = {(r["frontier"], r["setting"]): r for r in frontier_table(con).to_dicts()}
+    row = table[("cap", "seq8_seqs_x2")]
+    assert (row["probes"], row["lo_rps"], row["hi_rps"], row["reason"]) == (0, None, None, "not_searched")
+    assert (row["parent"], row["role"], row["paired_verdict"]) == ("seq8", "relaxed", "confirmed")
+    assert row["paired_shift"] == pytest.approx(0.6) and row["moved"] is None and row["knee_label"] is None
+    assert (row["slo_ttft_ms"], row["target"], row["workload"]) == (500.0, alone.bounds.target, "paced")
+    # no control measured side by side, and no search to fall back on: nothing decides
+    seq8 = table[("cap", "seq8")]
+    assert seq8["verdict"] == "inconclusive" and "no search of it to fall back on" in seq8["verdict_why"]
+    assert "for the control" in seq8["verdict_why"]

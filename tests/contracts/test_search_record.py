@@ -91,7 +91,7 @@ def test_an_intervention_keeps_what_it_relaxed_and_where_it_started():
                                "parent_fingerprint": "ab12", "parent_knee_rps": 16.0, "shift": 0.7,
                                "model_scope": "engine", "searches": ["azure/default"], "why": "max_num_seqs x2: ..."},
            "intervention": {"after": 128, "before": 64, "changes": {"max_num_seqs": 128}, "knob": "max_num_seqs",
-                            "min_shift": 0.3, "paired": True, "parent": "default"},
+                            "min_shift": 0.3, "paired": True, "parent": "default", "search": True},
            "paired": {"concurrency": 128, "blocks": [
                {"side": side, "beyond_share": beyond, "queue_share": queue,
                 "loop": {**WRITTEN["check"], "run_dir": f"paired{i}-{side}", "concurrency": 128}}

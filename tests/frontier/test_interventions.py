@@ -66,6 +66,11 @@ def test_each_verified_setting_gets_its_cap_and_its_kv_budget_doubled(cfg):
     # each is its own search, with its own identity
     prints = {s: search_fingerprint(as_study(cfg), "capacity", s) for s in plan.settings}
     assert len(set(prints.values())) == len(prints)
+    # judged side by side alone, the same searches: whether one is searched is its job's to know
+    cfg["frontiers"]["capacity"]["interventions"].update(paired=True, search=False)
+    validate_config(cfg)
+    assert not frontier_plan(Study.from_dict(cfg), "capacity").interventions["seq8_seqs_x2"].search
+    assert {s: search_fingerprint(as_study(cfg), "capacity", s) for s in plan.settings} == prints
 
 
 def test_a_factor_relaxes_both_limits_as_far_and_names_them_so(cfg):
@@ -97,6 +102,8 @@ def test_settings_true_tests_every_setting_and_false_none(cfg):
 @pytest.mark.parametrize("mutate, expected", [
     (lambda f: f.update(interventions={"settings": ["nope"]}),
      "frontiers.capacity.interventions.settings: 'nope' is not one of its settings"),
+    (lambda f: f.update(interventions={"settings": ["seq8"], "search": False}),
+     "frontiers.capacity.interventions: search: false leaves nothing to judge an intervention by"),
     (lambda f: f.update(interventions={"settings": ["default"]}),
      "frontiers.capacity.interventions: setting 'default': state its KV budget (kv_tokens) to relax it"),
     # vLLM would not start: its KV must hold one request of max_model_len, beside a block it keeps

@@ -359,3 +359,30 @@ def test_a_paired_check_reads_as_what_relaxing_did():
     assert paired_text(failed) == "inconclusive (a block failed)"
     predicted = msgspec.structs.replace(moved, predicted_paired_shift=0.86)
     assert paired_text(predicted) == "+75 % (pairs +73 % to +77 %): moved; predicted +86 %"
+
+
+def test_an_intervention_judged_side_by_side_alone_says_it_was_not_searched():
+    base = {"frontier": "decode", "confidence": 0.9}
+    predicted = {"predicted_rps": 8.0, "predicted_first": "cap", "predicted_next": "KV blocks",
+                 "predicted_next_rps": 9.5, "predicted_ratio": 1.05, "model_scope": "setting"}
+    unsearched = {"reason": "not_searched", "lo_rps": None, "hi_rps": None, "parent": "seq8", "probes": 0}
+    rows = [row(**base, reason="converged", setting="seq8", lo_rps=8.4, hi_rps=9.0, floor_rps=8.0,
+                knee_label="active-sequence limit", **predicted),
+            row(**base, **unsearched, setting="seq8_seqs_x2", knob="max_num_seqs", relaxed_from=8, relaxed_to=16,
+                role="relaxed", paired_verdict="confirmed", paired_shift=0.6, paired_shift_lo=0.5,
+                paired_shift_hi=0.7, predicted_shift=0.5),
+            row(**base, **unsearched, setting="seq8_kv_x2", knob="KV tokens", relaxed_from=1, relaxed_to=2,
+                role="control", paired_verdict="not confirmed", paired_shift=0.01, paired_shift_lo=-0.02,
+                paired_shift_hi=0.03)]
+    lines = [unescape(line) for line in re.findall(r"<tr>(.*?)</tr>", frontiers.moved_table_html(rows), re.S)]
+    relaxed, control = lines[1], lines[2]
+    assert "not searched" in relaxed and "+60 % (pairs +50 % to +70 %): moved" in relaxed
+    # what fills next: only the parent's prediction can say, and the relaxed line says so
+    assert "KV blocks at 9.5 req/s (predicted)" in relaxed and "(predicted)" not in control
+    # a relaxation predicted to stop short of the next limit: the same limit again
+    short = [rows[0], msgspec.structs.replace(rows[1], intervention=msgspec.structs.replace(
+        rows[1].intervention, predicted_shift=0.1)), rows[2]]
+    assert "cap at 8.8 req/s again (predicted)" in unescape(frontiers.moved_table_html(short))
+    table = unescape(frontiers.frontier_table_html(rows))
+    assert "not searched: judged side by side with seq8" in table and "nothing broke" not in table
+

@@ -8,8 +8,9 @@ Asserts what holds at any CPU speed: files, statuses,
 one start per search, the probes' rates being the search's, the tables, the verdict
 being the one the knees give, the report's table, an interrupted intervention
 resumed from its probes, a second frontier's search of the same server run on
-knee/default's start, and an experiment placed on a knee run on that search's server
-(and run again alone when its folder is lost).
+knee/default's start, an experiment placed on a knee run on that search's server
+(and run again alone when its folder is lost), and the interventions judged side by side
+alone (interventions.search false) from the blocks they measured.
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
 import json
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import duckdb
@@ -123,7 +125,8 @@ def test_capacity_search_on_the_engine(tmp_path):
                                                ("seq2_kv_x2", "KV tokens", 32768, 65536, ("kv_tokens", 65536))):
         doc = json.loads((base / setting / "search.json").read_text())
         assert doc["intervention"] == {"parent": "seq2", "knob": knob, "before": before, "after": after,
-                                       "changes": dict([flag]), "min_shift": 0.3, "paired": True}
+                                       "changes": dict([flag]), "min_shift": 0.3, "paired": True,
+                                       "search": True}
         knee = seq2["result"]["lo"]  # None: seq2 broke at start, and the intervention grows from it
         assert doc["estimate"] is None and doc["check"] is None
         # its start predicted before it ran, from the searches that are not interventions
@@ -264,3 +267,31 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert again["status"] == "ok" and again["server"]["started_by"] == "half_knee"
     assert "startup_s" in again["timings"]
     assert json.loads((base / "default" / "search.json").read_text())["result"] == default["result"]
+
+    # Judged side by side alone (interventions.search false): each intervention's job runs
+    # again, its probes gone and no knee; its paired blocks are read back (no server starts);
+    # the table keeps the paired verdicts, and the report says it was not searched.
+    checks = {s: json.loads((base / s / "search.json").read_text())["paired"] for s in ("seq2_seqs_x2", "seq2_kv_x2")}
+    con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
+    verdicts = dict(con.execute("SELECT setting, paired_verdict FROM frontiers WHERE parent = 'seq2'").fetchall())
+    con.close()
+    written = yaml.safe_load(cfg.read_text())
+    written["frontiers"]["knee"]["interventions"]["search"] = False
+    cfg.write_text(yaml.safe_dump(written))
+    alone = subprocess.run(snakemake_argv(tmp_path, cfg, "all"), env=pipeline_env, capture_output=True, text=True,
+                           timeout=600)
+    assert alone.returncode == 0, alone.stderr[-4000:]
+    for setting, check in checks.items():
+        doc = json.loads((base / setting / "search.json").read_text())
+        assert doc["probes"] == [] and doc["result"]["reason"] == StopReason.NOT_SEARCHED
+        assert doc["result"]["lo"] is None and doc["intervention"]["search"] is False
+        assert doc["paired"] == check and not list((base / setting).glob("p[0-9]*"))
+        log = (tmp_path / "results" / "logs" / f"frontier-knee-{setting}.log").read_text()
+        assert "judged side by side" in log and "a closed loop of" not in log and "starting vLLM" not in log
+    con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
+    rows = con.execute("SELECT setting, probes, lo_rps, reason, paired_verdict FROM frontiers"
+                       " WHERE parent = 'seq2' ORDER BY setting").fetchall()
+    con.close()
+    assert rows == [(s, 0, None, "not_searched", verdicts[s]) for s in sorted(checks)]
+    html = unescape((tmp_path / "reports" / "report.html").read_text())
+    assert "not searched: judged side by side with seq2" in html

@@ -85,7 +85,7 @@ from filledfirst.analysis.diagnosis.storage import stored_rules
 from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention, Role
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
-from filledfirst.contracts.search import Knob, SearchRecord, Slo
+from filledfirst.contracts.search import Knob, SearchRecord, Slo, StopReason
 from filledfirst.errors import UserError
 from filledfirst.frontier import paired
 from filledfirst.frontier.interventions import Span, lo_ratio, move, widened
@@ -149,6 +149,11 @@ def moved(before: FrontierRow, after: FrontierRow, min_shift: float = 0.0) -> st
 _NOT_COMPARED = Intervention(parent="", knob="")  # a missing intervention: nothing moved
 
 
+def unsearched(row: FrontierRow | None) -> bool:
+    """An intervention its paired check alone judges (interventions.search false): no knee."""
+    return row is not None and row.reason == StopReason.NOT_SEARCHED
+
+
 def confirmation(label: str | None, relaxed: FrontierRow | None,
                  control: FrontierRow | None) -> tuple[Confirmation | None, str]:
     """The verdict on a knee's label from its two interventions' `moved`, `within_drift`,
@@ -170,6 +175,11 @@ def confirmation(label: str | None, relaxed: FrontierRow | None,
     ci = (control.intervention if control else None) or _NOT_COMPARED
     if ri.paired_shift is not None and ci.paired_shift is not None:  # both paired checks measured
         return paired_confirmation(ri, ci)
+    if unsearched(relaxed) or unsearched(control):
+        missing = " and ".join(role for role, row, i in (("relaxed", relaxed, ri), ("control", control, ci))
+                               if i.paired_shift is None)
+        return Confirmation.INCONCLUSIVE, (f"no shift side by side for the {missing} (a block failed or no check "
+                                           "ran), and no search of it to fall back on")
     r, c = ri.moved, ci.moved
     knob = IMPLICATED[label]
     if r is None or relaxed is None:
@@ -231,7 +241,8 @@ def next_limit(label: str, relaxed: FrontierRow) -> Label | None:
 
 def _predicted_moves(relaxed: FrontierRow | None, control: FrontierRow | None) -> str:
     """The shifts the parent's prediction gave its interventions, beside the measured ones."""
-    parts = [f"{role} {numbers.change(i.predicted_shift)} (measured {numbers.change(i.shift)})"
+    parts = [f"{role} {numbers.change(i.predicted_shift)}"
+             + ("" if unsearched(row) else f" (measured {numbers.change(i.shift)})")
              for role, row in (("relaxed", relaxed), ("control", control))
              if row is not None and (i := row.intervention) is not None and i.predicted_shift is not None]
     return "" if not parts else "; predicted: " + ", ".join(parts)
@@ -421,7 +432,12 @@ def _row(name: str, setting: str, probes: list[ProbeRun], search: SearchRecord |
                  default=None)
     lo_p = next((p for p in reversed(measured) if lo is not None and p.probe.rate == lo and p.probe.held), None)
     hi_p = next((p for p in measured if hi is not None and p.probe.rate == hi and not p.probe.held), None)
-    slo = probes[0].probe.slo
+    # an unsearched intervention has no probes: what it would have been searched under is its search.json's
+    if probes:
+        workload, slo, target = probes[0].workload, probes[0].probe.slo, probes[0].probe.target
+    else:
+        assert search is not None
+        workload, slo, target = search.workload, search.slo, search.bounds.target
     sides: dict[str, Any] = {}
     for side, p in (("lo", lo_p), ("hi", hi_p)):
         r = rates.get(p.run_id, {}) if p else {}
@@ -437,8 +453,8 @@ def _row(name: str, setting: str, probes: list[ProbeRun], search: SearchRecord |
                     if crossed(diag.get(p.run_id, _UNDIAGNOSED), rates.get(p.run_id, {}))), default=None)
 
     return FrontierRow(
-        frontier=name, setting=setting, workload=probes[0].workload, slo_ttft_ms=slo.ttft_ms, slo_itl_ms=slo.itl_ms,
-        target=probes[0].probe.target, probes=len(probes), reason=result.reason.value if result else None,
+        frontier=name, setting=setting, workload=workload, slo_ttft_ms=slo.ttft_ms, slo_itl_ms=slo.itl_ms,
+        target=target, probes=len(probes), reason=result.reason.value if result else None,
         error=result.error if result else None, lo_rps=lo, hi_rps=hi, **_interval(search), **sides,
         lo_run_id=lo_p.run_id if lo_p else None, knee_run_id=hi_p.run_id if hi_p else None,
         knee_label=knee_label, knee_clue=knee_clue,
@@ -456,8 +472,6 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
     rules = stored_rules(con)
     metas = signals.run_metas(con)
     groups = probe_runs(con, metas)
-    if not groups:
-        return []
     diag = {d["run_id"]: DiagnosisRow.from_columns(d)
             for d in pl.from_arrow(con.sql("SELECT * FROM diagnosis").to_arrow_table()).to_dicts()}
     rates = {r["run_id"]: r for r in signals.run_rates(con).to_dicts()}
@@ -465,8 +479,13 @@ def frontier_rows(con: duckdb.DuckDBPyConnection) -> list[FrontierRow]:
     if table_exists(con, "frontier_searches"):
         searches = {(f, s): SearchRecord.loads(doc, f"table frontier_searches, row {f}/{s}")
                     for f, s, doc in con.execute("SELECT frontier, setting, search FROM frontier_searches").fetchall()}
+    # an unsearched intervention's row comes from its search.json; probes of an earlier search of it do not count
+    alone = {key: [] for key, s in searches.items() if s.result.reason is StopReason.NOT_SEARCHED}
+    groups = {key: probes for key, probes in groups.items() if key not in alone}
+    if not groups:
+        return []
     rows = [_row(name, setting, probes, searches.get((name, setting)), diag, rates, rules)
-            for (name, setting), probes in groups.items()]
+            for (name, setting), probes in {**groups, **alone}.items()]
     found = prediction.searches(con, metas, {key: [p.run_id for p in probes] for key, probes in groups.items()})
     return _interventions(_predicted(rows, found))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from filledfirst.analysis.frontiers import knee_span, moved
+from filledfirst.analysis.frontiers import knee_span, moved, unsearched
 from filledfirst.compare.verdicts import Change
 from filledfirst.contracts.frontiers import FrontierRow
 from filledfirst.frontier.interventions import lo_ratio, widened
@@ -52,8 +52,9 @@ def label_changed(a: str | None, b: str | None) -> bool | None:
 
 def knee_rows(base: list[FrontierRow], cand: list[FrontierRow], rules: Compare
               ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """The matched knees, and the (frontier/setting) names on the baseline or candidate only."""
-    b = {(r.frontier, r.setting): r for r in base}
-    c = {(r.frontier, r.setting): r for r in cand}
+    """The matched knees, and the (frontier/setting) names on the baseline or candidate only
+    (an intervention judged side by side alone has no knee)."""
+    b = {(r.frontier, r.setting): r for r in base if not unsearched(r)}
+    c = {(r.frontier, r.setting): r for r in cand if not unsearched(r)}
     rows = [knee_row(k, b[k], c[k], rules) for k in b if k in c]
     return rows, [f"{f}/{s}" for f, s in b if (f, s) not in c], [f"{f}/{s}" for f, s in c if (f, s) not in b]

@@ -47,6 +47,8 @@ class StopReason(StrEnum):
     PROBE_FAILED = "probe_failed"  # a probe failed outright (server died, ...)
     # an intervention's search: whether its knee moved from its parent's can no longer change
     DECIDED = "decided"
+    # an intervention judged by its paired check alone (interventions.search false): no probes, no knee
+    NOT_SEARCHED = "not_searched"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,8 @@ class Intervention(_Record):
     min_shift: float = schema_default("frontiers", "*", "interventions", "min_shift")
     # measured side by side with the parent after its search (filledfirst.frontier.paired)
     paired: bool = schema_default("frontiers", "*", "interventions", "paired")
+    # its own knee searched; False: the paired check alone judges it
+    search: bool = schema_default("frontiers", "*", "interventions", "search")
 
 
 class PredictedStart(_Record):

@@ -42,10 +42,10 @@ def intervention_name(parent: str, knob: Knob, factor: int) -> str:
 
 
 def relaxations(parent: str, server: Mapping[str, Any], launcher: str, min_shift: float,
-                factor: int, paired: bool = False) -> tuple[list[Intervention], list[str]]:
+                factor: int, paired: bool = False, search: bool = True) -> tuple[list[Intervention], list[str]]:
     """The interventions of `parent`, whose vLLM settings (the engine's under the setting's)
-    are `server`, and why any cannot be made; `min_shift`, `factor` and `paired`: the
-    frontier's interventions.min_shift, .factor and .paired."""
+    are `server`, and why any cannot be made; `min_shift`, `factor`, `paired` and `search`:
+    the frontier's interventions.min_shift, .factor, .paired and .search."""
     out, problems = [], []
     cap = server.get("max_num_seqs")
     if cap is None:
@@ -53,7 +53,7 @@ def relaxations(parent: str, server: Mapping[str, Any], launcher: str, min_shift
     else:
         out.append(Intervention(parent=parent, knob=Knob.SEQS, before=int(cap), after=int(cap) * factor,
                                 changes={"max_num_seqs": int(cap) * factor}, min_shift=min_shift,
-                                paired=paired))
+                                paired=paired, search=search))
     if server.get("kv_tokens") is not None:
         tokens = int(server["kv_tokens"])
         changes: dict[str, Any] = {"kv_tokens": tokens * factor}
@@ -66,7 +66,7 @@ def relaxations(parent: str, server: Mapping[str, Any], launcher: str, min_shift
                         "(gpu_memory_utilization) means other tokens on other GPUs")
     if tokens is not None:
         out.append(Intervention(parent=parent, knob=Knob.KV, before=tokens, after=tokens * factor, changes=changes,
-                                min_shift=min_shift, paired=paired))
+                                min_shift=min_shift, paired=paired, search=search))
     return out, problems
 
 

@@ -102,7 +102,8 @@ def tested(study: Study, name: str) -> dict[str, tuple[list[Intervention], list[
     if wanted is None:
         return {}
     names = list(own) if wanted.settings is True else list(wanted.settings or [])
-    return {s: relaxations(s, own[s], study.engine.launcher, wanted.min_shift, wanted.factor, wanted.paired)
+    return {s: relaxations(s, own[s], study.engine.launcher, wanted.min_shift, wanted.factor, wanted.paired,
+                           wanted.search)
             for s in names if s in own}
 
 
@@ -214,6 +215,9 @@ def frontier_problems(study: Study) -> list[str]:
                             "(every request must then meet the SLO)")
         if not f.start < f.maximum:
             problems.append(f"{where}: start ({f.start:g}) must be below maximum ({f.maximum:g})")
+        if f.interventions is not None and not (f.interventions.search or f.interventions.paired):
+            problems.append(f"{where}.interventions: search: false leaves nothing to judge an intervention by: "
+                            "set paired: true (the check side by side) or search: true")
         if f.interventions is not None and isinstance(f.interventions.settings, list):
             problems += [f"{where}.interventions.settings: {s!r} is not one of its settings ({sorted(f.settings)})"
                          for s in f.interventions.settings if s not in f.settings]

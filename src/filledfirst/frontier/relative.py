@@ -102,6 +102,9 @@ def knee(of: str, knees: dict[str, KneeFile]) -> dict[str, Any]:
     path, search = knees[of]
     result = search.result
     lo = result.lo
+    if result.reason == StopReason.NOT_SEARCHED:
+        raise UserError(f"the capacity search {of} ({path}) was not searched (an intervention judged side by side "
+                        "alone, interventions.search false): it has no knee to place a rate at")
     if lo is None or not (math.isfinite(lo) and lo > 0):
         detail = f": {result.error}" if result.error else ""
         hint = (f" (even the start rate {search.bounds.start:g} req/s broke the SLO)"

@@ -27,7 +27,7 @@ import polars as pl
 from filledfirst.analysis import numbers
 from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.rules import labelled
-from filledfirst.analysis.frontiers import broke_on_backlog, lo_ratio, meaning, moved, probe_runs
+from filledfirst.analysis.frontiers import broke_on_backlog, lo_ratio, meaning, moved, probe_runs, unsearched
 from filledfirst.analysis.numbers import DASH
 from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention
@@ -111,7 +111,7 @@ def leading_signal(row: FrontierRow) -> Lead:
 def leading_text(row: FrontierRow) -> str:
     signals, rps, lead = leading_signal(row)
     if not signals:
-        return "none crossed at any probed rate"
+        return DASH if unsearched(row) else "none crossed at any probed rate"
     text = f"{' and '.join(signals)} from {numbers.rps(rps)}"
     if lead is None:
         return text + " (the SLO never broke)"
@@ -124,6 +124,8 @@ def leading_text(row: FrontierRow) -> str:
 
 def move_the_knee(row: FrontierRow) -> str:
     """One line from the knee's label: which knob the limit it names answers to (its rule's)."""
+    if unsearched(row):
+        return f"not searched: judged side by side with {row.parent}"
     if row.hi_rps is None:
         return "nothing broke: raise the search's maximum rate to find the knee"
     return meaning(row.knee_label).moves_the_knee or "no single limit named at the knee: read the clue"
@@ -306,6 +308,19 @@ def moved_rows(rows: Sequence[FrontierRow]) -> list[tuple[FrontierRow, list[Move
     return out
 
 
+def _predicted_next(line: MovedLine) -> str:
+    """What the parent's prediction says fills first at the relaxed knee, on the relaxed line
+    of an intervention that was not searched (nothing measured it): the parent's next limit
+    where the predicted shift reaches it, the relaxed one again where it does not."""
+    p, shift = line.parent.prediction, line.i.predicted_shift
+    if not unsearched(line.row) or line.i.role != "relaxed" or p is None or p.predicted_rps is None or shift is None:
+        return DASH
+    knee = p.predicted_rps * (1 + shift)
+    if p.predicted_next is not None and p.predicted_next_rps is not None and knee >= 0.99 * p.predicted_next_rps:
+        return f"{_limit_at(p.predicted_next, p.predicted_next_rps)} (predicted)"
+    return f"{_limit_at(p.predicted_first, knee)} again (predicted)"
+
+
 PAIRED_HEADER = "side by side (completions per second)"
 # A line of What moved the knee: (header, cell), in order.
 MOVED_COLUMNS: list[Column[MovedLine]] = [
@@ -314,13 +329,13 @@ MOVED_COLUMNS: list[Column[MovedLine]] = [
     ("intervention", lambda line: f"{line.row.setting}: {relaxation_text(line.i)}"),
     ("its role", _role),
     ("knee before", lambda line: knee_interval(line.parent)),
-    ("knee after", lambda line: knee_interval(line.row)),
+    ("knee after", lambda line: "not searched" if unsearched(line.row) else knee_interval(line.row)),
     ("shift of the highest rate held", lambda line: _shift(line.i)),
     (PAIRED_HEADER, lambda line: paired_text(line.i)),
     ("predicted shift", lambda line: predicted_shift_text(line.i)),
     ("least shift that counts", least_shift_text),
     ("verdict", _verdict),
-    ("what filled first at the new knee", lambda line: line.row.knee_label or DASH),
+    ("what filled first at the new knee", lambda line: line.row.knee_label or _predicted_next(line)),
 ]
 
 

@@ -180,10 +180,11 @@ def capacity_search(data: ReportData) -> list[str]:
                 out.append(frontiers.predicted_table_html(rows))
             if frontiers.moved_rows(rows):
                 out.append(markup.para(
-                    "What moved the knee: each verified setting searched again with one limit relaxed "
-                    "(its table row says how far), from its knee. The intervention that relaxes what "
-                    "filled first must move the knee above its interval, and the control (the other "
-                    "limit relaxed as far) must not."))
+                    "What moved the knee: each verified setting with one limit relaxed (its table row "
+                    "says how far), searched again from its predicted knee or, where it reads not searched, "
+                    "only measured side by side with it. The intervention that relaxes what filled first "
+                    "must move the knee (or the completions per second side by side), and the control "
+                    "(the other limit relaxed as far) must not."))
                 out.append(frontiers.moved_table_html(rows))
         else:
             out.append(_no_diagnosis())

@@ -65,6 +65,7 @@ from filledfirst.contracts.search import (
     PredictedStart,
     ProbeRecord,
     Reference,
+    ResultRecord,
     SearchBounds,
     SearchRecord,
     Slo,
@@ -492,7 +493,9 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
             plan = search_plan(study, task.frontier, task.setting)
             probers.append(Prober(study, plan, task.setting, Path(task.out), task.fingerprint, task.trace_csv,
                                   task.shape_stats, progress, before=probers[-1] if probers else None))
-            records.append(search_to_the_end(probers[-1]))
+            relaxed = probers[-1].plan.interventions.get(task.setting)
+            records.append(search_to_the_end(probers[-1]) if relaxed is None or relaxed.search
+                           else unsearched(probers[-1], relaxed))
         if hosted is not None and hosted.runs:
             _run_hosted(study, hosted, records, probers)
         # Last: a paired check stops the job's server while its parent's runs.
@@ -548,6 +551,30 @@ def _clean(out: Path) -> None:
     (out / SEARCH_JSON).unlink(missing_ok=True)
 
 
+def _record(prober: Prober, **measured: Any) -> SearchRecord:
+    """The search.json of the prober's search, with what it `measured`."""
+    plan = prober.plan
+    return SearchRecord(
+        frontier=plan.name, setting=prober.setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
+        slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
+        probe_stretches=plan.probe_stretches, bounds=plan.bounds, **measured)
+
+
+def unsearched(prober: Prober, relaxed: Intervention) -> SearchRecord:
+    """The search.json of an intervention its paired check alone judges (interventions.search
+    false): no probes, no knee and no first rate. Probe folders of an earlier search of it
+    go: no search.json names them any more."""
+    for old in prober.out.glob("p[0-9]*"):
+        shutil.rmtree(old, ignore_errors=True)
+    record = _record(prober, probes=[], result=ResultRecord(lo=None, hi=None, ratio=None,
+                                                            reason=StopReason.NOT_SEARCHED, error=None),
+                     intervention=relaxed)
+    record.write(prober.out / SEARCH_JSON)
+    log.info("%s/%s: %s %d -> %d, judged side by side with %s only (interventions.search false)", prober.plan.name,
+             prober.setting, relaxed.knob, relaxed.before, relaxed.after, relaxed.parent)
+    return record
+
+
 def search_to_the_end(prober: Prober) -> SearchRecord:
     """The prober's search to its end, its search.json written."""
     plan, setting, out = prober.plan, prober.setting, prober.out
@@ -584,11 +611,8 @@ def search_to_the_end(prober: Prober) -> SearchRecord:
         if estimate is not None and first is not None and result.reason is not StopReason.PROBE_FAILED:
             check = prober.reference(CHECK, concurrency)
         drift = _drift(plan, estimate, check)
-        record = SearchRecord(
-            frontier=frontier, setting=setting, workload=plan.workload_name, fingerprint=prober.fingerprint,
-            slo=plan.slo, probe_s=plan.probe_s, probe_lifetimes=plan.probe_lifetimes, probe_max_s=plan.probe_max_s,
-            probe_stretches=plan.probe_stretches, bounds=plan.bounds, probes=records, result=result.record(),
-            estimate=estimate,
+        record = _record(
+            prober, probes=records, result=result.record(), estimate=estimate,
             estimate_rps=search.first if estimate is not None and first is not None else None, check=check,
             drift=drift, intervention=relaxed, start_rps=search.first if start_rps is not None else None,
             predicted_start=start.predicted,
