@@ -146,6 +146,8 @@ def test_an_intervention_judged_side_by_side_alone_has_a_row_from_its_search_jso
     assert (row["probes"], row["lo_rps"], row["hi_rps"], row["reason"]) == (0, None, None, "not_searched")
     assert (row["parent"], row["role"], row["paired_verdict"]) == ("seq8", "relaxed", "confirmed")
     assert row["paired_shift"] == pytest.approx(0.6) and row["moved"] is None and row["knee_label"] is None
+    # no knee searched after seq8's drifting search: the least shift is not widened by that drift
+    assert table[("cap", "seq8")]["drift"] < -0.1 and row["least_shift"] == pytest.approx(0.3)
     assert (row["slo_ttft_ms"], row["target"], row["workload"]) == (500.0, alone.bounds.target, "paced")
     # no control measured side by side, and no search to fall back on: nothing decides
     seq8 = table[("cap", "seq8")]

@@ -259,7 +259,8 @@ def _share(x: float | None) -> str:
 def _compared(parent: FrontierRow, r: FrontierRow, i: Intervention) -> Intervention:
     """An intervention against its parent: its role, least shift, move and shift."""
     implicated = IMPLICATED.get(parent.knee_label)
-    least = widened(i.min_shift or 0.0, parent.drift)
+    # the parent's drift widens a knee searched after it; side by side alone, the pairs take the drift out
+    least = (i.min_shift or 0.0) if unsearched(r) else widened(i.min_shift or 0.0, parent.drift)
     move_ = moved(parent, r, least)
     ratio = lo_ratio(parent.lo_rps, r.lo_rps)
     return msgspec.structs.replace(
