@@ -495,7 +495,7 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
                                   task.shape_stats, progress, before=probers[-1] if probers else None))
             relaxed = probers[-1].plan.interventions.get(task.setting)
             records.append(search_to_the_end(probers[-1]) if relaxed is None or relaxed.search
-                           else unsearched(probers[-1], relaxed))
+                           else unsearched_record(probers[-1], relaxed))
         if hosted is not None and hosted.runs:
             _run_hosted(study, hosted, records, probers)
         # Last: a paired check stops the job's server while its parent's runs.
@@ -560,7 +560,7 @@ def _record(prober: Prober, **measured: Any) -> SearchRecord:
         probe_stretches=plan.probe_stretches, bounds=plan.bounds, **measured)
 
 
-def unsearched(prober: Prober, relaxed: Intervention) -> SearchRecord:
+def unsearched_record(prober: Prober, relaxed: Intervention) -> SearchRecord:
     """The search.json of an intervention its paired check alone judges (interventions.search
     false): no probes, no knee and no first rate. Probe folders of an earlier search of it
     go: no search.json names them any more."""
