@@ -18,7 +18,9 @@ rounds) so that a drift of the machine falls on both:
   confirmed / not confirmed / inconclusive from the pairs' shifts and whether the relaxed
   resource was used beyond the parent's limit (filledfirst.frontier.paired).
 
-Both run as the study's jobs run them (filledfirst.run.search), each round in its own
+Both run as a searched intervention's job runs them (filledfirst.run.search: the paired
+check B A A B after the intervention's search; the shipped study, judging its interventions
+alone, runs A B B A in the parent's job), each round in its own
 folder (`round<i>/<parent>`, `round<i>/<setting>`, `round<i>/paired`) so nothing is read
 back from another round. One server runs at a time. Wall times include the server starts
 each method needs: two for the searches, and for the paired check the parent's and the
@@ -29,6 +31,7 @@ before, as after its search in the study.
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from pathlib import Path
 
 from search_bench import arguments
@@ -40,7 +43,7 @@ from filledfirst.contracts.search import Intervention
 from filledfirst.frontier import paired
 from filledfirst.frontier.interventions import Span, lo_ratio, move
 from filledfirst.frontier.plan import search_plan
-from filledfirst.run.paired import concurrency, run_paired
+from filledfirst.run.paired import run_paired
 from filledfirst.run.search import Prober, paired_parent, parent_knee, search_to_the_end
 from filledfirst.study import Study
 
@@ -69,11 +72,11 @@ def sequential(study: Study, prober: Prober, relaxed: Intervention, out: Path) -
 
 
 def paired_check(study: Study, prober: Prober, relaxed: Intervention, n: int, out: Path) -> dict:
-    """The paired check as the intervention's job wires it (run.search._paired);
-    run_paired closes the parent's prober."""
+    """The paired check as the searched intervention's job wires it (run.search.run_searches)."""
     prober.out = out
     out.mkdir(parents=True)
-    check = run_paired(prober, paired_parent(study, prober, relaxed), relaxed, n)
+    with closing(paired_parent(study, prober, relaxed)) as parent:
+        check = run_paired(prober, parent, relaxed, n, paired.AFTER_RELAXED)
     found = paired.verdict(paired.blocks_of(check), relaxed.min_shift)  # unwidened, as table `frontiers`
     return {"verdict": str(found.verdict), "shift": found.shift, "lo": found.shift_lo, "hi": found.shift_hi,
             "why": paired_why(found, relaxed.knob.value)}
@@ -89,7 +92,7 @@ def main() -> None:
     args = ap.parse_args()
     study, plan, prober = make_prober(args)
     relaxed = plan.interventions.get(args.setting)
-    n = concurrency(plan, relaxed, args.setting) if relaxed is not None else None
+    n = plan.paired_concurrency(args.setting) if relaxed is not None else None
     top = prober.out
     # a round's folders measured afresh: search_to_the_end and run_paired would read back what they find there
     why = (f"{args.frontier}/{args.setting} is not an intervention" if relaxed is None

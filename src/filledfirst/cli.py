@@ -372,7 +372,8 @@ def _cmd_job(args) -> int:
     plan = build_plan(study)
     if args.list:
         for job in plan.jobs:
-            tasks = [f"search {s.key}" for s in job.searches] + [e.experiment for e in job.experiments]
+            tasks = ([f"search {s.key}" for s in job.searches] + [e.experiment for e in job.experiments]
+                     + [f"paired check {c.key}" for c in job.checks])
             print(f"{job.name}: {', '.join(tasks)}")
         return 0
     if args.name is None:

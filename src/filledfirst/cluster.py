@@ -203,11 +203,12 @@ def hosted_seconds(study: Study, experiment: str, trace_csv: str | Path | None =
 def job_resources(study: Study, job: Job) -> dict:
     """A job's resources as a Snakemake rule takes them: the fixed part (job_request), and a
     time limit of one start-up, then each search's probes and drains
-    (filledfirst.frontier.plan), then each experiment's bound. An experiment job's bound is
+    (filledfirst.frontier.plan), each paired check's starts and loops, then each
+    experiment's bound. An experiment job's bound is
     read from its schedules, and one a search job runs after its searches is bounded at the
     lowest knee it can meet (hosted_seconds), so the limit is a function Snakemake calls
     once the job's inputs exist."""
-    from filledfirst.frontier.plan import frontier_runtime_minutes
+    from filledfirst.frontier.plan import frontier_plan, frontier_runtime_minutes, paired_check_minutes
 
     if not job.searches:
         members = [e.experiment for e in job.experiments]
@@ -217,6 +218,11 @@ def job_resources(study: Study, job: Job) -> dict:
                                                                  _runtime_parts(study, members, schedules))}
     searches = [(f"search {s.frontier}/{s.setting}", 60.0 * frontier_runtime_minutes(study, s.frontier))
                 for s in job.searches]
+    # the paired checks: a searched intervention's after its search, those judged alone after their parent's
+    paired = [s for s in job.searches
+              if (i := frontier_plan(study, s.frontier).interventions.get(s.setting)) is not None and i.paired]
+    searches += [(f"paired check {c.frontier}/{c.setting}", 60.0 * paired_check_minutes(study, c.frontier, c.setting))
+                 for c in (*paired, *job.checks)]
     if not job.experiments:
         return {**job_request(study), "runtime": within_limit(study, job.name, searches)}
 

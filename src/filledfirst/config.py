@@ -414,18 +414,35 @@ def search_groups(study: Study) -> dict[str, list[str]]:
     of model loading. Each search still starts from its own capacity estimate, a closed
     loop measured on the server as the earlier searches left it. An intervention waits for
     its parent's knee, so it keeps a job of its own; so does every search with
-    `share_server: false`."""
+    `share_server: false`. An intervention judged side by side alone (`interventions.search`
+    false) is no search: its parent's job judges it (`checks_of`)."""
     from filledfirst.frontier.plan import frontier_plan
 
     def searches():
         for frontier in study.frontiers:
             plan = frontier_plan(study, frontier)
             for setting in plan.settings:
+                if (relaxed := plan.interventions.get(setting)) is not None and not relaxed.search:
+                    continue
                 alone = setting in plan.interventions or not study.share_server
                 yield (f"{frontier}/{setting}",
                        None if alone else msgspec.json.encode(search_server(study, frontier, setting)).decode())
 
     return _by_leader(searches())
+
+
+def checks_of(study: Study) -> dict[str, list[str]]:
+    """`<frontier>/<setting>` of a search -> its interventions judged side by side alone
+    (`interventions.search` false), in config order: its job checks them right after its
+    search, while its server is up (filledfirst.run.paired)."""
+    from filledfirst.frontier.plan import frontier_plan
+
+    checks: dict[str, list[str]] = {}
+    for frontier in study.frontiers:
+        for setting, relaxed in frontier_plan(study, frontier).interventions.items():
+            if not relaxed.search:
+                checks.setdefault(f"{frontier}/{relaxed.parent}", []).append(f"{frontier}/{setting}")
+    return checks
 
 
 def host_of(study: Study) -> dict[str, str]:

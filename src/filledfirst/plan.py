@@ -7,7 +7,8 @@ about a job travels on its command line but its name.
 
 A job is either a **search job** (one or more searches that probe exactly the same server,
 one after the other on one start, then the experiments placed relative to their knees that
-need that very server) or an **experiment job** (experiments with identical server
+need that very server, then the paired checks of their interventions judged side by side
+alone) or an **experiment job** (experiments with identical server
 settings, one after the other on one start). All paths are relative to the workflow's
 working directory.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import msgspec
 
 from filledfirst.config import (
+    checks_of,
     group_fingerprint,
     hosted_experiments,
     search_fingerprint,
@@ -128,10 +130,12 @@ class Job(msgspec.Struct, frozen=True):
     experiments: list[ExperimentStep]
     inputs: Inputs
     fingerprint: str  # changes whenever anything that decides the job's outcome does
+    # interventions of its searches judged side by side alone: their paired checks, last
+    checks: list[SearchStep] = []
 
     @property
     def search_outputs(self) -> list[str]:
-        return [s.result for s in self.searches]
+        return [s.result for s in (*self.searches, *self.checks)]
 
     @property
     def run_outputs(self) -> list[str]:
@@ -189,7 +193,7 @@ class Plan(msgspec.Struct, frozen=True):
     schedules: dict[str, ScheduleStep]  # workload -> its schedule
     # every search.json, in config order (frontiers, then their settings): what ingest reads
     search_results: list[str]
-    predictions: list[PredictionStep] = []  # one per intervention
+    predictions: list[PredictionStep] = []  # one per searched intervention
 
     def job(self, name: str) -> Job:
         for job in self.jobs:
@@ -218,8 +222,8 @@ def build_plan(study: Study) -> Plan:
     experiment jobs in config order; and every workload's schedule."""
     if not (study.experiments or study.frontiers):
         raise UserError("nothing to run: the study has no experiments, sweeps or frontiers")
-    hosted = hosted_experiments(study)
-    jobs = [_search_job(study, [split_of(m) for m in members], hosted)
+    hosted, checks = hosted_experiments(study), checks_of(study)
+    jobs = [_search_job(study, [split_of(m) for m in members], hosted, checks)
             for members in search_groups(study).values()]
     jobs += [_experiment_job(study, members) for members in server_groups(study).values()]
     schedules = {name: ScheduleStep(name, schedule_knees(study, name), _trace_of(study, name),
@@ -230,7 +234,7 @@ def build_plan(study: Study) -> Plan:
 
 
 def _predictions(study: Study, jobs: list[Job]) -> list[PredictionStep]:
-    """Each intervention's prediction, from its parent's search and the others that are
+    """Each searched intervention's prediction, from its parent's search and the others that are
     not interventions, less those whose job waits, directly or through other searches'
     knees, for an intervention's (the prediction would wait for itself)."""
     relaxed = {search_json(f, s) for f in study.frontiers for s in frontier_plan(study, f).interventions}
@@ -243,6 +247,8 @@ def _predictions(study: Study, jobs: list[Job]) -> list[PredictionStep]:
     out = []
     for f in study.frontiers:
         for setting, i in frontier_plan(study, f).interventions.items():
+            if not i.search:  # no search to start: nothing to predict it for
+                continue
             parent = search_json(f, i.parent)  # its job waits for the parent anyway
             out.append(PredictionStep(f, setting, roots if parent in roots else [parent, *roots],
                                       fingerprints[f"{f}/{setting}"]))
@@ -264,13 +270,17 @@ def _hosted_step(study: Study, experiment: str, search: str) -> ExperimentStep:
     return ExperimentStep(experiment, workload, after_search=search, trace_csv=_trace_of(study, workload))
 
 
-def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, list[str]]) -> Job:
-    steps = []
-    for frontier, setting in members:
-        workload = frontier_plan(study, frontier).workload_name
-        trace = _trace_of(study, workload)
-        steps.append(SearchStep(frontier, setting, search_fingerprint(study, frontier, setting), trace,
-                                schedule_stats(workload) if trace else None))
+def _search_step(study: Study, frontier: str, setting: str) -> SearchStep:
+    workload = frontier_plan(study, frontier).workload_name
+    trace = _trace_of(study, workload)
+    return SearchStep(frontier, setting, search_fingerprint(study, frontier, setting), trace,
+                      schedule_stats(workload) if trace else None)
+
+
+def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, list[str]],
+                checks: dict[str, list[str]]) -> Job:
+    steps = [_search_step(study, frontier, setting) for frontier, setting in members]
+    judged = [_search_step(study, *split_of(c)) for s in steps for c in checks.get(s.key, [])]
     own = {s.key for s in steps}
     runs = [_hosted_step(study, exp, s.key) for s in steps for exp in hosted.get(s.key, [])]
     lead_frontier, lead_setting = members[0]
@@ -289,11 +299,11 @@ def _search_job(study: Study, members: list[tuple[str, str]], hosted: dict[str, 
     spec = " ".join(s.fingerprint for s in steps)
     if relaxed is not None and relaxed.paired:
         spec += " paired"
-    if relaxed is not None and not relaxed.search:
-        spec += " unsearched"
     if runs:
         spec += " " + group_fingerprint(study, [e.experiment for e in runs])
-    return Job(f"frontier_{lead_frontier}_{lead_setting}", steps, runs, inputs, spec)
+    if judged:
+        spec += " checks " + " ".join(s.fingerprint for s in judged)
+    return Job(f"frontier_{lead_frontier}_{lead_setting}", steps, runs, inputs, spec, judged)
 
 
 def _experiment_job(study: Study, members: list[str]) -> Job:

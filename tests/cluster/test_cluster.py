@@ -77,13 +77,15 @@ def test_a_site_that_wants_gres_a_partition_and_an_account_gets_them():
 def test_a_job_longer_than_the_partition_takes_is_refused_with_its_arithmetic():
     from filledfirst.cluster import job_resources
     from filledfirst.errors import UserError
-    from filledfirst.frontier.plan import frontier_runtime_minutes
+    from filledfirst.frontier.plan import frontier_runtime_minutes, paired_check_minutes
     from filledfirst.plan import build_plan
 
-    cfg = load_config([REPO / "config" / "cpu.yaml"])
+    cfg = load_config([REPO / "config" / "config.yaml"])
     study = as_study(cfg)
-    job = next(j for j in build_plan(study).jobs if j.searches and not j.experiments)  # an intervention's
+    # a search and its interventions' paired checks
+    job = next(j for j in build_plan(study).jobs if j.searches and j.checks and not j.experiments)
     minutes = sum(frontier_runtime_minutes(study, s.frontier) for s in job.searches)
+    minutes += sum(paired_check_minutes(study, c.frontier, c.setting) for c in job.checks)
     assert job_resources(study, job)["runtime"] == minutes  # no limit known: asked as it is
     cfg["cluster"]["max_runtime_min"] = minutes
     assert job_resources(as_study(cfg), job)["runtime"] == minutes  # exactly the limit fits

@@ -141,8 +141,8 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
     asking for a GPU like an experiment job, beside the groups of the experiments that
     need no knee (the closed loops of the token-budget, head-of-line KV and compute pairs)."""
     from filledfirst.cluster import hosted_seconds
-    from filledfirst.config import hosted_experiments, search_groups
-    from filledfirst.frontier.plan import frontier_runtime_minutes
+    from filledfirst.config import checks_of, hosted_experiments, search_groups
+    from filledfirst.frontier.plan import frontier_runtime_minutes, paired_check_minutes
     from filledfirst.study import Study
 
     cfg_path = REPO / "config" / "config.yaml"
@@ -163,8 +163,9 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
                     "run_group_compute_prefill"}
     assert len(calls) == len(searches) + len(free) and set(by_rule) == set(searches) | free, out[-6000:]
     study = Study.from_dict(cfg)
-    hosted = hosted_experiments(as_study(cfg))
+    hosted, checks = hosted_experiments(as_study(cfg)), checks_of(as_study(cfg))
     assert hosted, "the GPU study's searches host the experiments placed on their knees"
+    assert checks, "the GPU study's interventions are judged side by side in their parents' jobs"
     for rule, members in searches.items():
         assert_gpu_job(by_rule[rule], tmp_path / "work", rule)
         # each search, then each hosted experiment's bound at the lowest knee it can meet
@@ -173,6 +174,9 @@ def test_gpu_study_submits_one_job_per_capacity_search_first(tmp_path, pipeline_
                                  else None)
                   for key in members for e in hosted.get(key, [])]
         expected = sum(frontier_runtime_minutes(study, key.split("/")[0]) for key in members)
+        # and the paired checks of their interventions judged side by side alone
+        expected += sum(paired_check_minutes(study, *check.split("/"))
+                        for key in members for check in checks.get(key, []))
         assert by_rule[rule]["-t"] == str(expected + math.ceil(sum(bounds) / 60))
 
 

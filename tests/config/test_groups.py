@@ -119,15 +119,21 @@ def test_an_experiment_or_a_study_that_does_not_share_gets_servers_of_its_own():
 
 
 def test_searches_that_probe_the_same_server_share_one_job():
-    """The default settings of three frontiers: one server start, in config order; the
-    interventions (they wait for their parent's knee) and every other setting alone."""
+    """The default settings of three frontiers: one server start, in config order; every
+    other setting alone; the interventions, judged side by side alone in the shipped
+    studies, in no group: their parent's job checks them."""
+    from filledfirst.config import checks_of
+
     for name in ("config.yaml", "cpu.yaml"):
         c = load_config([REPO / "config" / name])
         groups = search_groups(as_study(c))
         assert groups["decode/default"] == ["decode/default", "prefix/cache_off", "azure/default"]
         members = [key for group in groups.values() for key in group]
+        checked = [key for keys in checks_of(as_study(c)).values() for key in keys]
+        assert set(checked) == {f"{f}/{s}" for f, plan in _plans(c).items() for s in plan.interventions}
+        assert all(parent in members for parent in checks_of(as_study(c)))
         study_searches = [f"{f}/{s}" for f, plan in _plans(c).items() for s in plan.settings]
-        assert sorted(members) == sorted(study_searches)  # each search in exactly one job
+        assert sorted(members + checked) == sorted(study_searches)  # each setting in exactly one job
         assert all(len(group) == 1 for lead, group in groups.items() if lead != "decode/default")
         c["share_server"] = False
         assert all(len(group) == 1 for group in search_groups(as_study(c)).values())

@@ -475,3 +475,92 @@ def test_searches_that_probe_the_same_server_share_one_start(study, monkeypatch,
     capsys.readouterr()
     assert cli.main(["job", "--config", "study.yaml", "frontier_again_plain", "--no-progress"]) == 2
     assert "no job 'frontier_again_plain'" in capsys.readouterr().err
+
+
+def judged_alone(cfg, monkeypatch, tmp_path, state, search: bool = False) -> list:
+    """`cfg` with seq8's interventions checked side by side (and searched first with
+    `search`); returns the stand-in servers as they are made, each with the folder of the
+    search or check that made it."""
+    from filledfirst.config import validate_config
+
+    cfg["frontiers"]["cap"]["settings"]["seq8"] = {"max_num_seqs": 8, "kv_tokens": 32768}
+    cfg["frontiers"]["cap"]["interventions"] = {"settings": ["seq8"], "paired": True, "search": search}
+    validate_config(cfg)
+    servers: list[tuple[str, FakeShared]] = []
+
+    def make_shared(spec, log_path):
+        state["shared"] = FakeShared(log_path)
+        servers.append((log_path.parent.parent.name, state["shared"]))
+        return state["shared"]
+
+    monkeypatch.setattr(frun, "SharedServer", make_shared)
+    monkeypatch.setattr(config, "load_config", lambda paths: cfg)
+    monkeypatch.chdir(tmp_path)
+    return servers
+
+
+@pytest.mark.parametrize("search, job, at", [(False, "frontier_cap_seq8", "paired3-relaxed"),
+                                              (True, "frontier_cap_seq8_seqs_x2", "paired3-parent")])
+def test_an_interrupted_check_stops_every_server(study, monkeypatch, tmp_path, search, job, at):
+    """In its parent's job (judged alone) or after its own search: the interrupt in the
+    middle block stops both sides' servers."""
+    cfg, _, state = study
+    servers = judged_alone(cfg, monkeypatch, tmp_path, state, search)
+    if search:  # the parent's knee first
+        assert cli.main(["job", "--config", "study.yaml", "frontier_cap_seq8", "--no-progress"]) == 0
+    original = frun.Prober.reference
+
+    def reference(self, tag, *args, **kw):
+        if tag == at:
+            raise interrupts.Interrupted("received SIGINT")
+        return original(self, tag, *args, **kw)
+
+    monkeypatch.setattr(frun.Prober, "reference", reference)
+    assert cli.main(["job", "--config", "study.yaml", job, "--no-progress"]) == 130
+    assert len(servers) == (3 if search else 2)  # seq8's (again for the searched check) and seq8_seqs_x2's
+    assert all(s.starts for _, s in servers) and not any(s.alive() for _, s in servers)
+
+
+def test_a_job_checks_its_interventions_judged_alone_after_its_search_on_its_server(study, monkeypatch, tmp_path):
+    """`filledfirst job` of a setting whose interventions are judged side by side alone
+    (interventions.search false): its search, then each intervention's blocks A B B A in
+    the intervention's folder, the parent's server reused for the first block of each
+    check and started again for the last, one server at a time, every server stopped at
+    the end; the interventions have no job of their own."""
+    from filledfirst.plan import build_plan
+
+    cfg, _, state = study
+    made = judged_alone(cfg, monkeypatch, tmp_path, state)
+    running: list[int] = []
+    original = FakeShared._start
+
+    def start(self, experiment):
+        running.append(sum(s.alive() for _, s in made))  # how many were up at this start
+        original(self, experiment)
+
+    monkeypatch.setattr(FakeShared, "_start", start)
+    plan = build_plan(as_study(cfg))
+    assert [j.name for j in plan.jobs if j.searches] == ["frontier_cap_default", "frontier_cap_seq8"]
+    assert cli.main(["job", "--config", "study.yaml", "frontier_cap_seq8", "--no-progress"]) == 0
+    servers = dict(made)
+    assert len(servers) == len(made) == 3  # seq8's, then one for each intervention
+    base = tmp_path / "results/frontiers/cap"
+    assert SearchRecord.read(base / "seq8" / "search.json").probes
+    # each block named after its folder: which check paid for each start of seq8's server
+    assert servers["seq8"].starts == ["cap/seq8/p01", "cap/seq8_seqs_x2/paired4-parent",
+                                      "cap/seq8_kv_x2/paired4-parent"]
+    for setting, n, requests in (("seq8_seqs_x2", 16, 80), ("seq8_kv_x2", 8, 64)):
+        doc = SearchRecord.read(base / setting / "search.json")
+        assert doc.probes == [] and doc.result.reason is StopReason.NOT_SEARCHED and doc.intervention.search is False
+        assert [b.side for b in doc.paired.blocks] == ["parent", "relaxed", "relaxed", "parent"]
+        assert doc.paired.concurrency == n  # what the larger of the two settings holds
+        for i, b in enumerate(doc.paired.blocks, 1):
+            assert b.loop.run_dir == f"paired{i}-{b.side}"
+            meta = run_json(base / setting / b.loop.run_dir)
+            assert meta["experiment"] == f"cap/{setting}/{b.loop.run_dir}"
+            assert meta["server"]["settings"]["max_num_seqs"] == (8 if b.side == "parent" else n)
+            assert meta["request_status_counts"] == {"ok": requests}  # whole rounds, at least 50 after the first
+        assert servers[setting].starts == [f"cap/{setting}/paired2-relaxed"]
+        assert not list((base / setting).glob(".server-*"))
+    assert running == [0] * len(running)  # one server at a time
+    assert not any(s.alive() for _, s in made)

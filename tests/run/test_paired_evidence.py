@@ -12,7 +12,7 @@ from filledfirst.contracts.records import SAMPLE_SCHEMA, to_table
 from filledfirst.contracts.search import Knob
 from filledfirst.metrics import parse_metrics
 from filledfirst.run import folder
-from filledfirst.run.paired import block_evidence, concurrency
+from filledfirst.run.paired import block_evidence
 
 
 def page(running: int, waiting: int, kv: float, engine: int = 0, blocks: int = 100, cache: bool = True) -> str:
@@ -63,8 +63,16 @@ def test_the_loops_fill_what_the_larger_setting_holds():
 
     plan = frontier_plan(load_study([REPO / "config" / "cpu.yaml"]), "kv")
     # 160 blocks of 128 tokens hold 14 requests of 1,400 tokens, 640 blocks 58: below the cap of 64
-    seqs, kv = plan.interventions["reduced_seqs_x4"], plan.interventions["reduced_kv_x4"]
-    assert concurrency(plan, seqs, "reduced_seqs_x4") == plan.kv_fit("reduced") < 64
-    assert plan.kv_fit("reduced") < concurrency(plan, kv, "reduced_kv_x4") == plan.kv_fit("reduced_kv_x4") <= 64
+    assert plan.paired_concurrency("reduced_seqs_x4") == plan.kv_fit("reduced") < 64
+    assert plan.kv_fit("reduced") < plan.paired_concurrency("reduced_kv_x4") == plan.kv_fit("reduced_kv_x4") <= 64
     capless = Intervention(parent="reduced", knob=Knob.SEQS, before=1, after=2, changes={})
-    assert concurrency(dataclasses.replace(plan, settings={"reduced": {}, "x": {}}), capless, "x") is None
+    assert dataclasses.replace(plan, settings={"reduced": {}, "x": {}},
+                               interventions={"x": capless}).paired_concurrency("x") is None
+
+
+@pytest.mark.parametrize("n, requests", [(58, 116), (16, 80), (14, 70), (8, 64), (64, 128), (1, 51)])
+def test_a_paired_block_is_whole_rounds_with_at_least_50_counted_after_the_first(n, requests):
+    from filledfirst.frontier.plan import PAIRED_MIN_COUNTED, paired_requests
+
+    got = paired_requests(n)
+    assert got == requests and got % n == 0 and got - n >= PAIRED_MIN_COUNTED > got - 2 * n

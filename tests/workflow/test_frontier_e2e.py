@@ -10,7 +10,7 @@ being the one the knees give, the report's table, an interrupted intervention
 resumed from its probes, a second frontier's search of the same server run on
 knee/default's start, an experiment placed on a knee run on that search's server
 (and run again alone when its folder is lost), and the interventions judged side by side
-alone (interventions.search false) from the blocks they measured.
+alone (interventions.search false) in seq2's job, from blocks read back when lost.
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
 import json
@@ -268,30 +268,51 @@ def test_capacity_search_on_the_engine(tmp_path):
     assert "startup_s" in again["timings"]
     assert json.loads((base / "default" / "search.json").read_text())["result"] == default["result"]
 
-    # Judged side by side alone (interventions.search false): each intervention's job runs
-    # again, its probes gone and no knee; its paired blocks are read back (no server starts);
-    # the table keeps the paired verdicts, and the report says it was not searched.
-    checks = {s: json.loads((base / s / "search.json").read_text())["paired"] for s in ("seq2_seqs_x2", "seq2_kv_x2")}
-    con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
-    verdicts = dict(con.execute("SELECT setting, paired_verdict FROM frontiers WHERE parent = 'seq2'").fetchall())
-    con.close()
+    # Judged side by side alone (interventions.search false): the interventions have no job
+    # of their own; seq2's job checks them right after its search (read back here: no
+    # probe), blocks seq2, relaxed, relaxed, seq2 in each intervention's folder (the blocks
+    # of the other order gone); their probes are gone and they have no knee; the table
+    # keeps their paired verdicts, and the report says they were not searched.
     written = yaml.safe_load(cfg.read_text())
     written["frontiers"]["knee"]["interventions"]["search"] = False
     cfg.write_text(yaml.safe_dump(written))
     alone = subprocess.run(snakemake_argv(tmp_path, cfg, "all"), env=pipeline_env, capture_output=True, text=True,
-                           timeout=600)
+                           timeout=900)
     assert alone.returncode == 0, alone.stderr[-4000:]
-    for setting, check in checks.items():
+    assert "frontier_knee_seq2_seqs_x2" not in alone.stdout + alone.stderr
+    log = (tmp_path / "results" / "logs" / "frontier-knee-seq2.log").read_text()
+    assert "reusing probe 1" in log and "probing" not in log
+    checks = {}
+    for setting in ("seq2_seqs_x2", "seq2_kv_x2"):
         doc = json.loads((base / setting / "search.json").read_text())
         assert doc["probes"] == [] and doc["result"]["reason"] == StopReason.NOT_SEARCHED
         assert doc["result"]["lo"] is None and doc["intervention"]["search"] is False
-        assert doc["paired"] == check and not list((base / setting).glob("p[0-9]*"))
-        log = (tmp_path / "results" / "logs" / f"frontier-knee-{setting}.log").read_text()
-        assert "judged side by side" in log and "a closed loop of" not in log and "starting vLLM" not in log
+        assert not list((base / setting).glob("p[0-9]*"))
+        blocks = doc["paired"]["blocks"]
+        assert [b["side"] for b in blocks] == ["parent", "relaxed", "relaxed", "parent"]
+        assert sorted(d.name for d in (base / setting).glob("paired*")) == [
+            f"paired{i}-{b['side']}" for i, b in enumerate(blocks, 1)]
+        assert all(b["loop"]["status"] == "ok" for b in blocks)
+        assert "judged side by side with seq2" in log and f"knee/{setting}: paired check, block 4 of 4" in log
+        checks[setting] = doc["paired"]
     con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
     rows = con.execute("SELECT setting, probes, lo_rps, reason, paired_verdict FROM frontiers"
                        " WHERE parent = 'seq2' ORDER BY setting").fetchall()
     con.close()
-    assert rows == [(s, 0, None, "not_searched", verdicts[s]) for s in sorted(checks)]
+    verdicts = {s: paired.verdict(paired.blocks_of(SearchRecord.read(base / s / "search.json").paired), 0.3)
+                for s in checks}
+    assert rows == [(s, 0, None, "not_searched", verdicts[s].verdict.value) for s in sorted(checks)]
+    assert verdicts["seq2_kv_x2"].verdict.value == "not confirmed"  # never used beyond seq2's budget
     html = unescape((tmp_path / "reports" / "report.html").read_text())
     assert "not searched: judged side by side with seq2" in html
+
+    # A check's search.json lost: seq2's job runs again and reads everything back, its
+    # probes, its closed loops and both checks' blocks: no server starts.
+    (base / "seq2_kv_x2" / "search.json").unlink()
+    again = subprocess.run(snakemake_argv(tmp_path, cfg, str((base / "seq2_kv_x2" / "search.json").relative_to(
+        tmp_path))), env=pipeline_env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    log = (tmp_path / "results" / "logs" / "frontier-knee-seq2.log").read_text()
+    assert "starting vLLM" not in log and "probing" not in log
+    for setting, check in checks.items():
+        assert json.loads((base / setting / "search.json").read_text())["paired"] == check

@@ -5,6 +5,7 @@ shipped studies (tests/workflow/plans/*.json, recorded from the workflow's dry r
 import json
 
 import pytest
+import yaml
 
 from filledfirst.config import load_study
 from filledfirst.plan import build_plan
@@ -61,13 +62,42 @@ def test_the_job_command_lists_the_plan_and_needs_a_name(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("frontier_decode_default: search decode/default, search prefix/cache_off, ")
     assert lines[-1] == "run_group_budget_small: budget_small"
+    assert ("frontier_kv_reduced: search kv/reduced, kv_heavy, paired check kv/reduced_seqs_x4, "
+            "paired check kv/reduced_kv_x4") in lines
     assert main(["job", "--config", cpu]) == 2
     assert "give a job's name (or --list)" in capsys.readouterr().err
 
 
-def test_each_intervention_starts_from_a_prediction_made_before_it_from_the_searches_that_are_not_interventions(
-        study_and_recorded):
+@pytest.fixture(params=["cpu", "config"])
+def searched(request, tmp_path):
+    """A shipped study with its interventions searched, each on a job of its own."""
+    overlay = tmp_path / "searched.yaml"
+    searched = {f: {"interventions": {"search": True}} for f in ("decode", "kv")}
+    overlay.write_text(yaml.safe_dump({"frontiers": searched}))
+    return load_study([REPO / "config" / f"{request.param}.yaml", overlay])
+
+
+def test_interventions_judged_side_by_side_alone_are_checked_in_their_parents_job(study_and_recorded):
+    from filledfirst.frontier.plan import frontier_plan
+    from filledfirst.plan import search_json
+
     study, _ = study_and_recorded
+    plan = build_plan(study)
+    alone = {(f, s): i for f in study.frontiers for s, i in frontier_plan(study, f).interventions.items()
+             if not i.search}
+    assert alone and not plan.predictions  # nothing to start a search from
+    for (frontier, setting), relaxed in alone.items():
+        job = next(j for j in plan.jobs if search_json(frontier, setting) in j.search_outputs)
+        assert [c.key for c in job.checks if c.key == f"{frontier}/{setting}"] == [f"{frontier}/{setting}"]
+        assert f"{frontier}/{relaxed.parent}" in [s.key for s in job.searches]
+        assert f"{frontier}/{setting}" not in [s.key for j in plan.jobs for s in j.searches]
+        assert f"frontier_{frontier}_{setting}" not in [j.name for j in plan.jobs]
+        assert job.fingerprint.split(" checks ")[1].split() == [c.fingerprint for c in job.checks]
+
+
+def test_each_intervention_starts_from_a_prediction_made_before_it_from_the_searches_that_are_not_interventions(
+        searched):
+    study = searched
     plan = build_plan(study)
     from filledfirst.frontier.plan import frontier_plan
     from filledfirst.plan import search_json
@@ -99,13 +129,12 @@ def upstream(plan, search: str) -> set[str]:
     return seen
 
 
-def test_a_search_that_waits_for_an_interventions_knee_through_another_is_not_predicted_from(
-        study_and_recorded):
+def test_a_search_that_waits_for_an_interventions_knee_through_another_is_not_predicted_from(searched):
     import msgspec
 
     from filledfirst.plan import _predictions
 
-    study, _ = study_and_recorded
+    study = searched
     plan = build_plan(study)
     step = plan.predictions[0]
     own = f"results/frontiers/{step.frontier}/{step.setting}/search.json"

@@ -1,9 +1,11 @@
 # One rule per job of the plan (filledfirst.plan), named after it: a search job (searches
 # that probe exactly the same server, then the experiments placed relative to their knees
-# that need that server) or an experiment job (experiments with identical server
-# settings). `filledfirst job NAME` starts the server once and runs the job's tasks in
-# order. A search job's declared outputs are its search.json files and its experiments'
-# run folders: the probe folders beside each search.json (pNN/, ordinary run folders) are
+# that need that server, then the paired checks of their interventions judged side by side
+# alone) or an experiment job (experiments with identical server settings). `filledfirst
+# job NAME` starts the server once and runs the job's tasks in order. A search job's
+# declared outputs are its search.json files (its checked interventions' too) and its
+# experiments' run folders: the probe and block folders beside each search.json (pNN/,
+# pairedN-side/, ordinary run folders) are
 # not known before the search has run, and as undeclared files they survive an
 # interrupted job, whose re-run then resumes from its finished probes. Snakemake cannot
 # give one rule a varying number of outputs, hence a rule per job.

@@ -254,7 +254,7 @@ class PairedBlock(_Record):
 
 class PairedCheck(_Record):
     """The intervention and its parent side by side, in blocks of the same closed loop
-    (filledfirst.frontier.paired.ORDER)."""
+    (filledfirst.frontier.paired: AFTER_RELAXED or AFTER_PARENT)."""
 
     concurrency: int
     blocks: list[PairedBlock]

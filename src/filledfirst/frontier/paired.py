@@ -2,14 +2,15 @@
 
 Two searches run one after the other compare knees measured minutes apart, on a machine
 whose speed wanders: a control can move by itself, a relaxation can hide. The paired check
-measures both settings in alternating blocks, parent (A) and relaxed (B), in the order
-B A A B after the relaxed search (its server is the one running then): each block is a
-closed loop of the same requests at the same concurrency, enough sequences to fill the
-larger of the two limits, so each measures the completions per second its setting sustains
-on the machine as it is then. Adjacent blocks form pairs, (B, A) and (A, B): within a pair
-the machine's speed is about the same, and across the two a steady drift falls once before
-and once after, so the geometric mean of the pairs' ratios is the shift with the drift
-taken out (`measured`).
+measures both settings in alternating blocks, parent (A) and relaxed (B), starting on the
+server that is running: B A A B after the intervention's own search (`AFTER_RELAXED`),
+A B B A in its parent's job, right after the parent's search (`AFTER_PARENT`, the
+intervention judged side by side alone). Each block is a closed loop of the same requests
+at the same concurrency, enough sequences to fill the larger of the two limits, so each
+measures the completions per second its setting sustains on the machine as it is then.
+Adjacent blocks form pairs: within a pair the machine's speed is about the same, and across
+the two a steady drift falls once before and once after, so the geometric mean of the
+pairs' ratios is the shift with the drift taken out (`measured`).
 
 The verdict (`verdict`) rests on that shift and on what does not depend on speed: whether the
 relaxed setting used its relaxed resource beyond the parent's limit (sequences running
@@ -29,9 +30,9 @@ from dataclasses import dataclass
 from filledfirst.contracts.frontiers import Confirmation
 from filledfirst.contracts.search import PairedCheck, Side
 
-# B A A B: the relaxed search's server first (still running), two parent blocks on one
-# start, then the relaxed setting again.
-ORDER = (Side.RELAXED, Side.PARENT, Side.PARENT, Side.RELAXED)
+# Either way the server running first serves blocks 1 and 4, the other blocks 2 and 3 on one start.
+AFTER_RELAXED = (Side.RELAXED, Side.PARENT, Side.PARENT, Side.RELAXED)
+AFTER_PARENT = (Side.PARENT, Side.RELAXED, Side.RELAXED, Side.PARENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ def blocks_of(check: PairedCheck) -> list[Block]:
 
 
 def pairs(blocks: list[Block]) -> list[tuple[Block, Block]]:
-    """The adjacent (parent, relaxed) pairs of blocks in ORDER (repeated): blocks 1-2, 3-4, ..."""
+    """The adjacent (parent, relaxed) pairs of blocks in either order (repeated): blocks 1-2, 3-4, ..."""
     out = []
     for first, second in zip(blocks[::2], blocks[1::2]):
         if {first.side, second.side} != {Side.PARENT, Side.RELAXED}:

@@ -25,6 +25,16 @@ from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, Workload
 # it are a handful of requests, and their rate is noise (8 sequences, 3 rounds: 16 counted
 # completions, whose rate moved by 17-47 % between two loops a minute apart on a warm server).
 REFERENCE_MIN_COUNTED = 100
+# A paired block's, at least: its rate is read only beside its pair's, measured right before
+# or after it on the other setting, so the machine's wander falls on both.
+PAIRED_MIN_COUNTED = 50
+
+
+def paired_requests(concurrency: int) -> int:
+    """A paired block's requests: whole rounds of `concurrency` (a round of the shape's
+    equal requests ends together, so a count that stops inside one would bias the rate),
+    the first its ramp, and at least PAIRED_MIN_COUNTED after it."""
+    return concurrency * (1 + -(-PAIRED_MIN_COUNTED // concurrency))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,13 @@ class FrontierPlan:
         size = block_size(self.launcher, self.settings[setting])
         per = max(-(-(p.prompt_tokens + p.output_tokens) // size) for p in self.workload.phases)
         return max(1, (blocks - 1) // per)
+
+    def paired_concurrency(self, setting: str) -> int | None:
+        """An intervention's paired blocks' closed loop: as many requests as the larger of
+        its setting and its parent's runs at once (`holds`: beyond them requests only wait
+        on either side); None: neither states a cap."""
+        relaxed = self.interventions[setting]
+        return max((n for s in (relaxed.parent, setting) if (n := self.holds(s)) is not None), default=None)
 
     def reference_requests(self, concurrency: int) -> int:
         """The closed loop's requests: estimate_batches rounds of `concurrency`, and at
@@ -180,17 +197,36 @@ def frontier_runtime_minutes(study: Study, name: str) -> int:
     """A search job's time limit on a cluster, erring long as filledfirst.cluster does: one
     server start-up, then `budget` probes of the longest a probe can last and a drain each."""
     plan = frontier_plan(study, name)
-    startup = study.cluster.startup_allowance_s
-    drain = study.cluster.drain_allowance_s
-    startup = study.engine.startup_timeout_s if startup is None else startup
-    drain = study.loadgen.drain_timeout_s if drain is None else drain
     # A probe is an open loop: its deadline (filledfirst.deadline) is its last arrival plus the drain.
-    probe = run_deadline_s("open", 0, None, plan.longest_probe_s, study.loadgen.request_timeout_s, drain)
-    # The estimate's closed loop, before and after the search (a closed loop's deadline: its rounds x the timeout).
+    probe = run_deadline_s("open", 0, None, plan.longest_probe_s, study.loadgen.request_timeout_s, _drain_s(study))
+    # The estimate's closed loop, before and after the search.
     caps = [c for s in plan.settings if (c := plan.estimate_concurrency(s))]
-    loops = 2 * max((math.ceil(plan.reference_requests(c) / c) for c in caps), default=0)
-    loops *= study.loadgen.request_timeout_s
-    return max(1, math.ceil((float(startup) + plan.bounds.budget * probe + loops) / 60))
+    loops = 2 * max((_loop_s(study, plan.reference_requests(c), c) for c in caps), default=0)
+    return max(1, math.ceil((_startup_s(study) + plan.bounds.budget * probe + loops) / 60))
+
+
+def paired_check_minutes(study: Study, name: str, setting: str) -> int:
+    """The time limit of an intervention's paired check in its parent's job, erring long
+    alike: two start-ups (the other side's, then the first side's again) and four closed loops."""
+    plan = frontier_plan(study, name)
+    n = plan.paired_concurrency(setting)
+    loops = 0 if n is None else 4 * _loop_s(study, paired_requests(n), n)
+    return max(1, math.ceil((2 * _startup_s(study) + loops) / 60))
+
+
+def _startup_s(study: Study) -> float:
+    startup = study.cluster.startup_allowance_s
+    return float(study.engine.startup_timeout_s if startup is None else startup)
+
+
+def _drain_s(study: Study) -> float:
+    drain = study.cluster.drain_allowance_s
+    return study.loadgen.drain_timeout_s if drain is None else drain
+
+
+def _loop_s(study: Study, requests: int, concurrency: int) -> float:
+    """A closed loop's deadline: its rounds x the request timeout."""
+    return math.ceil(requests / concurrency) * study.loadgen.request_timeout_s
 
 
 def frontier_problems(study: Study) -> list[str]:

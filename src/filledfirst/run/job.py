@@ -1,12 +1,13 @@
 """`filledfirst job NAME`: one job of the study's plan (filledfirst.plan), on one server
-start: a search job's searches, then the experiments it runs on their server; or an
-experiment job's experiments."""
+start: a search job's searches, then the experiments it runs on their server, then the
+paired checks of their interventions judged side by side alone; or an experiment job's
+experiments."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from filledfirst.plan import Job
+from filledfirst.plan import Job, SearchStep
 from filledfirst.run.runner import Job as RunJob
 from filledfirst.run.runner import run_experiments, warn_unfinished
 from filledfirst.run.search import Hosted, SearchTask, run_searches, warn_failed
@@ -24,7 +25,11 @@ def run_job(study: Study, job: Job, *, progress: bool = True) -> None:
         runs = [RunJob(e.experiment, Path(e.schedule), Path(e.out)) for e in job.experiments]
         warn_unfinished(runs, run_experiments(study, runs, progress=progress))
         return
-    tasks = [SearchTask(s.frontier, s.setting, Path(s.out), s.fingerprint, _path(s.trace_csv), _path(s.shape_stats))
-             for s in job.searches]
+    tasks = [_task(s) for s in job.searches]
+    checks = [_task(s) for s in job.checks]
     hosted = Hosted(job.experiments, [Path(k) for k in job.inputs.knees]) if job.experiments else None
-    warn_failed(tasks, run_searches(study, tasks, progress=progress, hosted=hosted))
+    warn_failed(tasks, run_searches(study, tasks, progress=progress, hosted=hosted, checks=checks))
+
+
+def _task(s: SearchStep) -> SearchTask:
+    return SearchTask(s.frontier, s.setting, Path(s.out), s.fingerprint, _path(s.trace_csv), _path(s.shape_stats))

@@ -1,8 +1,9 @@
-"""An intervention's paired check (filledfirst.frontier.paired), run at the end of its
-search's job: closed loops of the same requests on the intervention's server and on its
-parent's, in the blocks of `ORDER`, one server running at a time (the intervention's is
-stopped while the parent's runs, and started again after). Each block is an ordinary run
-folder beside the search's probes, `DIR/paired<i>-<side>`, not ingested (search.json
+"""An intervention's paired check (filledfirst.frontier.paired): closed loops of the same
+requests on the intervention's server and on its parent's, in blocks, one server running at
+a time. At the end of the intervention's own search's job the blocks go B A A B (its server
+is up; the parent's runs blocks 2 and 3); in the parent's job, for an intervention judged
+side by side alone, A B B A after the parent's search. Each block is an ordinary run
+folder in the intervention's folder, `DIR/paired<i>-<side>`, not ingested (search.json
 keeps what each measured, `paired`), read back when an interrupted job runs again with
 the same spec, as the capacity estimate is.
 
@@ -22,8 +23,7 @@ import duckdb
 
 from filledfirst import metrics
 from filledfirst.contracts.search import Intervention, Knob, PairedBlock, PairedCheck, Side
-from filledfirst.frontier.paired import ORDER
-from filledfirst.frontier.plan import FrontierPlan
+from filledfirst.frontier.plan import paired_requests
 from filledfirst.run import folder
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,6 @@ PAIRED_PREFIX = "paired"
 
 def block_dir_name(block: int, side: Side) -> str:
     return f"{PAIRED_PREFIX}{block}-{side}"
-
-
-def concurrency(plan: FrontierPlan, relaxed: Intervention, setting: str) -> int | None:
-    """The blocks' closed loop: as many requests as the larger of the two settings runs at
-    once (FrontierPlan.holds: beyond them requests only wait on either side); None:
-    neither states a cap."""
-    return max((n for s in (relaxed.parent, setting) if (n := plan.holds(s)) is not None), default=None)
 
 
 def block_evidence(run_dir: Path, knob: Knob, before: int) -> tuple[float | None, float | None]:
@@ -69,39 +62,44 @@ def block_evidence(run_dir: Path, knob: Knob, before: int) -> tuple[float | None
     return (beyond / known if known else None), queued / busy
 
 
-def block_dirs(out: Path) -> list[Path]:
-    """The paired check's block folders in a search's folder, in ORDER."""
-    return [Path(out) / block_dir_name(i, side) for i, side in enumerate(ORDER, 1)]
+def block_dirs(out: Path, order: tuple[Side, ...]) -> list[Path]:
+    """The paired check's block folders in an intervention's folder, in `order`."""
+    return [Path(out) / block_dir_name(i, side) for i, side in enumerate(order, 1)]
 
 
-def _whole_pairs(out: Path) -> None:
+def all_blocks(out: Path) -> list[Path]:
+    """Every paired block folder in an intervention's folder, of either order."""
+    return sorted(Path(out).glob(f"{PAIRED_PREFIX}[0-9]*-*"))
+
+
+def _whole_pairs(out: Path, order: tuple[Side, ...]) -> None:
     """Remove both blocks of a pair of which one did not finish (an interrupted job): the
-    blocks of a pair are measured one right after the other, or not reused."""
-    dirs = block_dirs(out)
+    blocks of a pair are measured one right after the other, or not reused. Blocks of the
+    other order (the check moved between jobs) go too."""
+    dirs = block_dirs(out, order)
+    for stale in set(all_blocks(out)) - set(dirs):
+        shutil.rmtree(stale, ignore_errors=True)
     for pair in zip(dirs[::2], dirs[1::2]):
         if not all((d / folder.RUN_JSON).is_file() for d in pair):
             for d in pair:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def run_paired(prober, parent, relaxed: Intervention, n: int) -> PairedCheck:
-    """The paired check of the intervention `prober` searched (its server may be running)
-    against `parent`, the prober of the setting it relaxes, in closed loops of `n`
-    (`concurrency`); stops the parent's server at the end."""
+def run_paired(prober, parent, relaxed: Intervention, n: int, order: tuple[Side, ...]) -> PairedCheck:
+    """The paired check of the intervention `prober` measures against `parent`, the prober
+    of the setting it relaxes, in closed loops of `n` (`concurrency`), in `order`
+    (frontier.paired: the side whose server is up first). The caller closes the prober it
+    opened for the check."""
     plan, setting = prober.plan, prober.setting
-    _whole_pairs(prober.out)
+    _whole_pairs(prober.out, order)
     blocks = []
-    try:
-        for i, side in enumerate(ORDER, 1):
-            who, other = (prober, parent) if side is Side.RELAXED else (parent, prober)
-            other.shared.stop()  # one engine at a time
-            tag = block_dir_name(i, side)
-            log.info("%s/%s: paired check, block %d of %d: %s (%s)", plan.name, setting, i, len(ORDER), side,
-                     who.setting)
-            loop = who.reference(tag, n)
-            beyond, queued = (block_evidence(prober.out / tag, relaxed.knob, relaxed.before)
-                              if loop.status != "failed" else (None, None))
-            blocks.append(PairedBlock(side=side, loop=loop, beyond_share=beyond, queue_share=queued))
-    finally:
-        parent.close()
+    for i, side in enumerate(order, 1):
+        who, other = (prober, parent) if side is Side.RELAXED else (parent, prober)
+        other.shared.stop()  # one engine at a time
+        tag = block_dir_name(i, side)
+        log.info("%s/%s: paired check, block %d of %d: %s (%s)", plan.name, setting, i, len(order), side, who.setting)
+        loop = who.reference(tag, n, into=prober.out, requests=paired_requests(n))
+        beyond, queued = (block_evidence(prober.out / tag, relaxed.knob, relaxed.before)
+                          if loop.status != "failed" else (None, None))
+        blocks.append(PairedBlock(side=side, loop=loop, beyond_share=beyond, queue_share=queued))
     return PairedCheck(concurrency=n, blocks=blocks)

@@ -1,6 +1,7 @@
 """`filledfirst frontier run`: capacity searches, each a (frontier, setting), on one server
 start: one search, or several that probe the same server one after the other
-(filledfirst.config.search_groups), each with its own folder, then the experiments they host.
+(filledfirst.config.search_groups), each with its own folder, then the experiments they host,
+then the paired checks of their interventions judged side by side alone (filledfirst.run.paired).
 
 With a capacity estimate (the frontier's `estimate` and a max_num_seqs to fill), a closed
 loop at the cap runs first (`DIR/estimate`): its completions per second are the search's
@@ -46,6 +47,7 @@ import math
 import re
 import shutil
 import tempfile
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ from filledfirst.contracts.search import (
     ResultRecord,
     SearchBounds,
     SearchRecord,
+    Side,
     Slo,
     StopReason,
 )
@@ -75,6 +78,7 @@ from filledfirst.contracts.stats import ScheduleStats
 from filledfirst.engine.shared import SharedServer
 from filledfirst.errors import UserError
 from filledfirst.frontier.interventions import Span, widened
+from filledfirst.frontier.paired import AFTER_PARENT, AFTER_RELAXED
 from filledfirst.frontier.plan import FrontierPlan, probe_spec, search_plan
 from filledfirst.frontier.probes import offered_rate, synthetic_probe, trace_kept_rate, trace_probe
 from filledfirst.frontier.search import CapacitySearch, ProbeOutcome
@@ -83,8 +87,7 @@ from filledfirst.interrupts import Interrupted, install_interrupt_handlers, watc
 from filledfirst.plan import ExperimentStep
 from filledfirst.request_metrics import SLO_ATTAINMENT, SLO_REQUESTS
 from filledfirst.run import folder
-from filledfirst.run.paired import block_dirs, run_paired
-from filledfirst.run.paired import concurrency as paired_concurrency
+from filledfirst.run.paired import all_blocks, run_paired
 from filledfirst.study import ExperimentSpec, Study, SyntheticWorkload, TraceWorkload, Workload
 from filledfirst.trace.formats import Format
 
@@ -253,16 +256,20 @@ class Prober:
         )
         return run_meta
 
-    def reference(self, tag: str, concurrency: int) -> Reference:
+    def reference(self, tag: str, concurrency: int, into: Path | None = None, requests: int | None = None
+                  ) -> Reference:
         """The closed loop of the shape at `concurrency` (the estimate before the search,
-        the drift check after it) in `DIR/<tag>`: FrontierPlan.reference_requests spread over
-        the shape as a probe's are. A finished folder of the same spec is read
-        back instead of measured again."""
+        the drift check after it, a paired check's block) in `<into>/<tag>` (`into`: this
+        search's folder unless given): `requests` (FrontierPlan.reference_requests unless
+        given) spread over the shape as a probe's are. A finished folder of the same spec
+        is read back instead of measured again."""
         from filledfirst.run.runner import run_on_server, spec_meta
 
         plan, setting = self.plan, self.setting
-        name, out = f"{plan.name}/{setting}/{tag}", self.out / tag
-        n = plan.reference_requests(concurrency)
+        into = self.out if into is None else into
+        # named after its folder: a parent's blocks in each of its interventions' folders are apart
+        name, out = f"{plan.name}/{into.name}/{tag}", into / tag
+        n = plan.reference_requests(concurrency) if requests is None else requests
         schedule = self.scratch / f"{tag}.parquet"
         description = (f"capacity search {plan.name}, setting {setting}: {tag}, a closed loop of {concurrency} "
                        f"({n} requests of the shape)")
@@ -274,7 +281,7 @@ class Prober:
             meta, why = None, f"status {meta.status}" if meta.status != "ok" else "measured for another spec"
         if meta is None:
             if out.exists():
-                log.info("%s: measuring %s again (%s)", self.out, tag, why)
+                log.info("%s: measuring it again (%s)", out, why)
             about = {**spec_meta(doc), "part": "frontier", "expect": None,
                      "server": ServerInfo(launcher=spec.engine.launcher, settings=spec.server)}
             log.info("%s/%s: %s, a closed loop of %d (%d requests)", plan.name, setting, tag, concurrency, n)
@@ -479,10 +486,11 @@ def run_frontier(study: Study, frontier: str, setting: str, out: Path, *, finger
 
 
 def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True,
-                 hosted: Hosted | None = None) -> list[SearchRecord]:
+                 hosted: Hosted | None = None, checks: list[SearchTask] | None = None) -> list[SearchRecord]:
     """The searches, one after the other on one server start (they must probe the same
-    server: filledfirst.config.search_groups), then the `hosted` experiments on it;
-    returns their search.json records."""
+    server: filledfirst.config.search_groups), then the `hosted` experiments on it, then
+    the paired `checks` of the interventions of these searches judged side by side alone
+    (filledfirst.plan); returns the search.json records of the searches, then the checks'."""
     install_interrupt_handlers()
     watch_owners()
     probers: list[Prober] = []
@@ -494,41 +502,74 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
             probers.append(Prober(study, plan, task.setting, Path(task.out), task.fingerprint, task.trace_csv,
                                   task.shape_stats, progress, before=probers[-1] if probers else None))
             relaxed = probers[-1].plan.interventions.get(task.setting)
+            # judged alone but not in its parent's job (`frontier run` of it): B A A B on its own start
             records.append(search_to_the_end(probers[-1]) if relaxed is None or relaxed.search
                            else unsearched_record(probers[-1], relaxed))
         if hosted is not None and hosted.runs:
             _run_hosted(study, hosted, records, probers)
-        # Last: a paired check stops the job's server while its parent's runs.
+        # Last: a paired check stops the job's server while the other side's runs.
         for i, (task, prober) in enumerate(zip(tasks, probers)):
             relaxed = records[i].intervention
             if relaxed is not None and relaxed.paired and records[i].result.reason is not StopReason.PROBE_FAILED:
-                records[i] = _paired(study, task, prober, relaxed, records[i])
+                with closing(paired_parent(study, prober, relaxed, task.trace_csv, task.shape_stats)) as parent:
+                    records[i] = _paired(task, prober, parent, relaxed, records[i], AFTER_RELAXED)
+        for task in checks or []:
+            records.append(_judged_alone(study, task, probers, records))
     finally:
         for prober in reversed(probers):  # the server's owner, first, last
             prober.close()
     return records
 
 
+def _judged_alone(study: Study, task: SearchTask, probers: list[Prober], records: list[SearchRecord]
+                  ) -> SearchRecord:
+    """The search.json of an intervention judged side by side alone, with its paired check
+    against its parent, one of `probers` (this job's searches, their `records`; its server
+    may be up). No check after a parent's search that ended on a failed probe; blocks
+    measured before the parent's search measured new probes are measured again, as an
+    intervention's own search's are."""
+    _clean(Path(task.out))
+    plan = search_plan(study, task.frontier, task.setting)
+    relaxed = plan.interventions[task.setting]
+    found = [(p, r) for p, r in zip(probers, records) if (p.plan.name, p.setting) == (task.frontier, relaxed.parent)]
+    if not found:
+        raise UserError(f"{task.frontier}/{task.setting}: judged side by side with {relaxed.parent!r}, "
+                        "which this job does not search")
+    parent, searched = found[0]
+    with closing(Prober(study, plan, task.setting, Path(task.out), task.fingerprint, task.trace_csv,
+                        task.shape_stats, parent.progress)) as prober:
+        record = unsearched_record(prober, relaxed)
+        if searched.result.reason is StopReason.PROBE_FAILED:
+            log.warning("%s/%s: no paired check: %s's search ended on a failed probe", task.frontier, task.setting,
+                        relaxed.parent)
+            return record
+        if any(not p.reused for p in searched.probes):
+            for stale in all_blocks(prober.out):
+                shutil.rmtree(stale, ignore_errors=True)
+        return _paired(task, prober, parent, relaxed, record, AFTER_PARENT)
+
+
 def paired_parent(study: Study, prober: Prober, relaxed: Intervention, trace_csv: Path | None = None,
                   shape_stats: Path | None = None) -> Prober:
-    """The prober of the setting `relaxed` relaxes, for its paired check: its blocks go in
-    the intervention's folder beside its own (run_paired reads their evidence there)."""
+    """The prober of the setting `relaxed` relaxes, for the paired check after the
+    intervention's own search (on a server start of its own; the caller closes it)."""
     return Prober(study, search_plan(study, prober.plan.name, relaxed.parent), relaxed.parent, prober.out,
                   prober.fingerprint, trace_csv, shape_stats, prober.progress)
 
 
-def _paired(study: Study, task: SearchTask, prober: Prober, relaxed: Intervention,
-            record: SearchRecord) -> SearchRecord:
-    """The search's record with its paired check (filledfirst.run.paired), written again."""
-    n = paired_concurrency(prober.plan, relaxed, task.setting)
+def _paired(task: SearchTask, prober: Prober, parent: Prober, relaxed: Intervention, record: SearchRecord,
+            order: tuple[Side, ...]) -> SearchRecord:
+    """The intervention's record with its paired check (filledfirst.run.paired) against
+    `parent`, in `order`, written again."""
+    n = prober.plan.paired_concurrency(task.setting)
     if n is None:
         log.warning("%s/%s: neither it nor %s states max_num_seqs: no closed loop to fill, no paired check",
                     task.frontier, task.setting, relaxed.parent)
         return record
-    # its blocks' parts of the shared log begin here (after any later search's or hosted run's)
-    prober.log_from = prober.shared.log_offset()
-    parent = paired_parent(study, prober, relaxed, task.trace_csv, task.shape_stats)
-    record = msgspec.structs.replace(record, paired=run_paired(prober, parent, relaxed, n))
+    # the blocks' parts of each server's log begin here (after any later search's or hosted run's)
+    for side in (prober, parent):
+        side.log_from = side.shared.log_offset()
+    record = msgspec.structs.replace(record, paired=run_paired(prober, parent, relaxed, n, order))
     record.write(Path(task.out) / SEARCH_JSON)
     return record
 
@@ -604,7 +645,7 @@ def search_to_the_end(prober: Prober) -> SearchRecord:
         search, records = resume(out, plan, setting, prober.fingerprint, first, against, least_shift)
         # A check measured before these probes would not be the search's end.
         if probe_to_the_end(prober, search, records):
-            for after in (out / CHECK, *block_dirs(out)):
+            for after in (out / CHECK, *all_blocks(out)):
                 shutil.rmtree(after, ignore_errors=True)
         result = search.result()
         assert result is not None
