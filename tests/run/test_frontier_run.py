@@ -485,6 +485,12 @@ def judged_alone(cfg, monkeypatch, tmp_path, state, search: bool = False) -> lis
 
     cfg["frontiers"]["cap"]["settings"]["seq8"] = {"max_num_seqs": 8, "kv_tokens": 32768}
     cfg["frontiers"]["cap"]["interventions"] = {"settings": ["seq8"], "paired": True, "search": search}
+    # an experiment on seq8's knee and server: the job runs it after the search, before the checks
+    cfg["workloads"]["half_seq8"] = {"kind": "synthetic", "phases": [
+        {"role": "decode", "count": 10, "rate": {"of": "cap/seq8", "times": 0.5}, "prompt_tokens": 100,
+         "output_tokens": 32}]}
+    cfg["experiments"] = {"on_seq8": {"workload": "half_seq8", "expect": "reference",
+                                      "server": {"max_num_seqs": 8, "kv_tokens": 32768}}}
     validate_config(cfg)
     servers: list[tuple[str, FakeShared]] = []
 
@@ -546,6 +552,9 @@ def test_a_job_checks_its_interventions_judged_alone_after_its_search_on_its_ser
     assert len(servers) == len(made) == 3  # seq8's, then one for each intervention
     base = tmp_path / "results/frontiers/cap"
     assert SearchRecord.read(base / "seq8" / "search.json").probes
+    hosted = run_json(tmp_path / "results/runs/on_seq8")
+    assert hosted["server"]["after_search"] == "cap/seq8" and hosted["server"]["started_by"] == "cap/seq8/p01"
+    # the first check's first block on the server the search and the experiment left up;
     # each block named after its folder: which check paid for each start of seq8's server
     assert servers["seq8"].starts == ["cap/seq8/p01", "cap/seq8_seqs_x2/paired4-parent",
                                       "cap/seq8_kv_x2/paired4-parent"]

@@ -213,14 +213,15 @@ def run_experiments(study: Study, jobs: list[Job], progress: bool = True) -> lis
 
 
 def run_hosted(study: Study, jobs: list[Job], shared: SharedServer, searches: dict[str, str],
-               log_from: int, progress: bool = True) -> list[str]:
+               log_from: int, progress: bool = True, keep_up: bool = False) -> list[str]:
     """Experiments on the server of the capacity searches that host them (`searches`:
     experiment -> `<frontier>/<setting>`, filledfirst.config.hosted_experiments), once those
     have ended, as a server group's: their parts of the server's log begin at byte
-    `log_from`. The caller stops the server."""
+    `log_from`. The caller stops the server; the last of them does unless `keep_up` (more
+    follows on it: the paired checks)."""
     for job in jobs:
         job.out.parent.mkdir(parents=True, exist_ok=True)
-    group = _Group(study, jobs, shared, after_search=searches)
+    group = _Group(study, jobs, shared, after_search=searches, keep_up=keep_up)
     group.log_from = log_from
     statuses = [group.run(position, progress) for position in range(len(jobs))]
     kept.forget([job.out for job in jobs])
@@ -231,8 +232,9 @@ class _Group:
     """The experiments of one call and the server they share, run one after the other."""
 
     def __init__(self, study: Study, jobs: list[Job], shared: SharedServer,
-                 after_search: dict[str, str] | None = None):
+                 after_search: dict[str, str] | None = None, keep_up: bool = False):
         self.after_search = after_search or {}  # experiment -> the capacity search whose server this is
+        self.keep_up = keep_up  # the server serves more after the last experiment
         self.study = study
         self.jobs = jobs
         self.names = [job.experiment for job in jobs]
@@ -286,9 +288,10 @@ class _Group:
         return status
 
     def _stop_if_done(self, position: int, run: _Run) -> None:
-        """The server's last run gets its shutdown lines in its log; a server that died is
-        stopped (its whole group) before the next experiment starts a fresh one."""
-        if position == len(self.jobs) - 1 or run.meta.status != "ok" or interrupt_reason():
+        """The server's last run gets its shutdown lines in its log (unless the server is
+        kept up for what follows); a server that died is stopped (its whole group) before
+        the next experiment starts a fresh one."""
+        if (position == len(self.jobs) - 1 and not self.keep_up) or run.meta.status != "ok" or interrupt_reason():
             self.shared.stop()
 
 

@@ -430,10 +430,12 @@ def parent_knee(out: Path, relaxed: Intervention) -> ParentKnee:
     return dataclasses.replace(start, first=predicted.start_rps, predicted=predicted)
 
 
-def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probers: list[Prober]) -> None:
+def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probers: list[Prober],
+                keep_up: bool = False) -> None:
     """The hosted experiments, one after the other, on the searches' server (still running),
     after the last of the searches `probers` ran (`records`, their search.json). The plan
-    placed them there: they need exactly that server (filledfirst.plan)."""
+    placed them there: they need exactly that server (filledfirst.plan). `keep_up`: the
+    paired checks follow on it."""
     from filledfirst.frontier.relative import KneeFile, load_knees
     from filledfirst.run.runner import Job, run_hosted, warn_unfinished
     from filledfirst.run.schedules import write_workload
@@ -449,7 +451,7 @@ def _run_hosted(study: Study, hosted: Hosted, records: list[SearchRecord], probe
     log.info("%s: on %s server, %s", ", ".join(r.key for r in records), "its" if len(records) == 1 else "their",
              ", ".join(step.experiment for step in hosted.runs))
     statuses = run_hosted(study, jobs, prober.shared, {s.experiment: s.after_search for s in hosted.runs},
-                          prober.log_from, progress=prober.progress)
+                          prober.log_from, progress=prober.progress, keep_up=keep_up)
     warn_unfinished(jobs, statuses)
 
 
@@ -506,7 +508,7 @@ def run_searches(study: Study, tasks: list[SearchTask], *, progress: bool = True
             records.append(search_to_the_end(probers[-1]) if relaxed is None or relaxed.search
                            else unsearched_record(probers[-1], relaxed))
         if hosted is not None and hosted.runs:
-            _run_hosted(study, hosted, records, probers)
+            _run_hosted(study, hosted, records, probers, keep_up=bool(checks))
         # Last: a paired check stops the job's server while the other side's runs.
         for i, (task, prober) in enumerate(zip(tasks, probers)):
             relaxed = records[i].intervention
