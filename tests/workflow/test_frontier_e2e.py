@@ -279,7 +279,9 @@ def test_capacity_search_on_the_engine(tmp_path):
     alone = subprocess.run(snakemake_argv(tmp_path, cfg, "all"), env=pipeline_env, capture_output=True, text=True,
                            timeout=900)
     assert alone.returncode == 0, alone.stderr[-4000:]
-    assert "frontier_knee_seq2_seqs_x2" not in alone.stdout + alone.stderr
+    ran = alone.stdout + alone.stderr
+    assert "rule frontier_knee_seq2:" in ran and "rule frontier_knee_seq2_seqs_x2:" not in ran
+    assert "rule predict_" not in ran
     log = (tmp_path / "results" / "logs" / "frontier-knee-seq2.log").read_text()
     assert "reusing probe 1" in log and "probing" not in log
     checks = {}
