@@ -194,3 +194,15 @@ def test_the_context_held_lengthens_every_step_by_its_cost():
     assert prediction.knees(with_context, limits, shape, slo, 0.95)[Limit.CAP] == pytest.approx(
         16 / (base * L + 16 * k), rel=1e-6)
     assert prediction.knee(with_context, limits, shape, slo, 0.95) < prediction.knee(MODEL, limits, shape, slo, 0.95)
+
+
+def test_what_fills_after_a_relaxation_nothing_measured():
+    from filledfirst.contracts.frontiers import Prediction
+
+    parent = Prediction(predicted_rps=4.0, predicted_first="cap", predicted_next="kv", predicted_next_rps=6.0)
+    # moved +25 %: 5 req/s, below KV's 6: the cap again, at the moved knee
+    assert prediction.fills_after(parent, 0.25) == ("cap", 5.0, True)
+    # moved +60 %: 6.4 req/s, past KV's 6: KV, at its own knee
+    assert prediction.fills_after(parent, 0.6) == ("kv", 6.0, False)
+    alone = Prediction(predicted_rps=4.0, predicted_first="cap")
+    assert prediction.fills_after(alone, 3.0) == ("cap", 16.0, True)

@@ -291,6 +291,18 @@ def predict(model: StepModel, limits: Limits, shape: Shape, slo: Slo, target: fl
         would_take=would_take(model, limits, shape, slo, target, min_shift))
 
 
+def fills_after(parent: Prediction, shift: float) -> tuple[str, float, bool]:
+    """What the parent's prediction says fills first at its knee moved by `shift` (a
+    relaxation nothing measured): (the limit, its knee, whether it is the relaxed one
+    again). The parent's next limit where the moved knee reaches it, the first one again,
+    at the moved knee, where it does not."""
+    moved_rps = parent.predicted_rps * (1 + shift)
+    if (parent.predicted_next is not None and parent.predicted_next_rps is not None
+            and moved_rps >= 0.99 * parent.predicted_next_rps):
+        return parent.predicted_next, parent.predicted_next_rps, False
+    return parent.predicted_first, moved_rps, True
+
+
 @dataclass(frozen=True)
 class Search:
     """What a search's prediction is made of: its model, limits and shape."""

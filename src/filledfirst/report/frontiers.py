@@ -29,6 +29,7 @@ from filledfirst.analysis.diagnosis.labels import Label
 from filledfirst.analysis.diagnosis.rules import labelled
 from filledfirst.analysis.frontiers import broke_on_backlog, lo_ratio, meaning, moved, probe_runs, unsearched
 from filledfirst.analysis.numbers import DASH
+from filledfirst.analysis.prediction import fills_after
 from filledfirst.contracts.diagnosis import DiagnosisRow
 from filledfirst.contracts.frontiers import Confirmation, FrontierRow, Intervention
 from filledfirst.contracts.runmeta import FrontierProbe, RunMeta
@@ -309,16 +310,14 @@ def moved_rows(rows: Sequence[FrontierRow]) -> list[tuple[FrontierRow, list[Move
 
 
 def _predicted_next(line: MovedLine) -> str:
-    """What the parent's prediction says fills first at the relaxed knee, on the relaxed line
-    of an intervention that was not searched (nothing measured it): the parent's next limit
-    where the predicted shift reaches it, the relaxed one again where it does not."""
+    """What the parent's prediction says fills first at the relaxed knee
+    (filledfirst.analysis.prediction.fills_after), on the relaxed line of an intervention
+    that was not searched (nothing measured it)."""
     p, shift = line.parent.prediction, line.i.predicted_shift
-    if not unsearched(line.row) or line.i.role != "relaxed" or p is None or p.predicted_rps is None or shift is None:
+    if not unsearched(line.row) or line.i.role != "relaxed" or p is None or shift is None:
         return DASH
-    knee = p.predicted_rps * (1 + shift)
-    if p.predicted_next is not None and p.predicted_next_rps is not None and knee >= 0.99 * p.predicted_next_rps:
-        return f"{_limit_at(p.predicted_next, p.predicted_next_rps)} (predicted)"
-    return f"{_limit_at(p.predicted_first, knee)} again (predicted)"
+    limit, rps, again = fills_after(p, shift)
+    return f"{_limit_at(limit, rps)}{' again' if again else ''} (predicted)"
 
 
 PAIRED_HEADER = "side by side (completions per second)"
