@@ -17,7 +17,7 @@ from filledfirst.analysis.diagnosis import write_diagnosis
 from filledfirst.analysis.frontiers import write_frontiers
 from filledfirst.analysis.prediction import Limit, Limits, Shape
 from filledfirst.analysis.step_time import Scope, StepModel
-from filledfirst.contracts.frontiers import FrontierRow
+from filledfirst.contracts.frontiers import FrontierRow, Prediction
 from filledfirst.contracts.search import Knob, Slo
 from filledfirst.study import DiagnosisRules
 
@@ -197,8 +197,6 @@ def test_the_context_held_lengthens_every_step_by_its_cost():
 
 
 def test_what_fills_after_a_relaxation_nothing_measured():
-    from filledfirst.contracts.frontiers import Prediction
-
     parent = Prediction(predicted_rps=4.0, predicted_first="cap", predicted_next="kv", predicted_next_rps=6.0)
     # moved +25 %: 5 req/s, below KV's 6: the cap again, at the moved knee
     assert prediction.fills_after(parent, 0.25) == ("cap", 5.0, True)
