@@ -10,7 +10,7 @@ import without changing the speed the study measures.
     make install && HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/process_layout.py --out /tmp/layout \
         --frontier decode --setting capped --rounds 2
 
-(from the repository root, after `make demo` has built the tiny model; about a minute a block)
+(from the repository root, after `make demo` has built the tiny model; two rounds took 5 minutes here)
 """
 
 from __future__ import annotations
