@@ -64,19 +64,19 @@ def main() -> None:
     base = load_config([args.config])
     configs = {layout: layout_config(base, layout) for layout in LAYOUTS}
     studies = {layout: Study.from_dict(cfg) for layout, cfg in configs.items()}
-    n = search_plan(studies[VLLM], args.frontier, args.setting).holds(args.setting)
+    plans = {layout: search_plan(study, args.frontier, args.setting) for layout, study in studies.items()}
+    prints = {layout: search_fingerprint(as_study(cfg), args.frontier, args.setting) for layout, cfg in configs.items()}
+    n = plans[VLLM].holds(args.setting)
     if n is None:
         raise SystemExit("the setting needs max_num_seqs (the loop fills it)")
     out = args.out.resolve()
     rows = []
     for r in range(1, args.rounds + 1):
         for i, layout in enumerate(ORDER, 1):
-            study = studies[layout]
-            plan = search_plan(study, args.frontier, args.setting)
-            fp = search_fingerprint(as_study(configs[layout]), args.frontier, args.setting)
             folder = out / f"r{r}b{i}"
             folder.mkdir(parents=True, exist_ok=True)
-            with closing(Prober(study, plan, args.setting, folder, fp, None, None, progress=False)) as prober:
+            with closing(Prober(studies[layout], plans[layout], args.setting, folder, prints[layout], None, None,
+                                progress=False)) as prober:
                 loop = prober.reference("loop", n, requests=paired_requests(n))
                 server = prober.shared.server
                 processes = 1 + len(psutil.Process(server.proc.pid).children(recursive=True))
