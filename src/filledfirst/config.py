@@ -235,6 +235,15 @@ def spec_document(study: Study, experiment: str) -> dict:
     }
 
 
+# How the study handles a server between runs, not what a run on it measures: no identity has it.
+_HANDLING = ("pause_between_blocks",)
+
+
+def _measured(engine: dict) -> dict:
+    """An engine's start as a run's identity has it (`_HANDLING` left out)."""
+    return {k: v for k, v in engine.items() if k not in _HANDLING}
+
+
 def _model_engine_scrape(study: Study) -> dict:
     cfg = study.document
     return {
@@ -266,7 +275,8 @@ def search_fingerprint(study: Study, frontier: str, setting: str) -> str:
         **({} if relaxed is None else {"intervention": {k: v for k, v in msgspec.to_builtins(relaxed).items()
                                                         if k not in ("paired", "search")}}),
         "loadgen": {**loadgen, "mode": "open"},
-        **_model_engine_scrape(study),
+        **(common := _model_engine_scrape(study)),
+        "engine": _measured(common["engine"]),
         "workload": cfg["workloads"][f["workload"]],
         **search_terms(plan),
         "engine_version": engine_version(study.engine.launcher),
@@ -289,7 +299,8 @@ def spec_fingerprint(spec: dict) -> str:
     measures again. An endpoint's runs do not depend on what is installed here."""
     if "url" in spec["server"]:
         return fingerprint(spec)
-    return fingerprint({**spec, "engine_version": engine_version(spec["engine"]["launcher"])})
+    return fingerprint({**spec, "engine": _measured(spec["engine"]),
+                        "engine_version": engine_version(spec["engine"]["launcher"])})
 
 
 def server_identity(study: Study, experiment: str) -> dict:

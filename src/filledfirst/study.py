@@ -179,6 +179,7 @@ class EngineStart(_Struct):
     startup_timeout_s: float = _d("engine", "startup_timeout_s")
     seed: int = _d("engine", "seed")
     server_nice: int = _d("engine", "server_nice")
+    pause_between_blocks: bool = _d("engine", "pause_between_blocks")
     env: dict[str, str] = {}
     wrapper: list[str] = []  # the command the launcher's runs inside (a container)
 

@@ -1,7 +1,7 @@
 """The order of a paired check's blocks and its servers (filledfirst.run.paired.run_paired),
 on stand-in probers: the thing under test is which server runs each block, that only one
-runs at a time, that every block goes in the intervention's folder, and which blocks are
-reused."""
+runs at a time (the other stopped, or paused while a later block needs it), that every
+block goes in the intervention's folder, and which blocks are reused."""
 
 from __future__ import annotations
 
@@ -19,12 +19,25 @@ class Plan:
 
 
 @dataclass
+class Engine:
+    pause_between_blocks: bool = False
+
+
+@dataclass
+class Study:
+    engine: Engine
+
+
+@dataclass
 class Shared:
     setting: str
     events: list
 
     def stop(self) -> None:
         self.events.append(("stop", self.setting))
+
+    def pause(self) -> None:
+        self.events.append(("pause", self.setting))
 
 
 @dataclass
@@ -33,8 +46,10 @@ class Prober:
     out: Path
     events: list
     plan: Plan = field(default_factory=Plan)
+    pause: bool = False
 
     def __post_init__(self) -> None:
+        self.study = Study(Engine(self.pause))
         self.shared = Shared(self.setting, self.events)
 
     def reference(self, tag: str, n: int, into: Path, requests: int) -> Reference:
@@ -77,6 +92,20 @@ def test_in_its_parents_job_blocks_run_parent_relaxed_relaxed_parent_into_the_in
     # the parent's server (up after its search) first; the intervention's stopped before block 4
     assert events[0] == ("stop", "seq2_seqs_x2") and events[-2] == ("stop", "seq2_seqs_x2")
     assert [b.side for b in check.blocks] == ["parent", "relaxed", "relaxed", "parent"]
+    assert not [e for e in events if e[0] == "pause"]
+
+
+def test_paused_the_other_side_waits_for_its_next_block_and_each_side_starts_once(tmp_path):
+    """engine.pause_between_blocks: the side not measured is paused while a later block needs
+    it (its next `reference` resumes it), stopped once none does."""
+    for order, first, second in ((AFTER_PARENT, "seq2", "seq2_seqs_x2"), (AFTER_RELAXED, "seq2_seqs_x2", "seq2")):
+        events: list = []
+        run_paired(Prober("seq2_seqs_x2", tmp_path / "x", events), Prober("seq2", tmp_path, events, pause=True),
+                   RELAXED, 4, order)
+        # the first block's other side is not up yet (pausing it does nothing); block 2 pauses
+        # the first side, block 4 stops the second for good
+        assert [e[:2] for e in events if e[0] in ("pause", "stop")] == [
+            ("pause", second), ("pause", first), ("pause", first), ("stop", second)]
 
 
 def test_a_pair_with_an_unfinished_block_is_measured_again_whole(tmp_path):

@@ -272,9 +272,12 @@ def test_capacity_search_on_the_engine(tmp_path):
     # of their own; seq2's job checks them right after its search (read back here: no
     # probe), blocks seq2, relaxed, relaxed, seq2 in each intervention's folder (the blocks
     # of the other order gone); their probes are gone and they have no knee; the table
-    # keeps their paired verdicts, and the report says they were not searched.
+    # keeps their paired verdicts, and the report says they were not searched. The side not
+    # measured waits paused (engine.pause_between_blocks, no part of any run's identity: seq2's
+    # probes are read back): the parent's last block runs on the start of its first.
     written = yaml.safe_load(cfg.read_text())
     written["frontiers"]["knee"]["interventions"]["search"] = False
+    written["engine"]["pause_between_blocks"] = True
     cfg.write_text(yaml.safe_dump(written))
     alone = subprocess.run(snakemake_argv(tmp_path, cfg, "all"), env=pipeline_env, capture_output=True, text=True,
                            timeout=900)
@@ -296,7 +299,12 @@ def test_capacity_search_on_the_engine(tmp_path):
             f"paired{i}-{b['side']}" for i, b in enumerate(blocks, 1)]
         assert all(b["loop"]["status"] == "ok" for b in blocks)
         assert "judged side by side with seq2" in log and f"knee/{setting}: paired check, block 4 of 4" in log
+        first, relaxed, last = (json.loads((base / setting / f"paired{i}-{blocks[i - 1]['side']}" / "run.json"
+                                            ).read_text()) for i in (1, 2, 4))
+        assert "startup_s" in relaxed["timings"] and "startup_s" not in last["timings"]
+        assert last["server"]["started_by"] == first["server"]["started_by"] != relaxed["server"]["started_by"]
         checks[setting] = doc["paired"]
+    assert log.count("vLLM paused") == log.count("vLLM resumed") == 2  # once in each check
     con = duckdb.connect(str(tmp_path / "results" / "filledfirst.duckdb"), read_only=True)
     rows = con.execute("SELECT setting, probes, lo_rps, reason, paired_verdict FROM frontiers"
                        " WHERE parent = 'seq2' ORDER BY setting").fetchall()

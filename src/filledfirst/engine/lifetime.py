@@ -45,10 +45,12 @@ def server_preexec(nice: int):
 
 
 def stop_group(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM the group, wait, then SIGKILL whatever is left."""
+    """SIGTERM the group, wait, then SIGKILL whatever is left. A paused group (`pause_group`)
+    is resumed right after the SIGTERM, which it would otherwise hold pending."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
+            os.killpg(pgid, signal.SIGCONT)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait
@@ -56,6 +58,16 @@ def stop_group(pgid: int, grace_s: float = 5.0) -> None:
             if not _group_alive(pgid):
                 return
             time.sleep(0.1)
+
+
+def pause_group(pgid: int) -> None:
+    """SIGSTOP the group: every process of it stops where it is, using no CPU and keeping
+    its memory, sockets and state, until `resume_group`."""
+    os.killpg(pgid, signal.SIGSTOP)
+
+
+def resume_group(pgid: int) -> None:
+    os.killpg(pgid, signal.SIGCONT)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -18,7 +18,7 @@ import psutil
 from filledfirst import direct_http
 from filledfirst.contracts.gauges import Gauges
 from filledfirst.engine.command import ServerCommand
-from filledfirst.engine.lifetime import server_preexec, start_guardian, stop_group
+from filledfirst.engine.lifetime import pause_group, resume_group, server_preexec, start_guardian, stop_group
 from filledfirst.metrics import latest_gauges, parse_metrics
 from filledfirst.redact import redact_argv
 
@@ -159,6 +159,7 @@ class VllmServer:
         self.startup_s: float | None = None
         self._log_from = 0
         self._host, self._port = host, port
+        self.paused = False
 
     def __enter__(self) -> "VllmServer":
         try:
@@ -263,6 +264,19 @@ class VllmServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def pause(self) -> None:
+        """Stop the whole server where it is (no CPU, its memory kept) until `resume`."""
+        if self.alive() and not self.paused:
+            pause_group(self.proc.pid)
+            self.paused = True
+            log.info("%s paused (pid %d)", self.cmd.engine, self.proc.pid)
+
+    def resume(self) -> None:
+        if self.paused and self.alive():
+            resume_group(self.proc.pid)
+            log.info("%s resumed (pid %d)", self.cmd.engine, self.proc.pid)
+        self.paused = False
+
     def _get(self, path: str, timeout: float) -> bytes | None:
         answer = direct_http.get(self.base_url + path, timeout_s=timeout)
         return answer[1] if answer is not None and answer[0] == 200 else None
@@ -276,6 +290,7 @@ class VllmServer:
                 log.error("%s (pid %d) did not exit after SIGKILL", self.cmd.engine, self.proc.pid)
             log.info("%s stopped (exit code %s)", self.cmd.engine, self.proc.returncode)
             self.proc = None
+            self.paused = False
         if self._guardian is not None:
             self._guardian.stdin.close()  # the group is gone; the guardian exits at once
             self._guardian.wait(timeout=30)

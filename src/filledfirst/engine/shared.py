@@ -54,6 +54,7 @@ class SharedServer:
         # after up to startup_timeout_s each.
         self.start_error: ServerStartError | None = None
         self.lease: devices.Lease | None = None  # the GPUs the running server holds (filledfirst.engine.devices)
+        self.paused = False  # the server waits, stopped where it was, until the next `ready`
 
     @property
     def engine(self) -> EngineStart:
@@ -69,6 +70,9 @@ class SharedServer:
         if self.start_error is not None:
             raise self.start_error
         if self.server is not None:
+            if self.paused:
+                self.server.resume()
+                self.paused = False
             if not self.alive():
                 log.warning("vLLM exited after the previous experiment; starting a fresh one for %s", experiment)
             else:
@@ -159,10 +163,18 @@ class SharedServer:
         seen = str(load) if load is not None else "/metrics not answering"
         raise ServerNotIdle(f"vLLM was not idle {self.idle_timeout_s:.0f} s after the previous experiment ({seen})")
 
+    def pause(self) -> None:
+        """Pause the running server (filledfirst.engine.server.VllmServer.pause) while another
+        runs; the next `ready` resumes it, `stop` stops it paused or not."""
+        if self.server is not None:
+            self.server.pause()
+            self.paused = True
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        self.paused = False
         self._release()
 
     def _release(self) -> None:

@@ -1,6 +1,7 @@
 """An intervention's paired check (filledfirst.frontier.paired): closed loops of the same
 requests on the intervention's server and on its parent's, in blocks, one server running at
-a time. At the end of the intervention's own search's job the blocks go B A A B (its server
+a time: the other stopped, or paused while a later block needs it (`engine.pause_between_blocks`:
+then each side starts once). At the end of the intervention's own search's job the blocks go B A A B (its server
 is up; the parent's runs blocks 2 and 3); in the parent's job, for an intervention judged
 side by side alone, A B B A after the parent's search. Each block is an ordinary run
 folder in the intervention's folder, `DIR/paired<i>-<side>`, not ingested (search.json
@@ -92,10 +93,16 @@ def run_paired(prober, parent, relaxed: Intervention, n: int, order: tuple[Side,
     opened for the check."""
     plan, setting = prober.plan, prober.setting
     _whole_pairs(prober.out, order)
+    pause = parent.study.engine.pause_between_blocks
     blocks = []
     for i, side in enumerate(order, 1):
-        who, other = (prober, parent) if side is Side.RELAXED else (parent, prober)
-        other.shared.stop()  # one engine at a time
+        who, other, other_side = ((prober, parent, Side.PARENT) if side is Side.RELAXED
+                                  else (parent, prober, Side.RELAXED))
+        # one engine running at a time: the other paused when a later block needs it again
+        if pause and other_side in order[i:]:
+            other.shared.pause()
+        else:
+            other.shared.stop()
         tag = block_dir_name(i, side)
         log.info("%s/%s: paired check, block %d of %d: %s (%s)", plan.name, setting, i, len(order), side, who.setting)
         loop = who.reference(tag, n, into=prober.out, requests=paired_requests(n))
