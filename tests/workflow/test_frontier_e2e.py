@@ -10,7 +10,8 @@ being the one the knees give, the report's table, an interrupted intervention
 resumed from its probes, a second frontier's search of the same server run on
 knee/default's start, an experiment placed on a knee run on that search's server
 (and run again alone when its folder is lost), and the interventions judged side by side
-alone (interventions.search false) in seq2's job, from blocks read back when lost.
+alone (interventions.search false) in seq2's job, the parent paused while the
+intervention's blocks run (engine.pause_between_blocks), from blocks read back when lost.
 Where the bracket lands depends on the machine, so it is only checked for consistency."""
 
 import json
