@@ -221,6 +221,9 @@ class _Stub:
     def alive(self):
         return True
 
+    def resume(self):  # never paused
+        pass
+
     def scheduler_load(self):
         return self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
 

@@ -77,6 +77,9 @@ class _Proc:
     def stop(self):
         self.running = False
 
+    def resume(self):  # never paused
+        pass
+
     def scheduler_load(self):
         return IDLE
 

@@ -54,7 +54,6 @@ class SharedServer:
         # after up to startup_timeout_s each.
         self.start_error: ServerStartError | None = None
         self.lease: devices.Lease | None = None  # the GPUs the running server holds (filledfirst.engine.devices)
-        self.paused = False  # the server waits, stopped where it was, until the next `ready`
 
     @property
     def engine(self) -> EngineStart:
@@ -70,9 +69,7 @@ class SharedServer:
         if self.start_error is not None:
             raise self.start_error
         if self.server is not None:
-            if self.paused:
-                self.server.resume()
-                self.paused = False
+            self.server.resume()  # if paused
             if not self.alive():
                 log.warning("vLLM exited after the previous experiment; starting a fresh one for %s", experiment)
             else:
@@ -168,13 +165,11 @@ class SharedServer:
         runs; the next `ready` resumes it, `stop` stops it paused or not."""
         if self.server is not None:
             self.server.pause()
-            self.paused = True
 
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None
-        self.paused = False
         self._release()
 
     def _release(self) -> None:
